@@ -1,0 +1,192 @@
+//! `mlx-bun generate`: one completion, streamed to stdout or printed as JSON.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use mlx_bun::chat_template::Message;
+use mlx_bun::generate::{generate, GenerateOptions, DEFAULT_PREFILL_STEP};
+use mlx_bun::model::Model;
+use mlx_bun::prompt::{build_prompt, PromptInput};
+use mlx_bun::sampling::SamplingParams;
+use mlx_bun::tokenizer::Tokenizer;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct).
+    #[arg(long, short)]
+    model: Option<String>,
+    /// Prompt text; `-` reads standard input.
+    #[arg(long, short, conflicts_with_all = ["prompt_file", "messages_file"])]
+    prompt: Option<String>,
+    /// Read the prompt text from a file.
+    #[arg(long, conflicts_with = "messages_file")]
+    prompt_file: Option<PathBuf>,
+    /// An OpenAI-style JSON array of chat messages.
+    #[arg(long)]
+    messages_file: Option<PathBuf>,
+    /// System message put before the prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// Use the prompt as is, without the chat template.
+    #[arg(long)]
+    ignore_chat_template: bool,
+    /// Maximum number of tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    max_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temp: f32,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// 0 disables top-k.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    #[arg(long)]
+    repetition_penalty: Option<f32>,
+    #[arg(long, default_value_t = 20)]
+    repetition_context_size: usize,
+    /// Logit bias as JSON, e.g. '{"1234": -100}'.
+    #[arg(long)]
+    logit_bias: Option<String>,
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Stop when this text appears (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Print one JSON object with the text and statistics instead of streaming.
+    #[arg(long)]
+    json: bool,
+    /// Print prompt/decode speed and peak memory to stderr.
+    #[arg(long, short)]
+    verbose: bool,
+    #[arg(long, default_value_t = DEFAULT_PREFILL_STEP)]
+    prefill_step_size: usize,
+}
+
+fn read_source(path: &std::path::Path) -> Result<String> {
+    if path.as_os_str() == "-" {
+        let mut s = String::new();
+        std::io::stdin().read_to_string(&mut s)?;
+        return Ok(s);
+    }
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+}
+
+fn prompt_input(args: &Args) -> Result<PromptInput> {
+    if let Some(path) = &args.messages_file {
+        let text = read_source(path)?;
+        let messages: Vec<Message> = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a JSON array of messages", path.display()))?;
+        return Ok(PromptInput::Messages(messages));
+    }
+    let text = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) if p == "-" => read_source(std::path::Path::new("-"))?,
+        (Some(p), _) => p.clone(),
+        (None, Some(f)) => read_source(f)?,
+        (None, None) => {
+            bail!("give a prompt: --prompt TEXT, --prompt-file F, --messages-file F or --prompt -")
+        }
+    };
+    Ok(PromptInput::Text {
+        text,
+        system: args.system.clone(),
+        use_chat_template: !args.ignore_chat_template,
+    })
+}
+
+fn sampling(args: &Args) -> Result<SamplingParams> {
+    let logit_bias: HashMap<u32, f32> = match &args.logit_bias {
+        Some(s) => {
+            let raw: HashMap<String, f32> = serde_json::from_str(s)
+                .context("--logit-bias must be a JSON object of token id to bias")?;
+            raw.into_iter()
+                .map(|(k, v)| {
+                    Ok((
+                        k.parse::<u32>()
+                            .with_context(|| format!("bad token id {k:?}"))?,
+                        v,
+                    ))
+                })
+                .collect::<Result<_>>()?
+        }
+        None => HashMap::new(),
+    };
+    if args.temp < 0.0 {
+        bail!("--temp must not be negative");
+    }
+    Ok(SamplingParams {
+        temperature: args.temp,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        min_p: args.min_p,
+        repetition_penalty: args.repetition_penalty,
+        repetition_context_size: args.repetition_context_size,
+        logit_bias,
+        seed: args.seed,
+        ..SamplingParams::default()
+    })
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let input = prompt_input(&args)?;
+    let sampling = sampling(&args)?;
+    let dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let model = Model::load(&dir)?;
+    let tokenizer = Tokenizer::load(&dir)?;
+    let (_, prompt) = build_prompt(&tokenizer, &input)?;
+    if let Some(seed) = args.seed {
+        mlx_rs::random::seed(seed)?;
+    }
+    let opts = GenerateOptions {
+        max_tokens: args.max_tokens,
+        sampling,
+        stop: args.stop.clone(),
+        logprobs: None,
+        prefill_step: args.prefill_step_size,
+    };
+    let mut caches = model.make_caches();
+    let stream = !args.json;
+    let mut stdout = std::io::stdout();
+    let mut on_token = |ev: &mlx_bun::generate::TokenEvent| {
+        if stream && !ev.text.is_empty() {
+            let _ = stdout.write_all(ev.text.as_bytes());
+            let _ = stdout.flush();
+        }
+        true
+    };
+    let result = generate(
+        &model,
+        &tokenizer,
+        &mut caches,
+        &prompt,
+        0,
+        &opts,
+        None,
+        &mut on_token,
+    )?;
+    if args.json {
+        println!("{}", serde_json::to_string(&result)?);
+    } else {
+        println!();
+    }
+    if args.verbose {
+        eprintln!("==========");
+        eprintln!(
+            "Prompt: {} tokens, {:.3} tokens-per-sec",
+            result.prompt_tokens, result.prompt_tps
+        );
+        eprintln!(
+            "Generation: {} tokens, {:.3} tokens-per-sec",
+            result.generation_tokens, result.generation_tps
+        );
+        eprintln!(
+            "Peak memory: {:.3} GB",
+            result.peak_memory_bytes as f64 / 1e9
+        );
+    }
+    Ok(())
+}

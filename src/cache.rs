@@ -1,0 +1,277 @@
+//! Key/value caches for attention layers.
+//!
+//! Every cache stores keys and values shaped `[batch, kv_heads, seq, head_dim]`.
+//! `KvCache` is the one interface the models, speculation (trim), the prompt
+//! cache (clone, trim) and persistence (state) work through.
+
+use anyhow::{bail, Result};
+use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::Array;
+
+/// How many positions a standard cache grows by at a time.
+const STEP: i32 = 256;
+
+pub trait KvCache: Send {
+    /// Number of positions seen so far (the RoPE offset of the next token).
+    fn offset(&self) -> usize;
+    /// Appends `keys`/`values` and returns everything attention should see.
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+    /// Whether `trim` can drop recent positions.
+    fn is_trimmable(&self) -> bool;
+    /// Drops the last `n` positions; returns how many were dropped.
+    fn trim(&mut self, n: usize) -> usize;
+    /// Keys and values of the live positions, if any.
+    fn state(&self) -> Option<(Array, Array)>;
+    /// Replaces the contents with `keys`/`values` (as returned by `state`).
+    fn set_state(&mut self, keys: Array, values: Array, offset: usize) -> Result<()>;
+    /// Bytes held on the device.
+    fn nbytes(&self) -> usize;
+    /// An independent copy (arrays are immutable; copies share storage until written).
+    fn boxed_clone(&self) -> Box<dyn KvCache>;
+    /// A short type name, stored with persisted caches.
+    fn kind(&self) -> &'static str;
+    /// The window size of a sliding-window cache.
+    fn max_size(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// The standard cache: grows in steps of 256 positions, trimmable.
+#[derive(Clone, Default)]
+pub struct StandardCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: usize,
+}
+
+impl StandardCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn grow(buf: Option<Array>, like: &Array, live: i32, needed: i32) -> Result<Array> {
+    let shape = like.shape();
+    let (b, h, d) = (shape[0], shape[1], shape[3]);
+    let steps = (needed + STEP - 1) / STEP;
+    let fresh = zeros_dtype(&[b, h, steps * STEP, d], like.dtype())?;
+    Ok(match buf {
+        Some(old) => {
+            let old = old.index((.., .., ..live, ..));
+            concatenate(&[old, fresh], 2)?
+        }
+        None => fresh,
+    })
+}
+
+impl KvCache for StandardCache {
+    fn offset(&self) -> usize {
+        self.offset
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let prev = self.offset as i32;
+        let n = keys.shape()[2];
+        let capacity = self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
+        if self.keys.is_none() || prev + n > capacity {
+            self.keys = Some(grow(self.keys.take(), keys, prev, n)?);
+            self.values = Some(grow(self.values.take(), values, prev, n)?);
+        }
+        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        k.try_index_mut((.., .., prev..prev + n, ..), keys)?;
+        v.try_index_mut((.., .., prev..prev + n, ..), values)?;
+        self.offset += n as usize;
+        let end = self.offset as i32;
+        Ok((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
+    }
+
+    fn is_trimmable(&self) -> bool {
+        true
+    }
+
+    fn trim(&mut self, n: usize) -> usize {
+        let n = n.min(self.offset);
+        self.offset -= n;
+        n
+    }
+
+    fn state(&self) -> Option<(Array, Array)> {
+        let end = self.offset as i32;
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if end > 0 => {
+                Some((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
+            }
+            _ => None,
+        }
+    }
+
+    fn set_state(&mut self, keys: Array, values: Array, offset: usize) -> Result<()> {
+        if keys.shape()[2] as usize != offset {
+            bail!(
+                "cache state has {} positions, offset says {offset}",
+                keys.shape()[2]
+            );
+        }
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.offset = offset;
+        Ok(())
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.nbytes())
+            + self.values.as_ref().map_or(0, |v| v.nbytes())
+    }
+
+    fn boxed_clone(&self) -> Box<dyn KvCache> {
+        Box::new(self.clone())
+    }
+
+    fn kind(&self) -> &'static str {
+        "KVCache"
+    }
+}
+
+/// A sliding-window cache holding the last `max_size` positions (plus `keep`
+/// leading positions that are never evicted). It can be trimmed only while
+/// the window has not wrapped.
+#[derive(Clone)]
+pub struct RotatingCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    offset: usize,
+    max_size: usize,
+    keep: usize,
+}
+
+impl RotatingCache {
+    pub fn new(max_size: usize, keep: usize) -> Self {
+        Self {
+            keys: None,
+            values: None,
+            offset: 0,
+            max_size,
+            keep,
+        }
+    }
+
+    fn len(&self) -> i32 {
+        self.keys.as_ref().map_or(0, |k| k.shape()[2])
+    }
+
+    /// Keeps the first `keep` positions and the most recent ones so that at
+    /// most `limit` remain.
+    fn evict(&self, a: &Array, limit: i32) -> Result<Array> {
+        let len = a.shape()[2];
+        if len <= limit {
+            return Ok(a.clone());
+        }
+        let keep = self.keep as i32;
+        let drop = len - limit;
+        if keep == 0 {
+            return Ok(a.index((.., .., drop.., ..)));
+        }
+        let head = a.index((.., .., ..keep, ..));
+        let tail = a.index((.., .., keep + drop.., ..));
+        Ok(concatenate(&[head, tail], 2)?)
+    }
+}
+
+impl KvCache for RotatingCache {
+    fn offset(&self) -> usize {
+        self.offset
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        // Keep the window in temporal order: append, then evict the oldest.
+        // Multi-token updates keep `max_size - 1` old positions so that every
+        // new query still sees a full window.
+        let n = keys.shape()[2];
+        let limit_old = (self.max_size as i32 - 1).max(0);
+        let (k, v) = match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => {
+                let k = self.evict(k, limit_old)?;
+                let v = self.evict(v, limit_old)?;
+                (
+                    concatenate(&[k, keys.clone()], 2)?,
+                    concatenate(&[v, values.clone()], 2)?,
+                )
+            }
+            _ => (keys.clone(), values.clone()),
+        };
+        self.offset += n as usize;
+        let window = self.max_size as i32;
+        let stored_k = self.evict(&k, window)?;
+        let stored_v = self.evict(&v, window)?;
+        self.keys = Some(stored_k);
+        self.values = Some(stored_v);
+        Ok((k, v))
+    }
+
+    fn is_trimmable(&self) -> bool {
+        self.offset < self.max_size
+    }
+
+    fn trim(&mut self, n: usize) -> usize {
+        if !self.is_trimmable() {
+            return 0;
+        }
+        let n = n.min(self.offset);
+        self.offset -= n;
+        let end = self.len() - n as i32;
+        self.keys = self.keys.as_ref().map(|k| k.index((.., .., ..end, ..)));
+        self.values = self.values.as_ref().map(|v| v.index((.., .., ..end, ..)));
+        n
+    }
+
+    fn state(&self) -> Option<(Array, Array)> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) => Some((k.clone(), v.clone())),
+            _ => None,
+        }
+    }
+
+    fn set_state(&mut self, keys: Array, values: Array, offset: usize) -> Result<()> {
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.offset = offset;
+        Ok(())
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.nbytes())
+            + self.values.as_ref().map_or(0, |v| v.nbytes())
+    }
+
+    fn boxed_clone(&self) -> Box<dyn KvCache> {
+        Box::new(self.clone())
+    }
+
+    fn kind(&self) -> &'static str {
+        "RotatingKVCache"
+    }
+
+    fn max_size(&self) -> Option<usize> {
+        Some(self.max_size)
+    }
+}
+
+/// Trims every layer's cache by `n`; false if any layer cannot be trimmed.
+pub fn trim_all(caches: &mut [Box<dyn KvCache>], n: usize) -> bool {
+    if n == 0 {
+        return true;
+    }
+    if !caches.iter().all(|c| c.is_trimmable()) {
+        return false;
+    }
+    caches.iter_mut().all(|c| c.trim(n) == n)
+}
+
+pub fn total_bytes(caches: &[Box<dyn KvCache>]) -> usize {
+    caches.iter().map(|c| c.nbytes()).sum()
+}
+
+pub fn clone_all(caches: &[Box<dyn KvCache>]) -> Vec<Box<dyn KvCache>> {
+    caches.iter().map(|c| c.boxed_clone()).collect()
+}

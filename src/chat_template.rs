@@ -1,0 +1,159 @@
+//! Hugging Face chat templates rendered with minijinja, with the Python
+//! string methods and helpers (`raise_exception`, `strftime_now`) HF templates use.
+
+use anyhow::{anyhow, bail, Result};
+use minijinja::{context, Environment, Error, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+
+/// One chat message. `content` is plain text; OpenAI content-part arrays are
+/// flattened to their text parts on the way in.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Message {
+    pub role: String,
+    #[serde(deserialize_with = "content_text", default)]
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    let v = serde_json::Value::deserialize(d)?;
+    match v {
+        serde_json::Value::Null => Ok(String::new()),
+        serde_json::Value::String(s) => Ok(s),
+        serde_json::Value::Array(parts) => {
+            let mut out = String::new();
+            for p in parts {
+                match p.get("type").and_then(|t| t.as_str()) {
+                    Some("text") | None => {
+                        let t = p.get("text").and_then(|t| t.as_str()).ok_or_else(|| {
+                            serde::de::Error::custom("content part without a text field")
+                        })?;
+                        out.push_str(t);
+                    }
+                    Some(other) => {
+                        return Err(serde::de::Error::custom(format!(
+                            "unsupported content part type {other:?}"
+                        )))
+                    }
+                }
+            }
+            Ok(out)
+        }
+        _ => Err(serde::de::Error::custom(
+            "content must be a string or an array of parts",
+        )),
+    }
+}
+
+pub const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+
+/// Checks roles and emptiness; returns a message fit for a 400 answer.
+pub fn validate_messages(messages: &[Message]) -> Result<()> {
+    if messages.is_empty() {
+        bail!("messages must not be empty");
+    }
+    for (i, m) in messages.iter().enumerate() {
+        if !ROLES.contains(&m.role.as_str()) {
+            bail!(
+                "messages[{i}].role {:?} is not one of {}",
+                m.role,
+                ROLES.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+fn raise_exception(msg: String) -> Result<Value, Error> {
+    Err(Error::new(ErrorKind::InvalidOperation, msg))
+}
+
+fn strftime_now(format: String) -> String {
+    // Templates use it for "today's date"; render the UTC date in the common formats.
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let days = (secs / 86_400) as i64;
+    let (y, m, d) = civil_from_days(days);
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
+    format
+        .replace("%Y", &format!("{y:04}"))
+        .replace("%m", &format!("{m:02}"))
+        .replace("%d", &format!("{d:02}"))
+        .replace("%B", MONTHS[(m - 1) as usize])
+        .replace("%b", &MONTHS[(m - 1) as usize][..3])
+}
+
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + if m <= 2 { 1 } else { 0 };
+    (y, m, d)
+}
+
+impl ChatTemplate {
+    pub fn new(
+        source: String,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self> {
+        let mut env = Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", raise_exception);
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned("chat", source)
+            .map_err(|e| anyhow!("invalid chat template: {e}"))?;
+        Ok(Self {
+            env,
+            bos_token,
+            eos_token,
+        })
+    }
+
+    /// Renders `messages`; with `add_generation_prompt` the text ends where
+    /// the assistant's reply begins.
+    pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let tmpl = self.env.get_template("chat")?;
+        tmpl.render(context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        })
+        .map_err(|e| anyhow!("chat template failed: {e}"))
+    }
+}

@@ -1,0 +1,383 @@
+//! The decode loop: prefill, then one token per step with the next forward
+//! pass queued before the host reads the current token (as mlx-lm's async
+//! evaluation does), so host work (detokenizing, grammar masks, streaming)
+//! overlaps the device's compute.
+
+use std::time::Instant;
+
+use anyhow::{bail, Result};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::{argpartition_axis, full, select};
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::Array;
+use serde::Serialize;
+
+use crate::cache::KvCache;
+use crate::constraint::TokenConstraint;
+use crate::model::Model;
+use crate::sampling::{log_softmax, Sampler, SamplingParams};
+use crate::stop::{StopMatcher, StopOutcome};
+use crate::tokenizer::{StreamingDetokenizer, Tokenizer};
+
+pub const DEFAULT_PREFILL_STEP: usize = 2048;
+
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_tokens: usize,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// `Some(k)`: report the chosen token's log-probability and the top `k`.
+    pub logprobs: Option<usize>,
+    pub prefill_step: usize,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_tokens: 256,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+            logprobs: None,
+            prefill_step: DEFAULT_PREFILL_STEP,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    Stop,
+    Length,
+    Cancelled,
+}
+
+impl FinishReason {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Cancelled => "cancelled",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct TokenLogprob {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// One emitted token and the text it made final.
+pub struct TokenEvent<'a> {
+    pub token: u32,
+    pub text: &'a str,
+    pub logprob: Option<&'a TokenLogprob>,
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SpeculationStats {
+    pub drafted: usize,
+    pub accepted: usize,
+    pub target_calls: usize,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct GenerationResult {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub cached_tokens: usize,
+    pub generation_tokens: usize,
+    pub prompt_tps: f64,
+    pub generation_tps: f64,
+    pub ttft_s: f64,
+    pub peak_memory_bytes: usize,
+    pub finish_reason: FinishReason,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculation: Option<SpeculationStats>,
+    /// Tokens whose keys/values are in the cache after generation, in order.
+    #[serde(skip)]
+    pub cache_tokens: Vec<u32>,
+    #[serde(skip)]
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// Turns emitted tokens into final text: end-of-sequence, detokenizing, stop
+/// strings, the token limit and the caller's callback, in that order. Both
+/// the plain and the speculative loop emit through it.
+pub struct OutputSink<'a> {
+    tokenizer: &'a Tokenizer,
+    detok: StreamingDetokenizer,
+    stops: StopMatcher,
+    max_tokens: usize,
+    pub text: String,
+    pub tokens: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<FinishReason>,
+    stopped_by_string: bool,
+    on_token: &'a mut dyn FnMut(&TokenEvent) -> bool,
+}
+
+impl<'a> OutputSink<'a> {
+    pub fn new(
+        tokenizer: &'a Tokenizer,
+        opts: &GenerateOptions,
+        on_token: &'a mut dyn FnMut(&TokenEvent) -> bool,
+    ) -> Self {
+        Self {
+            tokenizer,
+            detok: StreamingDetokenizer::new(),
+            stops: StopMatcher::new(&opts.stop),
+            max_tokens: opts.max_tokens,
+            text: String::new(),
+            tokens: Vec::new(),
+            logprobs: Vec::new(),
+            finish: None,
+            stopped_by_string: false,
+            on_token,
+        }
+    }
+
+    /// Emits one token; returns false once generation must end.
+    pub fn emit(&mut self, token: u32, logprob: Option<TokenLogprob>) -> Result<bool> {
+        if self.finish.is_some() {
+            return Ok(false);
+        }
+        if self.tokenizer.is_eos(token) {
+            self.finish = Some(FinishReason::Stop);
+            return Ok(false);
+        }
+        self.tokens.push(token);
+        let piece = self.detok.push(self.tokenizer, token)?;
+        let (piece, stopped) = match self.stops.push(&piece) {
+            StopOutcome::Continue(t) => (t, false),
+            StopOutcome::Stopped(t) => (t, true),
+        };
+        self.text.push_str(&piece);
+        let keep_going = (self.on_token)(&TokenEvent {
+            token,
+            text: &piece,
+            logprob: logprob.as_ref(),
+        });
+        if let Some(lp) = logprob {
+            self.logprobs.push(lp);
+        }
+        if stopped {
+            self.finish = Some(FinishReason::Stop);
+            self.stopped_by_string = true;
+        } else if !keep_going {
+            self.finish = Some(FinishReason::Cancelled);
+        } else if self.tokens.len() >= self.max_tokens {
+            self.finish = Some(FinishReason::Length);
+        }
+        Ok(self.finish.is_none())
+    }
+
+    /// Ends generation for a reason found outside the sink (grammar complete).
+    pub fn finish_with(&mut self, reason: FinishReason) {
+        if self.finish.is_none() {
+            self.finish = Some(reason);
+        }
+    }
+
+    /// Releases held-back text once generation is over.
+    pub fn close(&mut self) -> Result<FinishReason> {
+        let finish = self.finish.unwrap_or(FinishReason::Length);
+        if !self.stopped_by_string {
+            let mut tail = self.detok.flush(self.tokenizer)?;
+            tail.push_str(&self.stops.flush());
+            if !tail.is_empty() {
+                self.text.push_str(&tail);
+                (self.on_token)(&TokenEvent {
+                    token: u32::MAX,
+                    text: &tail,
+                    logprob: None,
+                });
+            }
+        }
+        Ok(finish)
+    }
+}
+
+/// Masks disallowed tokens to -inf. `mask` is a `[vocab]` bool array.
+pub fn apply_mask(logits: &Array, mask: &Array) -> Result<Array> {
+    let vocab = logits.shape()[logits.ndim() - 1];
+    let mask = if mask.shape()[0] < vocab {
+        // The model's vocabulary may be padded beyond the tokenizer's.
+        let pad = full::<bool>(&[vocab - mask.shape()[0]], &Array::from_bool(false))?;
+        mlx_rs::ops::concatenate(&[mask.clone(), pad], 0)?
+    } else {
+        mask.clone()
+    };
+    let neg = Array::from_f32(f32::NEG_INFINITY).as_dtype(logits.dtype())?;
+    Ok(select(&mask, logits, &neg)?)
+}
+
+/// Runs `tokens` through the model to fill the caches, in chunks, without
+/// computing logits.
+pub fn prefill(
+    model: &Model,
+    caches: &mut [Box<dyn KvCache>],
+    tokens: &[u32],
+    step: usize,
+) -> Result<()> {
+    for chunk in tokens.chunks(step.max(1)) {
+        let ids: Vec<i32> = chunk.iter().map(|&t| t as i32).collect();
+        let input = Array::from_slice(&ids, &[1, ids.len() as i32]);
+        model.decoder.hidden(&input, caches)?;
+        let mut states = Vec::new();
+        for c in caches.iter() {
+            if let Some((k, v)) = c.state() {
+                states.push(k);
+                states.push(v);
+            }
+        }
+        eval(states.iter())?;
+    }
+    Ok(())
+}
+
+fn token_logprob(logprobs: &Array, token: u32, k: usize) -> Result<TokenLogprob> {
+    let row = logprobs.index((0, ..));
+    let logprob = row.index(token as i32).item_cast::<f32>();
+    let mut top = Vec::new();
+    if k > 0 {
+        let vocab = row.shape()[0];
+        let k = (k as i32).min(vocab);
+        let part = argpartition_axis(&(-&row), k - 1, -1)?;
+        let ids = part.index(..k);
+        let vals = row.take(&ids)?;
+        eval([&ids, &vals])?;
+        let ids: Vec<u32> = ids.as_slice::<u32>().to_vec();
+        let vals: Vec<f32> = vals.as_slice::<f32>().to_vec();
+        top = ids.into_iter().zip(vals).collect();
+        top.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap_or(std::cmp::Ordering::Equal));
+    }
+    Ok(TokenLogprob {
+        token,
+        logprob,
+        top,
+    })
+}
+
+/// Generates a continuation of `prompt`. The first `cached` prompt tokens are
+/// already in `caches` (a prompt-cache hit). `on_token` sees every emitted
+/// token and returns false to cancel.
+pub fn generate(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    caches: &mut [Box<dyn KvCache>],
+    prompt: &[u32],
+    cached: usize,
+    opts: &GenerateOptions,
+    mut constraint: Option<&mut dyn TokenConstraint>,
+    on_token: &mut dyn FnMut(&TokenEvent) -> bool,
+) -> Result<GenerationResult> {
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if cached >= prompt.len() {
+        bail!("at least one prompt token must be left to process");
+    }
+    let start = Instant::now();
+    crate::mlx_ext::reset_peak_memory();
+    let mut sampler = Sampler::new(opts.sampling.clone())?;
+    let vocab = model.vocab_size();
+
+    let (last, rest) = prompt[cached..].split_last().unwrap();
+    prefill(model, caches, rest, opts.prefill_step)?;
+    let mut cache_tokens: Vec<u32> = prompt.to_vec();
+
+    let mut sink = OutputSink::new(tokenizer, opts, on_token);
+    // Samples a token from logits given everything emitted so far.
+    let sample = |logits: Array,
+                  generated: &[u32],
+                  constraint: &mut Option<&mut dyn TokenConstraint>,
+                  sampler: &mut Sampler|
+     -> Result<(Array, Array)> {
+        let mut logits = sampler.process(logits, prompt, generated)?;
+        if let Some(c) = constraint.as_deref_mut() {
+            if let Some(mask) = c.mask(vocab)? {
+                logits = apply_mask(&logits, &mask)?;
+            }
+        }
+        let logprobs = log_softmax(&logits)?;
+        let token = sampler.sample(&logprobs)?;
+        Ok((token, logprobs))
+    };
+
+    let input = Array::from_slice(&[*last as i32], &[1, 1]);
+    let logits = model.forward_last(&input, caches)?;
+    let (mut pending, mut pending_lp) = sample(logits, &[], &mut constraint, &mut sampler)?;
+    async_eval([&pending, &pending_lp])?;
+    let mut first_token_at = None;
+    if opts.max_tokens == 0 {
+        sink.finish_with(FinishReason::Length);
+    }
+
+    while sink.finish.is_none() {
+        // Queue the next forward pass on the not-yet-read token.
+        let room = sink.tokens.len() + 1 < opts.max_tokens;
+        let next_logits = if room {
+            let logits = model.forward_last(&pending.reshape(&[1, 1])?, caches)?;
+            async_eval([&logits])?;
+            Some(logits)
+        } else {
+            None
+        };
+        let token = pending.item_cast::<u32>();
+        if first_token_at.is_none() {
+            first_token_at = Some(Instant::now());
+        }
+        if next_logits.is_some() {
+            cache_tokens.push(token);
+        }
+        let logprob = match opts.logprobs {
+            Some(k) => Some(token_logprob(&pending_lp, token, k)?),
+            None => None,
+        };
+        if !sink.emit(token, logprob)? {
+            break;
+        }
+        if let Some(c) = constraint.as_deref_mut() {
+            c.commit(token)?;
+            if c.is_finished() {
+                sink.finish_with(FinishReason::Stop);
+                break;
+            }
+        }
+        let Some(logits) = next_logits else {
+            sink.finish_with(FinishReason::Length);
+            break;
+        };
+        let generated = sink.tokens.clone();
+        (pending, pending_lp) = sample(logits, &generated, &mut constraint, &mut sampler)?;
+        async_eval([&pending, &pending_lp])?;
+    }
+    let finish = sink.close()?;
+    let end = Instant::now();
+    let first = first_token_at.unwrap_or(end);
+    let prompt_secs = (first - start).as_secs_f64().max(1e-9);
+    let n = sink.tokens.len();
+    let gen_secs = (end - first).as_secs_f64();
+    Ok(GenerationResult {
+        text: std::mem::take(&mut sink.text),
+        token_ids: std::mem::take(&mut sink.tokens),
+        prompt_tokens: prompt.len(),
+        cached_tokens: cached,
+        generation_tokens: n,
+        prompt_tps: (prompt.len() - cached) as f64 / prompt_secs,
+        generation_tps: if n > 1 && gen_secs > 0.0 {
+            (n - 1) as f64 / gen_secs
+        } else {
+            0.0
+        },
+        ttft_s: prompt_secs,
+        peak_memory_bytes: crate::mlx_ext::peak_memory_bytes(),
+        finish_reason: finish,
+        speculation: None,
+        cache_tokens,
+        logprobs: std::mem::take(&mut sink.logprobs),
+    })
+}

@@ -1,0 +1,77 @@
+//! Where models come from: a local directory, a Hugging Face repo id (cache
+//! first, `HF_ENDPOINT` respected), or the embedded default model.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+
+/// The user cache folder of mlx-bun (`MLX_BUN_CACHE`, else `~/.cache/mlx-bun`).
+pub fn cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("MLX_BUN_CACHE") {
+        return PathBuf::from(dir);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    base.join("mlx-bun")
+}
+
+fn looks_like_repo_id(s: &str) -> bool {
+    let parts: Vec<_> = s.split('/').collect();
+    parts.len() == 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+}
+
+/// Resolves `--model` to a local model directory.
+pub fn resolve_model(spec: &str) -> Result<PathBuf> {
+    let path = Path::new(spec);
+    if path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    if path.exists() {
+        bail!("{spec} is not a model directory");
+    }
+    if !looks_like_repo_id(spec) || spec.starts_with('.') || spec.starts_with('/') {
+        bail!("model directory {spec} does not exist");
+    }
+    download_repo(spec)
+}
+
+fn download_repo(repo_id: &str) -> Result<PathBuf> {
+    let cached = hf_hub::Cache::from_env().model(repo_id.to_string());
+    if let Some(config) = cached.get("config.json") {
+        if let Some(dir) = config.parent() {
+            if dir.join("tokenizer.json").is_file() {
+                return Ok(dir.to_path_buf());
+            }
+        }
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(true)
+        .build()
+        .context("setting up the Hugging Face client")?;
+    let repo = api.model(repo_id.to_string());
+    let info = repo.info().with_context(|| {
+        format!("model {repo_id:?} is neither a local directory nor reachable on the Hub")
+    })?;
+    let mut dir = None;
+    for sibling in info.siblings {
+        let name = sibling.rfilename;
+        let wanted = name.ends_with(".safetensors")
+            || name.ends_with(".json")
+            || name.ends_with(".jinja")
+            || name == "tokenizer.model";
+        if wanted && !name.contains('/') {
+            let local = repo
+                .get(&name)
+                .with_context(|| format!("downloading {name} of {repo_id}"))?;
+            dir = local.parent().map(Path::to_path_buf);
+        }
+    }
+    dir.with_context(|| format!("{repo_id} has no model files"))
+}

@@ -1,0 +1,19 @@
+//! mlx-bun: the engine. Models, caches, sampling, generation, grammar
+//! constraints, speculation and model conversion, free of CLI and HTTP concerns.
+
+pub mod cache;
+pub mod chat_template;
+pub mod constraint;
+pub mod default_model;
+pub mod generate;
+pub mod hub;
+pub mod mlx_ext;
+pub mod model;
+pub mod prompt;
+pub mod sampling;
+pub mod stop;
+pub mod tokenizer;
+
+pub fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}

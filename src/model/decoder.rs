@@ -1,0 +1,268 @@
+//! The pre-norm decoder-only transformer that the LLaMA and Qwen families share:
+//! RMS norm, grouped-query attention with RoPE, SwiGLU MLP.
+//! The architecture files only say which options their family uses.
+
+use anyhow::Result;
+use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::{arange, expand_dims, ge, gt, logical_and, sigmoid, subtract};
+use mlx_rs::Array;
+
+use super::config::ModelArgs;
+use super::layers::{Embedding, Linear, RmsNorm, Rope};
+use super::weights::Weights;
+use crate::cache::{KvCache, RotatingCache, StandardCache};
+
+/// What differs between the families.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct DecoderOptions {
+    /// RMS norm on queries and keys per head (Qwen3).
+    pub qk_norm: bool,
+    /// Sliding attention window, when the config enables one.
+    pub sliding_window: Option<usize>,
+}
+
+#[derive(Clone)]
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    pub q_norm: Option<RmsNorm>,
+    pub k_norm: Option<RmsNorm>,
+    pub n_heads: i32,
+    pub n_kv_heads: i32,
+    pub head_dim: i32,
+    pub scale: f32,
+    pub rope: Rope,
+}
+
+impl Attention {
+    fn load(
+        w: &mut Weights,
+        prefix: &str,
+        args: &ModelArgs,
+        opts: &DecoderOptions,
+    ) -> Result<Self> {
+        let head_dim = args.head_dim();
+        let norm = |w: &mut Weights, name: &str| -> Result<Option<RmsNorm>> {
+            if opts.qk_norm {
+                Ok(Some(RmsNorm::load(
+                    w,
+                    &format!("{prefix}.{name}"),
+                    args.rms_norm_eps,
+                )?))
+            } else {
+                Ok(None)
+            }
+        };
+        Ok(Self {
+            q_proj: Linear::load(w, &format!("{prefix}.q_proj"))?,
+            k_proj: Linear::load(w, &format!("{prefix}.k_proj"))?,
+            v_proj: Linear::load(w, &format!("{prefix}.v_proj"))?,
+            o_proj: Linear::load(w, &format!("{prefix}.o_proj"))?,
+            q_norm: norm(w, "q_norm")?,
+            k_norm: norm(w, "k_norm")?,
+            n_heads: args.num_attention_heads,
+            n_kv_heads: args.kv_heads(),
+            head_dim,
+            scale: (head_dim as f32).powf(-0.5),
+            rope: Rope::new(
+                head_dim,
+                args.rope_traditional,
+                args.rope_theta,
+                args.rope_scaling.as_ref(),
+            )?,
+        })
+    }
+
+    fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = proj.forward(x)?.reshape(&[b, l, n, -1])?;
+            let y = match norm {
+                Some(norm) => norm.forward(&y)?,
+                None => y,
+            };
+            Ok(y.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let q = heads(&self.q_proj, self.n_heads, &self.q_norm)?;
+        let k = heads(&self.k_proj, self.n_kv_heads, &self.k_norm)?;
+        let v = heads(&self.v_proj, self.n_kv_heads, &None)?;
+        let offset = cache.offset() as i32;
+        let q = self.rope.forward(&q, offset)?;
+        let k = self.rope.forward(&k, offset)?;
+        let (k, v) = cache.update_and_fetch(&k, &v)?;
+        let out = match attention_mask(l, offset, k.shape()[2], cache.max_size())? {
+            Mask::None => scaled_dot_product_attention(&q, &k, &v, self.scale, None, None)?,
+            Mask::Causal => scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                self.scale,
+                ScaledDotProductAttentionMask::Causal,
+                None,
+            )?,
+            Mask::Array(m) => scaled_dot_product_attention(&q, &k, &v, self.scale, &m, None)?,
+        };
+        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+        self.o_proj.forward(&out)
+    }
+}
+
+enum Mask {
+    None,
+    Causal,
+    Array(Array),
+}
+
+/// The attention mask for `l` new queries at `offset` over `kv_len` keys.
+fn attention_mask(l: i32, offset: i32, kv_len: i32, window: Option<usize>) -> Result<Mask> {
+    if l == 1 {
+        return Ok(Mask::None);
+    }
+    let Some(window) = window else {
+        return Ok(Mask::Causal);
+    };
+    // Sliding window: key j (absolute position) is visible to query i iff
+    // i - window < j <= i. Keys are the last `kv_len` positions ending at offset + l.
+    let first_key = offset + l - kv_len;
+    let q = expand_dims(&arange::<_, i32>(offset, offset + l, None)?, 1)?;
+    let k = expand_dims(&arange::<_, i32>(first_key, first_key + kv_len, None)?, 0)?;
+    let causal = ge(&q, &k)?;
+    let in_window = gt(&k, &subtract(&q, Array::from_int(window as i32))?)?;
+    Ok(Mask::Array(logical_and(&causal, &in_window)?))
+}
+
+#[derive(Clone)]
+pub struct Mlp {
+    pub gate_proj: Linear,
+    pub up_proj: Linear,
+    pub down_proj: Linear,
+}
+
+impl Mlp {
+    fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
+        Ok(Self {
+            gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"))?,
+            up_proj: Linear::load(w, &format!("{prefix}.up_proj"))?,
+            down_proj: Linear::load(w, &format!("{prefix}.down_proj"))?,
+        })
+    }
+
+    fn forward(&self, x: &Array) -> Result<Array> {
+        let gate = self.gate_proj.forward(x)?;
+        let up = self.up_proj.forward(x)?;
+        let act = &(&gate * &sigmoid(&gate)?) * &up;
+        self.down_proj.forward(&act)
+    }
+}
+
+#[derive(Clone)]
+pub struct Block {
+    pub self_attn: Attention,
+    pub mlp: Mlp,
+    pub input_layernorm: RmsNorm,
+    pub post_attention_layernorm: RmsNorm,
+}
+
+impl Block {
+    fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+        let h = x + &self
+            .self_attn
+            .forward(&self.input_layernorm.forward(x)?, cache)?;
+        let out = &h
+            + &self
+                .mlp
+                .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        Ok(out)
+    }
+}
+
+#[derive(Clone)]
+pub struct Decoder {
+    pub embed_tokens: Embedding,
+    pub layers: Vec<Block>,
+    pub norm: RmsNorm,
+    pub lm_head: Option<Linear>,
+    pub options: DecoderOptions,
+}
+
+impl Decoder {
+    pub fn load(w: &mut Weights, args: &ModelArgs, options: DecoderOptions) -> Result<Self> {
+        let embed_tokens = Embedding::load(w, "model.embed_tokens")?;
+        let layers = (0..args.num_hidden_layers)
+            .map(|i| {
+                let p = format!("model.layers.{i}");
+                Ok(Block {
+                    self_attn: Attention::load(w, &format!("{p}.self_attn"), args, &options)?,
+                    mlp: Mlp::load(w, &format!("{p}.mlp"))?,
+                    input_layernorm: RmsNorm::load(
+                        w,
+                        &format!("{p}.input_layernorm"),
+                        args.rms_norm_eps,
+                    )?,
+                    post_attention_layernorm: RmsNorm::load(
+                        w,
+                        &format!("{p}.post_attention_layernorm"),
+                        args.rms_norm_eps,
+                    )?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let norm = RmsNorm::load(w, "model.norm", args.rms_norm_eps)?;
+        let lm_head = if w.contains("lm_head.weight") {
+            Some(Linear::load(w, "lm_head")?)
+        } else {
+            None
+        };
+        Ok(Self {
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            options,
+        })
+    }
+
+    /// Hidden states after the final norm, `[B, L, hidden]`.
+    pub fn hidden(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let mut h = self.embed_tokens.forward(inputs)?;
+        for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
+            h = layer.forward(&h, cache.as_mut())?;
+        }
+        self.norm.forward(&h)
+    }
+
+    pub fn project(&self, hidden: &Array) -> Result<Array> {
+        match &self.lm_head {
+            Some(head) => head.forward(hidden),
+            None => self.embed_tokens.as_linear(hidden),
+        }
+    }
+
+    /// Logits `[B, L, vocab]` for `inputs` `[B, L]`.
+    pub fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let h = self.hidden(inputs, caches)?;
+        self.project(&h)
+    }
+
+    /// Logits of the last position only, `[B, vocab]`.
+    pub fn forward_last(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        let h = self.hidden(inputs, caches)?;
+        let last = h.index((.., -1, ..));
+        self.project(&last)
+    }
+
+    pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
+        self.layers
+            .iter()
+            .map(|_| -> Box<dyn KvCache> {
+                match self.options.sliding_window {
+                    Some(w) => Box::new(RotatingCache::new(w, 0)),
+                    None => Box::new(StandardCache::new()),
+                }
+            })
+            .collect()
+    }
+}

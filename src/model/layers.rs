@@ -1,0 +1,302 @@
+//! Building blocks shared by the architectures: linear layers (dense or
+//! MLX-affine quantized, with an optional LoRA adapter), embeddings, RMS norm
+//! and rotary embeddings.
+
+use anyhow::{anyhow, Context, Result};
+use mlx_rs::ops::{addmm, dequantize, matmul, quantized_matmul};
+use mlx_rs::{fast, Array};
+
+use super::weights::Weights;
+
+/// Affine quantization parameters of one layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QuantSpec {
+    pub group_size: i32,
+    pub bits: i32,
+}
+
+/// A low-rank adapter: `y += scale * (x @ a) @ b`, `a: [in, r]`, `b: [r, out]`.
+#[derive(Clone)]
+pub struct Lora {
+    pub a: Array,
+    pub b: Array,
+    pub scale: f32,
+}
+
+#[derive(Clone)]
+pub enum LinearWeight {
+    Dense(Array),
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        spec: QuantSpec,
+    },
+}
+
+#[derive(Clone)]
+pub struct Linear {
+    pub weight: LinearWeight,
+    pub bias: Option<Array>,
+    pub lora: Option<Lora>,
+}
+
+impl Linear {
+    /// Loads `{prefix}.weight` (+ `scales`/`biases` when quantized, `bias` if present).
+    pub fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
+        let weight = load_weight(w, prefix)?;
+        let bias = w.take_opt(&format!("{prefix}.bias"))?;
+        Ok(Self {
+            weight,
+            bias,
+            lora: None,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let mut y = match (&self.weight, &self.bias) {
+            (LinearWeight::Dense(w), Some(b)) => addmm(b, x, w.t(), None, None)?,
+            (LinearWeight::Dense(w), None) => matmul(x, w.t())?,
+            (
+                LinearWeight::Quantized {
+                    weight,
+                    scales,
+                    biases,
+                    spec,
+                },
+                bias,
+            ) => {
+                let y =
+                    quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?;
+                match bias {
+                    Some(b) => &y + b,
+                    None => y,
+                }
+            }
+        };
+        if let Some(lora) = &self.lora {
+            let z = matmul(matmul(x, &lora.a)?, &lora.b)?;
+            y = &y + &(&z * lora.scale);
+        }
+        Ok(y)
+    }
+
+    /// `(out_features, in_features)`.
+    pub fn shape(&self) -> (i32, i32) {
+        match &self.weight {
+            LinearWeight::Dense(w) => (w.shape()[0], w.shape()[1]),
+            LinearWeight::Quantized { weight, spec, .. } => {
+                (weight.shape()[0], weight.shape()[1] * 32 / spec.bits)
+            }
+        }
+    }
+
+    /// The weight as a dense `[out, in]` matrix.
+    pub fn dense_weight(&self) -> Result<Array> {
+        match &self.weight {
+            LinearWeight::Dense(w) => Ok(w.clone()),
+            LinearWeight::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => Ok(dequantize(
+                weight,
+                scales,
+                biases,
+                spec.group_size,
+                spec.bits,
+            )?),
+        }
+    }
+}
+
+fn load_weight(w: &mut Weights, prefix: &str) -> Result<LinearWeight> {
+    let weight = w.take(&format!("{prefix}.weight"))?;
+    match w.quant_spec(prefix) {
+        Some(spec) => {
+            let scales = w.take(&format!("{prefix}.scales"))?;
+            let biases = w.take(&format!("{prefix}.biases"))?;
+            Ok(LinearWeight::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            })
+        }
+        None => Ok(LinearWeight::Dense(weight)),
+    }
+}
+
+/// Token embedding, dense or quantized; doubles as the tied output head.
+#[derive(Clone)]
+pub struct Embedding {
+    pub weight: LinearWeight,
+}
+
+impl Embedding {
+    pub fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
+        Ok(Self {
+            weight: load_weight(w, prefix)?,
+        })
+    }
+
+    pub fn forward(&self, ids: &Array) -> Result<Array> {
+        match &self.weight {
+            LinearWeight::Dense(w) => Ok(w.take_axis(ids, 0)?),
+            LinearWeight::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => {
+                let wq = weight.take_axis(ids, 0)?;
+                let s = scales.take_axis(ids, 0)?;
+                let b = biases.take_axis(ids, 0)?;
+                Ok(dequantize(&wq, &s, &b, spec.group_size, spec.bits)?)
+            }
+        }
+    }
+
+    /// Projects hidden states onto the vocabulary with the embedding matrix.
+    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+        match &self.weight {
+            LinearWeight::Dense(w) => Ok(matmul(x, w.t())?),
+            LinearWeight::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => Ok(quantized_matmul(
+                x,
+                weight,
+                scales,
+                biases,
+                true,
+                spec.group_size,
+                spec.bits,
+            )?),
+        }
+    }
+
+    pub fn vocab_size(&self) -> i32 {
+        match &self.weight {
+            LinearWeight::Dense(w) => w.shape()[0],
+            LinearWeight::Quantized { weight, .. } => weight.shape()[0],
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RmsNorm {
+    pub weight: Array,
+    pub eps: f32,
+}
+
+impl RmsNorm {
+    pub fn load(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self> {
+        Ok(Self {
+            weight: w.take(&format!("{prefix}.weight"))?,
+            eps,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+    }
+}
+
+/// Rotary position embedding, with optional precomputed frequencies
+/// (Llama 3 scaling) or a linear position scale.
+#[derive(Clone)]
+pub struct Rope {
+    pub dims: i32,
+    pub traditional: bool,
+    pub base: f32,
+    pub scale: f32,
+    pub freqs: Option<Array>,
+}
+
+impl Rope {
+    pub fn new(
+        dims: i32,
+        traditional: bool,
+        base: f32,
+        scaling: Option<&serde_json::Value>,
+    ) -> Result<Self> {
+        let mut rope = Self {
+            dims,
+            traditional,
+            base,
+            scale: 1.0,
+            freqs: None,
+        };
+        let Some(scaling) = scaling.filter(|s| !s.is_null()) else {
+            return Ok(rope);
+        };
+        let kind = scaling
+            .get("rope_type")
+            .or_else(|| scaling.get("type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        let num =
+            |key: &str, default: f64| scaling.get(key).and_then(|v| v.as_f64()).unwrap_or(default);
+        match kind {
+            "default" => {}
+            "linear" => rope.scale = 1.0 / num("factor", 1.0) as f32,
+            "llama3" => {
+                let factor = num("factor", 1.0);
+                let low = num("low_freq_factor", 1.0);
+                let high = num("high_freq_factor", 4.0);
+                let old_ctx = num("original_max_position_embeddings", 8192.0);
+                rope.freqs = Some(llama3_freqs(dims, base as f64, factor, low, high, old_ctx));
+            }
+            other => return Err(anyhow!("unsupported rope_scaling type {other:?}")),
+        }
+        Ok(rope)
+    }
+
+    pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        let base = if self.freqs.is_some() {
+            None
+        } else {
+            Some(self.base)
+        };
+        fast::rope(
+            x,
+            self.dims,
+            self.traditional,
+            base,
+            self.scale,
+            offset,
+            self.freqs.as_ref(),
+        )
+        .context("rope")
+    }
+}
+
+fn llama3_freqs(dims: i32, base: f64, factor: f64, low: f64, high: f64, old_ctx: f64) -> Array {
+    let low_wavelen = old_ctx / low;
+    let high_wavelen = old_ctx / high;
+    let freqs: Vec<f32> = (0..dims)
+        .step_by(2)
+        .map(|i| {
+            let freq = base.powf(i as f64 / dims as f64);
+            let wavelen = 2.0 * std::f64::consts::PI * freq;
+            let scaled = if wavelen > low_wavelen {
+                freq * factor
+            } else {
+                freq
+            };
+            let medium = wavelen > high_wavelen && wavelen < low_wavelen;
+            if medium {
+                let smooth = (old_ctx / wavelen - low) / (high - low);
+                (scaled / ((1.0 - smooth) / factor + smooth)) as f32
+            } else {
+                scaled as f32
+            }
+        })
+        .collect();
+    let n = freqs.len() as i32;
+    Array::from_slice(&freqs, &[n])
+}

@@ -1,0 +1,127 @@
+//! Model loading and the forward pass.
+
+pub mod config;
+pub mod decoder;
+pub mod layers;
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use mlx_rs::{Array, Dtype};
+
+use crate::cache::KvCache;
+use config::ModelArgs;
+use decoder::{Decoder, DecoderOptions};
+use weights::Weights;
+
+/// A loaded model: its config and its weights, ready to run.
+#[derive(Clone)]
+pub struct Model {
+    pub args: ModelArgs,
+    pub decoder: Decoder,
+    pub dtype: Dtype,
+    pub path: PathBuf,
+}
+
+/// The options of each supported `model_type`.
+fn architecture(args: &ModelArgs) -> Result<DecoderOptions> {
+    Ok(match args.model_type.as_str() {
+        "llama" | "mistral" => llama::options(args),
+        "qwen2" => qwen2::options(args),
+        "qwen3" => qwen3::options(args),
+        other => {
+            bail!("unsupported architecture {other:?} (supported: llama, mistral, qwen2, qwen3)")
+        }
+    })
+}
+
+pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
+    let path = dir.join("config.json");
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let raw: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let args: ModelArgs = serde_json::from_value(raw.clone())
+        .with_context(|| format!("invalid model config {}", path.display()))?;
+    Ok((args, raw))
+}
+
+impl Model {
+    /// Loads an mlx-lm model directory.
+    pub fn load(dir: &Path) -> Result<Self> {
+        if !dir.is_dir() {
+            bail!("model directory {} does not exist", dir.display());
+        }
+        let (args, _) = read_config(dir)?;
+        let options = architecture(&args)?;
+        let stored = args
+            .torch_dtype
+            .as_deref()
+            .and_then(crate::mlx_ext::parse_dtype)
+            .unwrap_or(Dtype::Float32);
+        let dtype = crate::mlx_ext::compute_dtype(stored);
+        let mut weights = Weights::load_dir(dir, args.quantization.clone(), dtype)?;
+        Self::from_weights(&mut weights, args, options, dir)
+    }
+
+    fn from_weights(
+        w: &mut Weights,
+        args: ModelArgs,
+        options: DecoderOptions,
+        dir: &Path,
+    ) -> Result<Self> {
+        let decoder = Decoder::load(w, &args, options).with_context(|| {
+            format!("loading {} weights from {}", args.model_type, dir.display())
+        })?;
+        let left: Vec<_> = w
+            .remaining()
+            .into_iter()
+            .filter(|n| !n.contains("rotary_emb.inv_freq"))
+            .collect();
+        if !left.is_empty() {
+            tracing::warn!("{} unused tensors, e.g. {}", left.len(), left[0]);
+        }
+        let model = Self {
+            dtype: w.compute_dtype(),
+            args,
+            decoder,
+            path: dir.to_path_buf(),
+        };
+        Ok(model)
+    }
+
+    /// Logits `[B, L, vocab]`.
+    pub fn forward(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        self.decoder.forward(inputs, caches)
+    }
+
+    /// Logits of the last position, `[B, vocab]`.
+    pub fn forward_last(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        self.decoder.forward_last(inputs, caches)
+    }
+
+    pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
+        self.decoder.make_caches()
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.decoder.layers.len()
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.decoder.embed_tokens.vocab_size() as usize
+    }
+
+    /// KV bytes one position costs across all layers.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        let item = match self.dtype {
+            Dtype::Float32 => 4,
+            _ => 2,
+        };
+        2 * self.num_layers() * (self.args.kv_heads() * self.args.head_dim()) as usize * item
+    }
+}

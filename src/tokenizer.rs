@@ -1,0 +1,197 @@
+//! The tokenizer of a model directory: `tokenizer.json` through the
+//! `tokenizers` crate, special tokens and chat template from
+//! `tokenizer_config.json`, end-of-sequence ids from every place mlx-lm reads.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use anyhow::{anyhow, Context, Result};
+
+use crate::chat_template::ChatTemplate;
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    pub eos_ids: BTreeSet<u32>,
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    pub chat_template: Option<ChatTemplate>,
+    /// The raw `tokenizer.json`, for consumers that build their own views
+    /// of the vocabulary (the grammar engine).
+    pub json: String,
+}
+
+fn token_text(v: &serde_json::Value) -> Option<String> {
+    match v {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(o) => o.get("content").and_then(|c| c.as_str()).map(String::from),
+        _ => None,
+    }
+}
+
+fn ids_of(v: Option<&serde_json::Value>) -> Vec<u32> {
+    match v {
+        Some(serde_json::Value::Number(n)) => {
+            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+        }
+        Some(serde_json::Value::Array(a)) => a
+            .iter()
+            .filter_map(|x| x.as_u64())
+            .map(|x| x as u32)
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
+    if !path.is_file() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    Ok(Some(
+        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?,
+    ))
+}
+
+impl Tokenizer {
+    pub fn load(dir: &Path) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        let json = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "reading {} (the model needs a tokenizer.json)",
+                path.display()
+            )
+        })?;
+        let inner = tokenizers::Tokenizer::from_bytes(json.as_bytes())
+            .map_err(|e| anyhow!("invalid {}: {e}", path.display()))?;
+        let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
+        let bos_token = config.get("bos_token").and_then(token_text);
+        let eos_token = config.get("eos_token").and_then(token_text);
+
+        let mut eos_ids = BTreeSet::new();
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            eos_ids.insert(id);
+        }
+        for file in ["config.json", "generation_config.json"] {
+            if let Some(cfg) = read_json(&dir.join(file))? {
+                eos_ids.extend(ids_of(cfg.get("eos_token_id")));
+            }
+        }
+
+        let template_file = dir.join("chat_template.jinja");
+        let template_src = if template_file.is_file() {
+            Some(std::fs::read_to_string(&template_file)?)
+        } else {
+            match config.get("chat_template") {
+                Some(serde_json::Value::String(s)) => Some(s.clone()),
+                Some(serde_json::Value::Array(list)) => list
+                    .iter()
+                    .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
+                    .or_else(|| list.first())
+                    .and_then(|t| t.get("template").and_then(|s| s.as_str()).map(String::from)),
+                _ => None,
+            }
+        };
+        let chat_template = template_src
+            .map(|src| ChatTemplate::new(src, bos_token.clone(), eos_token.clone()))
+            .transpose()?;
+        Ok(Self {
+            inner,
+            eos_ids,
+            bos_token,
+            eos_token,
+            chat_template,
+            json,
+        })
+    }
+
+    /// Token ids of `text`, without added special tokens (templates carry their own).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| anyhow!("detokenizing: {e}"))
+    }
+
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    pub fn is_eos(&self, id: u32) -> bool {
+        self.eos_ids.contains(&id)
+    }
+
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
+    }
+}
+
+/// Turns a stream of token ids into text pieces that never split a UTF-8
+/// character: text is held back while the decoded tail is incomplete.
+pub struct StreamingDetokenizer {
+    tokens: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+}
+
+impl Default for StreamingDetokenizer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamingDetokenizer {
+    pub fn new() -> Self {
+        Self {
+            tokens: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+        }
+    }
+
+    /// Adds a token; returns the text that became final.
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
+        self.tokens.push(id);
+        let prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
+        let full = tok.decode(&self.tokens[self.prefix_offset..])?;
+        if full.len() > prefix.len()
+            && !full.ends_with('\u{FFFD}')
+            && full.is_char_boundary(prefix.len())
+        {
+            let piece = full[prefix.len()..].to_string();
+            self.prefix_offset = self.read_offset;
+            self.read_offset = self.tokens.len();
+            Ok(piece)
+        } else {
+            Ok(String::new())
+        }
+    }
+
+    /// Whatever is still held back (possibly with replacement characters).
+    pub fn flush(&mut self, tok: &Tokenizer) -> Result<String> {
+        let prefix = tok.decode(&self.tokens[self.prefix_offset..self.read_offset])?;
+        let full = tok.decode(&self.tokens[self.prefix_offset..])?;
+        self.prefix_offset = self.tokens.len();
+        self.read_offset = self.tokens.len();
+        if full.len() > prefix.len() && full.is_char_boundary(prefix.len()) {
+            Ok(full[prefix.len()..].to_string())
+        } else {
+            Ok(String::new())
+        }
+    }
+}
