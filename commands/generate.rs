@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use mlx_bun::chat_template::Message;
 use mlx_bun::generate::{generate, GenerateOptions, DEFAULT_PREFILL_STEP};
+use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
 use mlx_bun::sampling::SamplingParams;
@@ -65,6 +66,65 @@ pub struct Args {
     verbose: bool,
     #[arg(long, default_value_t = DEFAULT_PREFILL_STEP)]
     prefill_step_size: usize,
+    /// LoRA adapter directory (adapters.safetensors + adapter_config.json).
+    #[arg(long)]
+    adapter_path: Option<PathBuf>,
+    #[command(flatten)]
+    constraint: ConstraintArgs,
+}
+
+/// Structured-output flags: at most one of them.
+#[derive(clap::Args)]
+#[group(multiple = false)]
+pub struct ConstraintArgs {
+    /// Constrain the output to a JSON schema (a file or inline JSON).
+    #[arg(long)]
+    pub json_schema: Option<String>,
+    /// Constrain the output to any JSON object.
+    #[arg(long)]
+    pub json_object: bool,
+    /// Constrain the output to a regular expression.
+    #[arg(long)]
+    pub regex: Option<String>,
+    /// Constrain the output to one of these comma-separated choices.
+    #[arg(long, value_delimiter = ',')]
+    pub choice: Option<Vec<String>>,
+    /// Constrain the output to a Lark grammar file.
+    #[arg(long)]
+    pub grammar: Option<PathBuf>,
+}
+
+impl ConstraintArgs {
+    pub fn spec(&self) -> Result<Option<ConstraintSpec>> {
+        if let Some(s) = &self.json_schema {
+            let text = if std::path::Path::new(s).is_file() {
+                std::fs::read_to_string(s).with_context(|| format!("reading {s}"))?
+            } else {
+                s.clone()
+            };
+            let schema: serde_json::Value = serde_json::from_str(&text)
+                .context("--json-schema is neither a readable file nor valid JSON")?;
+            return Ok(Some(ConstraintSpec::JsonSchema(schema)));
+        }
+        if self.json_object {
+            return Ok(Some(ConstraintSpec::JsonObject));
+        }
+        if let Some(r) = &self.regex {
+            return Ok(Some(ConstraintSpec::Regex(r.clone())));
+        }
+        if let Some(c) = &self.choice {
+            if c.is_empty() || c.iter().any(|x| x.is_empty()) {
+                bail!("--choice needs non-empty, comma-separated choices");
+            }
+            return Ok(Some(ConstraintSpec::Choice(c.clone())));
+        }
+        if let Some(path) = &self.grammar {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading grammar {}", path.display()))?;
+            return Ok(Some(ConstraintSpec::Lark(text)));
+        }
+        Ok(None)
+    }
 }
 
 fn read_source(path: &std::path::Path) -> Result<String> {
@@ -134,10 +194,18 @@ fn sampling(args: &Args) -> Result<SamplingParams> {
 pub fn run(args: Args) -> Result<()> {
     let input = prompt_input(&args)?;
     let sampling = sampling(&args)?;
+    let constraint_spec = args.constraint.spec()?;
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let model = Model::load(&dir)?;
+    let mut model = Model::load(&dir)?;
+    if let Some(adapter) = &args.adapter_path {
+        mlx_bun::adapters::apply(&mut model, adapter)?;
+    }
     let tokenizer = Tokenizer::load(&dir)?;
     let (_, prompt) = build_prompt(&tokenizer, &input)?;
+    let mut constraint = match &constraint_spec {
+        Some(spec) => Some(GrammarEngine::new(&tokenizer)?.constraint(spec)?),
+        None => None,
+    };
     if let Some(seed) = args.seed {
         mlx_rs::random::seed(seed)?;
     }
@@ -165,7 +233,7 @@ pub fn run(args: Args) -> Result<()> {
         &prompt,
         0,
         &opts,
-        None,
+        constraint.as_deref_mut(),
         &mut on_token,
     )?;
     if args.json {

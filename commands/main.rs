@@ -2,8 +2,11 @@
 //! over the engine library.
 
 mod completions;
+mod convert;
 mod generate;
 mod model_arg;
+mod serve;
+mod train;
 
 use std::process::ExitCode;
 
@@ -24,6 +27,12 @@ pub struct Cli {
 enum Command {
     /// Generate text from a prompt or a chat.
     Generate(generate::Args),
+    /// Serve an OpenAI-compatible HTTP API.
+    Serve(serve::Args),
+    /// Convert a GGUF file into an mlx-lm model directory.
+    Convert(convert::Args),
+    /// Fine-tune with LoRA (SFT) or ORPO preference training.
+    Train(train::Args),
     /// Print shell completions.
     Completions(completions::Args),
 }
@@ -39,6 +48,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Serve(args) => serve::run(args),
+        Command::Convert(args) => convert::run(args),
+        Command::Train(args) => train::run(args),
         Command::Completions(args) => completions::run(args),
     };
     match result {

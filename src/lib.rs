@@ -1,16 +1,20 @@
 //! mlx-bun: the engine. Models, caches, sampling, generation, grammar
 //! constraints, speculation and model conversion, free of CLI and HTTP concerns.
 
+pub mod adapters;
 pub mod cache;
 pub mod chat_template;
 pub mod constraint;
+pub mod convert;
 pub mod default_model;
 pub mod generate;
+pub mod grammar;
 pub mod hub;
 pub mod mlx_ext;
 pub mod model;
 pub mod prompt;
 pub mod sampling;
+pub mod speculative;
 pub mod stop;
 pub mod tokenizer;
 

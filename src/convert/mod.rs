@@ -1,0 +1,1 @@
+//! Model conversion: GGUF to mlx-lm directories, quantization.
