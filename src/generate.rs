@@ -271,7 +271,7 @@ pub fn generate(
     prompt: &[u32],
     cached: usize,
     opts: &GenerateOptions,
-    mut constraint: Option<&mut dyn TokenConstraint>,
+    mut constraint: Option<&mut (dyn TokenConstraint + 'static)>,
     on_token: &mut dyn FnMut(&TokenEvent) -> bool,
 ) -> Result<GenerationResult> {
     if prompt.is_empty() {
@@ -293,11 +293,11 @@ pub fn generate(
     // Samples a token from logits given everything emitted so far.
     let sample = |logits: Array,
                   generated: &[u32],
-                  constraint: &mut Option<&mut dyn TokenConstraint>,
+                  constraint: Option<&mut (dyn TokenConstraint + 'static)>,
                   sampler: &mut Sampler|
      -> Result<(Array, Array)> {
         let mut logits = sampler.process(logits, prompt, generated)?;
-        if let Some(c) = constraint.as_deref_mut() {
+        if let Some(c) = constraint {
             if let Some(mask) = c.mask(vocab)? {
                 logits = apply_mask(&logits, &mask)?;
             }
@@ -309,7 +309,8 @@ pub fn generate(
 
     let input = Array::from_slice(&[*last as i32], &[1, 1]);
     let logits = model.forward_last(&input, caches)?;
-    let (mut pending, mut pending_lp) = sample(logits, &[], &mut constraint, &mut sampler)?;
+    let (mut pending, mut pending_lp) =
+        sample(logits, &[], constraint.as_deref_mut(), &mut sampler)?;
     async_eval([&pending, &pending_lp])?;
     let mut first_token_at = None;
     if opts.max_tokens == 0 {
@@ -352,7 +353,8 @@ pub fn generate(
             break;
         };
         let generated = sink.tokens.clone();
-        (pending, pending_lp) = sample(logits, &generated, &mut constraint, &mut sampler)?;
+        (pending, pending_lp) =
+            sample(logits, &generated, constraint.as_deref_mut(), &mut sampler)?;
         async_eval([&pending, &pending_lp])?;
     }
     let finish = sink.close()?;
