@@ -28,3 +28,10 @@ impl GrammarEngine {
         bail!("structured output is not available yet")
     }
 }
+
+/// Reads the structured-output fields of an OpenAI-style request body
+/// (`response_format`, `guided_json`, `guided_regex`, `guided_choice`,
+/// `guided_grammar`). `Err` carries a message fit for a 400 answer.
+pub fn constraint_from_request(_body: &serde_json::Value) -> Result<Option<ConstraintSpec>> {
+    Ok(None)
+}
