@@ -11,6 +11,9 @@ use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
 use mlx_bun::sampling::SamplingParams;
+use mlx_bun::speculative::{
+    check_draft_tokenizer, generate_speculative, DraftSource, ModelDrafter, NgramDrafter,
+};
 use mlx_bun::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -66,6 +69,13 @@ pub struct Args {
     verbose: bool,
     #[arg(long, default_value_t = DEFAULT_PREFILL_STEP)]
     prefill_step_size: usize,
+    /// Draft model for speculative decoding (a directory, a repo id, or `ngram`
+    /// for prompt-lookup drafting without a model).
+    #[arg(long)]
+    draft_model: Option<String>,
+    /// Tokens the draft proposes per verification step.
+    #[arg(long, default_value_t = mlx_bun::speculative::DEFAULT_NUM_DRAFT_TOKENS)]
+    num_draft_tokens: usize,
     /// LoRA adapter directory (adapters.safetensors + adapter_config.json).
     #[arg(long)]
     adapter_path: Option<PathBuf>,
@@ -226,16 +236,44 @@ pub fn run(args: Args) -> Result<()> {
         }
         true
     };
-    let result = generate(
-        &model,
-        &tokenizer,
-        &mut caches,
-        &prompt,
-        0,
-        &opts,
-        constraint.as_deref_mut(),
-        &mut on_token,
-    )?;
+    let result = match args.draft_model.as_deref() {
+        None => generate(
+            &model,
+            &tokenizer,
+            &mut caches,
+            &prompt,
+            0,
+            &opts,
+            constraint.as_deref_mut(),
+            &mut on_token,
+        )?,
+        Some(spec) => {
+            let draft_model;
+            let mut drafter: Box<dyn DraftSource> = if spec == "ngram" {
+                Box::new(NgramDrafter::default())
+            } else {
+                let draft_dir = crate::model_arg::resolve(Some(spec))?;
+                let draft_tok = Tokenizer::load(&draft_dir)?;
+                if let Some(warning) = check_draft_tokenizer(&tokenizer, &draft_tok)? {
+                    eprintln!("warning: {warning}");
+                }
+                draft_model = Model::load(&draft_dir).context("loading the draft model")?;
+                Box::new(ModelDrafter::new(&draft_model, &opts.sampling)?)
+            };
+            generate_speculative(
+                &model,
+                &tokenizer,
+                &mut caches,
+                &prompt,
+                0,
+                &opts,
+                drafter.as_mut(),
+                args.num_draft_tokens,
+                constraint.as_deref_mut(),
+                &mut on_token,
+            )?
+        }
+    };
     if args.json {
         println!("{}", serde_json::to_string(&result)?);
     } else {

@@ -72,7 +72,7 @@ impl SamplingParams {
         self.temperature <= 0.0
     }
 
-    fn has_processors(&self) -> bool {
+    pub fn has_processors(&self) -> bool {
         self.repetition_penalty.is_some_and(|p| p != 1.0)
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0

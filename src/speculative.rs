@@ -1,2 +1,377 @@
-//! Speculative decoding: a draft proposes tokens, the target verifies them
-//! in one forward pass.
+//! Speculative decoding with mlx-lm's semantics: a drafter proposes up to `n`
+//! tokens, the target scores `[pending, ...drafts]` in one forward pass, the
+//! longest prefix where the target's own sample equals the draft is accepted,
+//! and the target's sample at the first mismatch (or after the last draft) is
+//! emitted as well. Both caches are then trimmed to the accepted tokens.
+//!
+//! With a grammar the walk is constrained: position `i` is sampled under the
+//! mask of the matcher state after the tokens accepted so far, so every
+//! emitted token is one the grammar allows; the matcher only advances on
+//! emitted tokens.
+
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::Array;
+
+use crate::cache::{total_bytes, trim_all, KvCache};
+use crate::constraint::TokenConstraint;
+use crate::generate::{
+    apply_mask, prefill, FinishReason, GenerateOptions, GenerationResult, OutputSink,
+    SpeculationStats, TokenEvent,
+};
+use crate::model::Model;
+use crate::sampling::{log_softmax, Sampler, SamplingParams};
+use crate::tokenizer::Tokenizer;
+
+pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 3;
+
+/// Anything that can propose continuations for the verify loop.
+pub trait DraftSource {
+    /// Sees the prompt (all but its last token) before the first round.
+    fn prefill(&mut self, tokens: &[u32], prefill_step: usize) -> Result<()>;
+    /// Proposes up to `n` tokens following `history` (prompt and every
+    /// emitted token). Returns a `[k]` uint32 array, `k <= n`, which may still
+    /// be lazy; `None` when there is nothing to propose.
+    fn draft(&mut self, history: &[u32], n: usize) -> Result<Option<Array>>;
+    /// Told after verification how many of the `drafted` tokens were accepted.
+    fn rewind(&mut self, drafted: usize, accepted: usize) -> Result<()>;
+    /// Device bytes held (weights and cache), for memory admission.
+    fn resident_bytes(&self) -> usize;
+    fn name(&self) -> String;
+}
+
+/// Drafting with a second, cheaper model sharing the target's tokenizer.
+pub struct ModelDrafter<'m> {
+    model: &'m Model,
+    caches: Vec<Box<dyn KvCache>>,
+    sampler: Sampler,
+    /// How many history tokens the draft cache holds.
+    seen: usize,
+    /// Tokens fed during the last `draft` call beyond `seen`.
+    fed: usize,
+    history_len: usize,
+}
+
+impl<'m> ModelDrafter<'m> {
+    pub fn new(model: &'m Model, sampling: &SamplingParams) -> Result<Self> {
+        let params = SamplingParams {
+            temperature: sampling.temperature,
+            top_p: sampling.top_p,
+            top_k: sampling.top_k,
+            min_p: sampling.min_p,
+            seed: sampling.seed.map(|s| s.wrapping_add(1)),
+            ..SamplingParams::default()
+        };
+        Ok(Self {
+            model,
+            caches: model.make_caches(),
+            sampler: Sampler::new(params)?,
+            seen: 0,
+            fed: 0,
+            history_len: 0,
+        })
+    }
+}
+
+impl DraftSource for ModelDrafter<'_> {
+    fn prefill(&mut self, tokens: &[u32], prefill_step: usize) -> Result<()> {
+        prefill(self.model, &mut self.caches, tokens, prefill_step)?;
+        self.seen = tokens.len();
+        Ok(())
+    }
+
+    fn draft(&mut self, history: &[u32], n: usize) -> Result<Option<Array>> {
+        if n == 0 || self.seen >= history.len() {
+            return Ok(None);
+        }
+        self.history_len = history.len();
+        let fresh: Vec<i32> = history[self.seen..].iter().map(|&t| t as i32).collect();
+        let mut input = Array::from_slice(&fresh, &[1, fresh.len() as i32]);
+        let mut drafted = Vec::with_capacity(n);
+        for _ in 0..n {
+            let logits = self.model.forward(&input, &mut self.caches)?;
+            let last = logits.index((.., -1, ..));
+            let token = self.sampler.sample(&log_softmax(&last)?)?;
+            async_eval([&token])?;
+            input = token.reshape(&[1, 1])?;
+            drafted.push(token);
+        }
+        // Fed: the fresh history tokens and all drafts but the last.
+        self.fed = fresh.len() + n - 1;
+        Ok(Some(concatenate(&drafted, 0)?))
+    }
+
+    fn rewind(&mut self, drafted: usize, accepted: usize) -> Result<()> {
+        if drafted == 0 {
+            return Ok(());
+        }
+        let keep_drafts = accepted.min(drafted - 1);
+        let trim = (drafted - 1) - keep_drafts;
+        if !trim_all(&mut self.caches, trim) {
+            bail!("the draft model's cache cannot be trimmed");
+        }
+        self.seen = self.history_len + keep_drafts;
+        self.fed = 0;
+        Ok(())
+    }
+
+    fn resident_bytes(&self) -> usize {
+        self.model.resident_bytes() + total_bytes(&self.caches)
+    }
+
+    fn name(&self) -> String {
+        format!("model:{}", self.model.path.display())
+    }
+}
+
+/// Prompt-lookup drafting: finds the latest earlier occurrence of the
+/// history's last `k` tokens (longest `k` first) and proposes what followed.
+/// Needs no model; pays on extraction, summarization and code edits.
+pub struct NgramDrafter {
+    pub max_ngram: usize,
+    pub min_ngram: usize,
+}
+
+impl Default for NgramDrafter {
+    fn default() -> Self {
+        Self {
+            max_ngram: 3,
+            min_ngram: 1,
+        }
+    }
+}
+
+impl NgramDrafter {
+    pub fn propose(&self, history: &[u32], n: usize) -> Vec<u32> {
+        for k in (self.min_ngram..=self.max_ngram).rev() {
+            if history.len() <= k {
+                continue;
+            }
+            let tail = &history[history.len() - k..];
+            // Latest match that is not the tail itself.
+            for start in (0..history.len() - k).rev() {
+                if &history[start..start + k] == tail {
+                    let from = start + k;
+                    let to = (from + n).min(history.len());
+                    if from < to {
+                        return history[from..to].to_vec();
+                    }
+                }
+            }
+        }
+        Vec::new()
+    }
+}
+
+impl DraftSource for NgramDrafter {
+    fn prefill(&mut self, _tokens: &[u32], _prefill_step: usize) -> Result<()> {
+        Ok(())
+    }
+
+    fn draft(&mut self, history: &[u32], n: usize) -> Result<Option<Array>> {
+        let proposal = self.propose(history, n);
+        if proposal.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(Array::from_slice(&proposal, &[proposal.len() as i32])))
+    }
+
+    fn rewind(&mut self, _drafted: usize, _accepted: usize) -> Result<()> {
+        Ok(())
+    }
+
+    fn resident_bytes(&self) -> usize {
+        0
+    }
+
+    fn name(&self) -> String {
+        "ngram".into()
+    }
+}
+
+/// Refuses a draft model from another tokenizer family; warns on a vocabulary
+/// size mismatch (padding differences are common and harmless).
+pub fn check_draft_tokenizer(target: &Tokenizer, draft: &Tokenizer) -> Result<Option<String>> {
+    let probe = "Hello, world! 12345 The quick brown fox. <|im_start|>user\nÜber naïve café";
+    let a = target.encode(probe)?;
+    let b = draft.encode(probe)?;
+    if a != b {
+        bail!("the draft model uses a different tokenizer than the target (token ids differ on a probe text)");
+    }
+    if target.vocab_size() != draft.vocab_size() {
+        return Ok(Some(format!(
+            "draft vocabulary size {} differs from the target's {}",
+            draft.vocab_size(),
+            target.vocab_size()
+        )));
+    }
+    Ok(None)
+}
+
+/// Generates with speculative decoding; same contract as
+/// [`crate::generate::generate`], plus speculation statistics.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_speculative(
+    model: &Model,
+    tokenizer: &Tokenizer,
+    caches: &mut [Box<dyn KvCache>],
+    prompt: &[u32],
+    cached: usize,
+    opts: &GenerateOptions,
+    drafter: &mut dyn DraftSource,
+    num_draft: usize,
+    mut constraint: Option<&mut (dyn TokenConstraint + 'static)>,
+    on_token: &mut dyn FnMut(&TokenEvent) -> bool,
+) -> Result<GenerationResult> {
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if cached >= prompt.len() {
+        bail!("at least one prompt token must be left to process");
+    }
+    if !caches.iter().all(|c| c.is_trimmable()) {
+        bail!("speculative decoding needs a trimmable cache");
+    }
+    let start = Instant::now();
+    crate::mlx_ext::reset_peak_memory();
+    let vocab = model.vocab_size();
+    let mut sampler = Sampler::new(opts.sampling.clone())?;
+    let batched_sampling = constraint.is_none() && !opts.sampling.has_processors();
+
+    let (last, rest) = prompt[cached..].split_last().unwrap();
+    drafter.prefill(&prompt[..prompt.len() - 1], opts.prefill_step)?;
+    prefill(model, caches, rest, opts.prefill_step)?;
+
+    let mut history = prompt.to_vec();
+    let mut pending = *last;
+    let mut stats = SpeculationStats::default();
+    let mut sink = OutputSink::new(tokenizer, opts, on_token);
+    let mut first_token_at = None;
+    let mut cache_len = prompt.len() - 1;
+    if opts.max_tokens == 0 {
+        sink.finish_with(FinishReason::Length);
+    }
+
+    while sink.finish.is_none() {
+        let remaining = opts.max_tokens - sink.tokens.len();
+        let trimmable = caches.iter().all(|c| c.is_trimmable());
+        let want = if trimmable { num_draft.min(remaining) } else { 0 };
+        let drafts = if want > 0 { drafter.draft(&history, want)? } else { None };
+        let n = drafts.as_ref().map_or(0, |d| d.shape()[0] as usize);
+
+        let head = Array::from_slice(&[pending], &[1]);
+        let input = match &drafts {
+            Some(d) => concatenate(&[head, d.as_dtype(mlx_rs::Dtype::Uint32)?], 0)?,
+            None => head,
+        };
+        let logits = model.forward(&input.reshape(&[1, -1])?, caches)?;
+        let logits = logits.index((0, .., ..)); // [n + 1, vocab]
+        stats.target_calls += 1;
+        stats.drafted += n;
+        cache_len += n + 1;
+
+        let draft_ids: Vec<u32> = match &drafts {
+            Some(d) => {
+                let d = d.as_dtype(mlx_rs::Dtype::Uint32)?;
+                eval([&d])?;
+                d.as_slice::<u32>().to_vec()
+            }
+            None => Vec::new(),
+        };
+
+        let mut accepted = 0;
+        let mut emitted: Vec<u32> = Vec::with_capacity(n + 1);
+        if batched_sampling {
+            let tokens = sampler.sample(&log_softmax(&logits)?)?;
+            let tokens = tokens.as_dtype(mlx_rs::Dtype::Uint32)?;
+            eval([&tokens])?;
+            let tokens = tokens.as_slice::<u32>().to_vec();
+            while accepted < n && tokens[accepted] == draft_ids[accepted] {
+                accepted += 1;
+            }
+            emitted.extend_from_slice(&tokens[..=accepted]);
+        } else {
+            for i in 0..=n {
+                let generated: Vec<u32> = sink.tokens.iter().chain(&emitted).copied().collect();
+                let row = logits.index((i as i32..i as i32 + 1, ..));
+                let mut row = sampler.process(row, prompt, &generated)?;
+                if let Some(c) = constraint.as_deref_mut() {
+                    if let Some(mask) = c.mask(vocab)? {
+                        row = apply_mask(&row, &mask)?;
+                    }
+                }
+                let token = sampler.sample(&log_softmax(&row)?)?.item_cast::<u32>();
+                emitted.push(token);
+                let mut finished = false;
+                if let Some(c) = constraint.as_deref_mut() {
+                    c.commit(token)?;
+                    finished = c.is_finished();
+                }
+                let matches = i < n && token == draft_ids[i];
+                if matches {
+                    accepted += 1;
+                }
+                if finished || !matches {
+                    break;
+                }
+            }
+        }
+        if first_token_at.is_none() {
+            first_token_at = Some(Instant::now());
+        }
+
+        // Rewind both caches to the tokens that were actually kept.
+        let trim = n - accepted;
+        if !trim_all(caches, trim) {
+            bail!("the target cache cannot be trimmed");
+        }
+        cache_len -= trim;
+        drafter.rewind(n, accepted)?;
+        for (i, &token) in emitted.iter().enumerate() {
+            history.push(token);
+            let before = sink.tokens.len();
+            let go_on = sink.emit(token, None)?;
+            if i < accepted && sink.tokens.len() > before {
+                stats.accepted += 1;
+            }
+            if !go_on {
+                break;
+            }
+        }
+        if sink.finish.is_none() {
+            if let Some(c) = constraint.as_deref() {
+                if c.is_finished() {
+                    sink.finish_with(FinishReason::Stop);
+                }
+            }
+        }
+        pending = *emitted.last().context("verification produced no token")?;
+    }
+    let finish = sink.close()?;
+    let end = Instant::now();
+    let first = first_token_at.unwrap_or(end);
+    let prompt_secs = (first - start).as_secs_f64().max(1e-9);
+    let n = sink.tokens.len();
+    let gen_secs = (end - first).as_secs_f64();
+    let mut cache_tokens = history;
+    cache_tokens.truncate(cache_len.min(cache_tokens.len()));
+    Ok(GenerationResult {
+        text: std::mem::take(&mut sink.text),
+        token_ids: std::mem::take(&mut sink.tokens),
+        prompt_tokens: prompt.len(),
+        cached_tokens: cached,
+        generation_tokens: n,
+        prompt_tps: (prompt.len() - cached) as f64 / prompt_secs,
+        generation_tps: if n > 1 && gen_secs > 0.0 { (n - 1) as f64 / gen_secs } else { 0.0 },
+        ttft_s: prompt_secs,
+        peak_memory_bytes: crate::mlx_ext::peak_memory_bytes(),
+        finish_reason: finish,
+        speculation: Some(stats),
+        cache_tokens,
+        logprobs: Vec::new(),
+    })
+}

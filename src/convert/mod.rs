@@ -1,1 +1,317 @@
-//! Model conversion: GGUF to mlx-lm directories, quantization.
+//! Model conversion (`mlx-bun convert`): a GGUF file into an mlx-lm model
+//! directory, and an mlx-lm directory into a quantized or re-typed copy.
+
+pub mod gguf;
+pub mod gguf_llama;
+pub mod gguf_tokenizer;
+pub mod output;
+pub mod quantize;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use indicatif::{ProgressBar, ProgressStyle};
+use mlx_rs::io::GgufFile;
+use mlx_rs::Dtype;
+use serde_json::{json, Map, Value};
+
+use crate::mlx_ext::dtype_name;
+use crate::model::layers::QuantSpec;
+use crate::model::weights::Weights;
+use gguf::{GgmlType, GgufHeader};
+use output::{Commit, StagingDir};
+use quantize::TensorSet;
+
+/// What to produce.
+#[derive(Clone, Debug)]
+pub struct ConvertOptions {
+    pub output: PathBuf,
+    /// The dtype of every floating tensor written (norms, scales, biases, dense weights).
+    pub dtype: Dtype,
+    /// Store every quantized layer as a dense `dtype` weight.
+    pub dequantize: bool,
+    /// Quantize every linear layer and embedding with this spec.
+    pub quantize: Option<QuantSpec>,
+    /// Draw a progress bar on stderr.
+    pub progress: bool,
+}
+
+/// What a conversion wrote.
+#[derive(Debug)]
+pub struct Summary {
+    pub output: PathBuf,
+    pub tensors: usize,
+    pub bytes: usize,
+    pub quantization: Option<Value>,
+    /// `AlreadyThere` when a concurrent conversion placed the output first.
+    pub commit: Commit,
+}
+
+impl ConvertOptions {
+    fn validate(&self) -> Result<()> {
+        if self.dequantize && self.quantize.is_some() {
+            bail!("--dequantize and --quantize exclude each other");
+        }
+        if let Some(spec) = self.quantize {
+            quantize::validate_spec(spec)?;
+        }
+        if !matches!(self.dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
+            bail!("the output dtype must be float32, float16 or bfloat16");
+        }
+        Ok(())
+    }
+}
+
+/// The affine spec MLX's GGUF loader produces for a tensor type; None for float
+/// tensors; an error for types it cannot read.
+fn gguf_quant_spec(name: &str, t: GgmlType) -> Result<Option<QuantSpec>> {
+    Ok(match t {
+        GgmlType::F32 | GgmlType::F16 => None,
+        GgmlType::Q4_0 | GgmlType::Q4_1 => Some(QuantSpec {
+            group_size: 32,
+            bits: 4,
+        }),
+        GgmlType::Q8_0 => Some(QuantSpec {
+            group_size: 32,
+            bits: 8,
+        }),
+        other => bail!(
+            "tensor {name:?} has type {}, which convert cannot read (supported: F32, F16, Q4_0, Q4_1, Q8_0)",
+            other.name()
+        ),
+    })
+}
+
+fn progress_bar(len: usize, message: &str, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(len as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(message.to_string());
+    bar
+}
+
+/// Applies the requested dequantization, quantization and dtype, then
+/// evaluates tensor by tensor under a progress bar.
+fn finish(set: &mut TensorSet, opts: &ConvertOptions) -> Result<()> {
+    if opts.dequantize {
+        set.dequantize_all(opts.dtype)?;
+    }
+    if let Some(spec) = opts.quantize {
+        for prefix in set.matrix_layers() {
+            set.quantize_layer(&prefix, spec, opts.dtype)?;
+        }
+    }
+    set.cast(opts.dtype)?;
+    let bar = progress_bar(set.tensors.len(), "converting", opts.progress);
+    for (name, array) in &set.tensors {
+        array.eval().with_context(|| format!("computing {name}"))?;
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(())
+}
+
+fn insert_quantization(config: &mut Map<String, Value>, set: &TensorSet) {
+    config.remove("quantization");
+    config.remove("quantization_config");
+    if let Some(q) = set.quantization_config() {
+        config.insert("quantization".into(), q.clone());
+        config.insert("quantization_config".into(), q);
+    }
+}
+
+/// Opens the GGUF tensors with MLX, whose loader insists on a `.gguf` name.
+fn load_gguf_arrays(
+    path: &Path,
+    staging: &Path,
+) -> Result<std::collections::HashMap<String, mlx_rs::Array>> {
+    let readable = if path.extension().is_some_and(|e| e == "gguf") {
+        path.to_path_buf()
+    } else {
+        let link = staging.join("input.gguf");
+        let absolute = std::fs::canonicalize(path)?;
+        std::os::unix::fs::symlink(&absolute, &link)
+            .with_context(|| format!("linking {}", absolute.display()))?;
+        link
+    };
+    let file = GgufFile::load(&readable)
+        .map_err(|e| anyhow!("{e}"))
+        .with_context(|| format!("loading the tensors of {}", path.display()))?;
+    let arrays = file.arrays().map_err(|e| anyhow!("{e}"))?;
+    if readable != path {
+        std::fs::remove_file(&readable)?;
+    }
+    Ok(arrays)
+}
+
+/// Converts a GGUF file (LLaMA architecture, byte-level BPE tokenizer) into an
+/// mlx-lm model directory.
+pub fn from_gguf(path: &Path, opts: &ConvertOptions) -> Result<Summary> {
+    opts.validate()?;
+    if !path.is_file() {
+        bail!("GGUF file {} does not exist", path.display());
+    }
+    let header = GgufHeader::read(path)?;
+    let arch = header
+        .string("general.architecture")
+        .context("the GGUF metadata lacks general.architecture")?;
+    if arch != gguf_llama::ARCH {
+        bail!("unsupported GGUF architecture {arch:?} (supported: llama)");
+    }
+    let heads = gguf_llama::Heads::read(&header)?;
+    let mut plan = Vec::with_capacity(header.tensors.len());
+    for info in &header.tensors {
+        let spec = gguf_quant_spec(&info.name, info.ggml_type)?;
+        let hf = gguf_llama::hf_name(&info.name)?;
+        plan.push((info, spec, hf));
+    }
+    let tokenizer = gguf_tokenizer::build(&header)?;
+
+    let staging = StagingDir::new(&opts.output)?;
+    let mut arrays = load_gguf_arrays(path, staging.path())?;
+    let mut set = TensorSet::default();
+    for (info, spec, hf) in &plan {
+        let parts: &[&str] = if spec.is_some() {
+            &["weight", "scales", "biases"]
+        } else {
+            &[""]
+        };
+        let gguf_stem = info.name.strip_suffix(".weight").unwrap_or(&info.name);
+        let hf_stem = hf.strip_suffix(".weight").unwrap_or(hf);
+        for part in parts {
+            let (from, to) = if part.is_empty() {
+                (info.name.clone(), hf.clone())
+            } else {
+                (format!("{gguf_stem}.{part}"), format!("{hf_stem}.{part}"))
+            };
+            let mut array = arrays
+                .remove(&from)
+                .with_context(|| format!("MLX did not load tensor {from:?}"))?;
+            if let Some(n_head) = gguf_llama::permuted_heads(&info.name, heads) {
+                array = gguf_llama::unpermute_rows(&array, n_head)
+                    .with_context(|| format!("restoring the row order of {from}"))?;
+            }
+            set.insert(to, array);
+        }
+        if let Some(spec) = spec {
+            set.quantized.insert(hf_stem.to_string(), *spec);
+        }
+    }
+    finish(&mut set, opts)?;
+
+    let tied = !set.tensors.contains_key("lm_head.weight");
+    let attention_bias = set
+        .tensors
+        .contains_key("model.layers.0.self_attn.q_proj.bias");
+    let mut config = gguf_llama::config(
+        &header,
+        &tokenizer,
+        tied,
+        attention_bias,
+        dtype_name(opts.dtype),
+    )?;
+    insert_quantization(&mut config, &set);
+    let mut generation = Map::new();
+    if let Some(id) = tokenizer.bos_id {
+        generation.insert("bos_token_id".into(), json!(id));
+    }
+    if let Some(id) = tokenizer.eos_id {
+        generation.insert("eos_token_id".into(), json!(id));
+    }
+
+    let dir = staging.path();
+    output::write_weights(dir, &set)?;
+    output::write_json(dir, "config.json", &Value::Object(config))?;
+    output::write_json(dir, "generation_config.json", &Value::Object(generation))?;
+    output::write_json(dir, "tokenizer.json", &tokenizer.tokenizer_json)?;
+    output::write_json(dir, "tokenizer_config.json", &tokenizer.tokenizer_config)?;
+    output::write_json(
+        dir,
+        "special_tokens_map.json",
+        &tokenizer.special_tokens_map,
+    )?;
+    summarize(set, staging, opts)
+}
+
+fn summarize(set: TensorSet, staging: StagingDir, opts: &ConvertOptions) -> Result<Summary> {
+    let summary = Summary {
+        output: opts.output.clone(),
+        tensors: set.tensors.len(),
+        bytes: set.nbytes(),
+        quantization: set.quantization_config(),
+        commit: Commit::Placed,
+    };
+    drop(set);
+    let commit = staging.commit()?;
+    Ok(Summary { commit, ..summary })
+}
+
+/// Files of a model directory that are not weights and are copied as they are.
+fn companion_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
+        let path = entry?.path();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let skip = name.ends_with(".safetensors")
+            || name == "model.safetensors.index.json"
+            || name == "config.json"
+            || name.starts_with("adapter")
+            || name.starts_with('.');
+        if path.is_file() && !skip {
+            files.push(path);
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Writes a quantized, dequantized or re-typed copy of an mlx-lm model directory.
+pub fn from_model_dir(dir: &Path, opts: &ConvertOptions) -> Result<Summary> {
+    opts.validate()?;
+    if !dir.is_dir() {
+        bail!("model directory {} does not exist", dir.display());
+    }
+    let (args, raw) = crate::model::read_config(dir)?;
+    let mut config = match raw {
+        Value::Object(map) => map,
+        _ => bail!("{}/config.json is not a JSON object", dir.display()),
+    };
+    let mut weights = Weights::load_dir(dir, args.quantization.clone(), Dtype::Float32)?;
+    let names = weights.remaining();
+    let mut set = TensorSet::default();
+    for name in &names {
+        if let Some(prefix) = name.strip_suffix(".scales") {
+            let spec = weights
+                .quant_spec(prefix)
+                .with_context(|| format!("cannot tell how {prefix} is quantized"))?;
+            set.quantized.insert(prefix.to_string(), spec);
+        }
+    }
+    for name in names {
+        let array = weights.take(&name)?;
+        set.insert(name, array);
+    }
+    finish(&mut set, opts)?;
+    insert_quantization(&mut config, &set);
+    config.insert("torch_dtype".into(), json!(dtype_name(opts.dtype)));
+
+    let staging = StagingDir::new(&opts.output)?;
+    let out = staging.path();
+    output::write_weights(out, &set)?;
+    output::write_json(out, "config.json", &Value::Object(config))?;
+    for file in companion_files(dir)? {
+        let name = file.file_name().context("file name")?;
+        std::fs::copy(&file, out.join(name))
+            .with_context(|| format!("copying {}", file.display()))?;
+    }
+    summarize(set, staging, opts)
+}

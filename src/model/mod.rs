@@ -25,6 +25,8 @@ pub struct Model {
     pub decoder: Decoder,
     pub dtype: Dtype,
     pub path: PathBuf,
+    /// Bytes of all weights as loaded.
+    pub weight_bytes: usize,
 }
 
 /// The options of each supported `model_type`.
@@ -74,6 +76,7 @@ impl Model {
         options: DecoderOptions,
         dir: &Path,
     ) -> Result<Self> {
+        let weight_bytes = w.total_bytes();
         let decoder = Decoder::load(w, &args, options).with_context(|| {
             format!("loading {} weights from {}", args.model_type, dir.display())
         })?;
@@ -90,6 +93,7 @@ impl Model {
             args,
             decoder,
             path: dir.to_path_buf(),
+            weight_bytes,
         };
         Ok(model)
     }
@@ -106,6 +110,11 @@ impl Model {
 
     pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
         self.decoder.make_caches()
+    }
+
+    /// Device bytes the weights occupy.
+    pub fn resident_bytes(&self) -> usize {
+        self.weight_bytes
     }
 
     pub fn num_layers(&self) -> usize {

@@ -66,6 +66,10 @@ impl Weights {
         self.compute_dtype
     }
 
+    pub fn total_bytes(&self) -> usize {
+        self.tensors.values().map(|t| t.nbytes()).sum()
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The test suite on a fresh machine: prerequisites, the pinned oracle
+# environment (mlx-lm on the same MLX), the default model, then every test.
+#   scripts/test.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh
+if [[ -x scripts/oracle/setup.sh ]]; then
+  bash scripts/oracle/setup.sh >/dev/null
+fi
+cargo build --release --all-targets --quiet
+# Prepare the default model once, before tests run in parallel.
+./target/release/mlx-bun generate --prompt "Hi" --max-tokens 1 >/dev/null
+cargo test --release "$@"

@@ -1,0 +1,580 @@
+//! The gateway: the one place that decides how each generation request runs.
+//!
+//! Requests enter a bounded queue; a dedicated worker thread owns the model
+//! (MLX arrays may move between threads but must not be shared), picks the
+//! lane a request runs on, and streams events back over a channel. Today
+//! there is the serial lane; the speculative lane (a draft model) is routed
+//! here too, and a batch lane plugs in as one more predicate in [`route`].
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+use crate::cache::KvCache;
+use crate::generate::{generate, FinishReason, GenerateOptions, GenerationResult, TokenLogprob};
+use crate::grammar::{ConstraintSpec, GrammarEngine};
+use crate::model::Model;
+use crate::prompt_cache::{PromptCache, PromptCacheStats};
+use crate::tokenizer::Tokenizer;
+
+/// How many recent requests the latency percentiles are computed over.
+const SAMPLE_WINDOW: usize = 1024;
+
+pub struct GatewayConfig {
+    /// Requests that may wait for the worker; more are refused.
+    pub max_queue: usize,
+    /// Byte cap of the RAM prompt cache; 0 disables it.
+    pub prompt_cache_bytes: usize,
+    /// Tokens the draft model proposes per round (speculative lane).
+    pub num_draft_tokens: usize,
+}
+
+/// One generation request, already tokenized and validated.
+pub struct GatewayRequest {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    /// Structured-output constraint, compiled by the worker.
+    pub constraint: Option<ConstraintSpec>,
+}
+
+/// What the request looks like, as far as routing cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RequestShape {
+    pub has_grammar: bool,
+    pub has_draft: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// One request at a time on the worker, with the prompt cache.
+    Serial,
+    /// Draft-and-verify decoding with the server's draft model.
+    Speculative,
+}
+
+/// The routing rule. A draft model sends every request to the speculative
+/// lane (as mlx-lm does); a future batch lane adds its predicate here.
+pub fn route(shape: RequestShape) -> Lane {
+    if shape.has_draft {
+        Lane::Speculative
+    } else {
+        Lane::Serial
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GatewayError {
+    /// The request cannot run as asked (e.g. its grammar does not compile).
+    InvalidRequest(String),
+    /// The server cannot run this kind of request.
+    Unsupported(String),
+    /// The server is stopping.
+    ShuttingDown,
+    /// The engine failed.
+    Internal(String),
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GatewayError::InvalidRequest(m) | GatewayError::Unsupported(m) => f.write_str(m),
+            GatewayError::ShuttingDown => f.write_str("the server is shutting down"),
+            GatewayError::Internal(m) => write!(f, "generation failed: {m}"),
+        }
+    }
+}
+
+/// What the worker reports about a request, in order: `Started`, any number
+/// of `Token`s, then `Done` or `Failed` (which may also come first).
+#[derive(Debug)]
+pub enum GatewayEvent {
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
+    Token {
+        /// `None` for text released at the end that belongs to no new token.
+        token: Option<u32>,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    Done(Box<GenerationResult>),
+    Failed(GatewayError),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    QueueFull { retry_after_secs: u64 },
+    ShuttingDown,
+}
+
+/// A submitted request: its events, and cancellation when dropped.
+pub struct Ticket {
+    pub events: UnboundedReceiver<GatewayEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Ticket {
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+struct Job {
+    request: GatewayRequest,
+    lane: Lane,
+    events: UnboundedSender<GatewayEvent>,
+    cancel: Arc<AtomicBool>,
+    submitted: Instant,
+}
+
+impl Job {
+    fn abandoned(&self) -> bool {
+        self.cancel.load(Ordering::Relaxed) || self.events.is_closed()
+    }
+
+    fn send(&self, event: GatewayEvent) -> bool {
+        self.events.send(event).is_ok()
+    }
+}
+
+/// Latency and speed of recent requests.
+#[derive(Default)]
+struct Samples {
+    ttft_s: VecDeque<f64>,
+    decode_tps: VecDeque<f64>,
+    service_s: VecDeque<f64>,
+}
+
+fn push_sample(v: &mut VecDeque<f64>, x: f64) {
+    if v.len() == SAMPLE_WINDOW {
+        v.pop_front();
+    }
+    v.push_back(x);
+}
+
+/// The `q`-quantile (0..=1) of `v` by nearest rank; 0 when empty.
+pub fn quantile(v: &[f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return 0.0;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal));
+    let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
+    s[rank - 1]
+}
+
+/// Counters shared between the worker and the HTTP layer.
+#[derive(Default)]
+struct Counters {
+    queued: AtomicUsize,
+    active: AtomicUsize,
+    completed: AtomicU64,
+    cancelled: AtomicU64,
+    failed: AtomicU64,
+    rejected: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    completion_tokens: AtomicU64,
+    samples: Mutex<Samples>,
+    prompt_cache: Mutex<PromptCacheStats>,
+}
+
+/// A snapshot for `/stats` and `/metrics`.
+#[derive(Clone, Debug, Default)]
+pub struct GatewayStats {
+    pub queue_depth: usize,
+    pub max_queue: usize,
+    pub active: usize,
+    pub completed: u64,
+    pub cancelled: u64,
+    pub failed: u64,
+    pub rejected: u64,
+    pub prompt_tokens: u64,
+    pub cached_tokens: u64,
+    pub completion_tokens: u64,
+    pub prompt_cache: PromptCacheStats,
+    pub ttft_p50_s: f64,
+    pub ttft_p95_s: f64,
+    pub decode_tps_p50: f64,
+    pub decode_tps_p95: f64,
+    pub samples: usize,
+}
+
+#[derive(Default)]
+struct Readiness {
+    state: Mutex<Option<Result<(), String>>>,
+    changed: Condvar,
+}
+
+pub struct Gateway {
+    queue: Mutex<Option<SyncSender<Job>>>,
+    accepting: AtomicBool,
+    abort: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    readiness: Arc<Readiness>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    has_draft: bool,
+    max_queue: usize,
+}
+
+impl Gateway {
+    /// Starts the worker, which warms the model up before taking requests.
+    pub fn start(
+        model: Model,
+        draft: Option<Model>,
+        tokenizer: Arc<Tokenizer>,
+        config: GatewayConfig,
+    ) -> Result<Self> {
+        let max_queue = config.max_queue.max(1);
+        let (tx, rx) = sync_channel::<Job>(max_queue);
+        let counters = Arc::new(Counters::default());
+        let readiness = Arc::new(Readiness::default());
+        let abort = Arc::new(AtomicBool::new(false));
+        let has_draft = draft.is_some();
+        let worker = Worker {
+            model,
+            draft,
+            tokenizer,
+            grammar: None,
+            prompt_cache: PromptCache::new(config.prompt_cache_bytes),
+            counters: counters.clone(),
+            abort: abort.clone(),
+            num_draft_tokens: config.num_draft_tokens,
+        };
+        *counters.prompt_cache.lock().unwrap() = worker.prompt_cache.stats();
+        let ready = readiness.clone();
+        let handle = std::thread::Builder::new()
+            .name("mlx-bun-gateway".into())
+            .spawn(move || worker.run(rx, &ready))
+            .context("starting the generation worker")?;
+        Ok(Self {
+            queue: Mutex::new(Some(tx)),
+            accepting: AtomicBool::new(true),
+            abort,
+            counters,
+            readiness,
+            worker: Mutex::new(Some(handle)),
+            has_draft,
+            max_queue,
+        })
+    }
+
+    /// Blocks until the warm-up pass is done; its error if it failed.
+    pub fn wait_ready(&self) -> Result<()> {
+        let mut state = self.readiness.state.lock().unwrap();
+        while state.is_none() {
+            state = self.readiness.changed.wait(state).unwrap();
+        }
+        state.clone().unwrap().map_err(|e| anyhow!(e))
+    }
+
+    pub fn is_ready(&self) -> bool {
+        matches!(*self.readiness.state.lock().unwrap(), Some(Ok(())))
+    }
+
+    pub fn shape_of(&self, request: &GatewayRequest) -> RequestShape {
+        RequestShape {
+            has_grammar: request.constraint.is_some(),
+            has_draft: self.has_draft,
+        }
+    }
+
+    /// Queues `request`; fails at once when the queue is full.
+    pub fn submit(&self, request: GatewayRequest) -> Result<Ticket, SubmitError> {
+        if !self.accepting.load(Ordering::Relaxed) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let lane = route(self.shape_of(&request));
+        let (events, rx) = unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let job = Job {
+            request,
+            lane,
+            events,
+            cancel: cancel.clone(),
+            submitted: Instant::now(),
+        };
+        let queue = self.queue.lock().unwrap();
+        let Some(tx) = queue.as_ref() else {
+            return Err(SubmitError::ShuttingDown);
+        };
+        // Count before sending so the worker never sees a negative depth.
+        self.counters.queued.fetch_add(1, Ordering::SeqCst);
+        match tx.try_send(job) {
+            Ok(()) => Ok(Ticket { events: rx, cancel }),
+            Err(err) => {
+                self.counters.queued.fetch_sub(1, Ordering::SeqCst);
+                match err {
+                    TrySendError::Full(_) => {
+                        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                        Err(SubmitError::QueueFull {
+                            retry_after_secs: self.retry_after_secs(),
+                        })
+                    }
+                    TrySendError::Disconnected(_) => Err(SubmitError::ShuttingDown),
+                }
+            }
+        }
+    }
+
+    /// A guess at when a queue slot frees up: the median service time.
+    fn retry_after_secs(&self) -> u64 {
+        let samples = self.counters.samples.lock().unwrap();
+        let v: Vec<f64> = samples.service_s.iter().copied().collect();
+        (quantile(&v, 0.5).ceil() as u64).clamp(1, 60)
+    }
+
+    pub fn stats(&self) -> GatewayStats {
+        let c = &self.counters;
+        let samples = c.samples.lock().unwrap();
+        let ttft: Vec<f64> = samples.ttft_s.iter().copied().collect();
+        let tps: Vec<f64> = samples.decode_tps.iter().copied().collect();
+        GatewayStats {
+            queue_depth: c.queued.load(Ordering::SeqCst),
+            max_queue: self.max_queue,
+            active: c.active.load(Ordering::SeqCst),
+            completed: c.completed.load(Ordering::Relaxed),
+            cancelled: c.cancelled.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            prompt_tokens: c.prompt_tokens.load(Ordering::Relaxed),
+            cached_tokens: c.cached_tokens.load(Ordering::Relaxed),
+            completion_tokens: c.completion_tokens.load(Ordering::Relaxed),
+            prompt_cache: *c.prompt_cache.lock().unwrap(),
+            ttft_p50_s: quantile(&ttft, 0.5),
+            ttft_p95_s: quantile(&ttft, 0.95),
+            decode_tps_p50: quantile(&tps, 0.5),
+            decode_tps_p95: quantile(&tps, 0.95),
+            samples: ttft.len(),
+        }
+    }
+
+    /// Refuses new requests; queued and running ones go on.
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::Relaxed);
+    }
+
+    /// Ends the running request and fails the queued ones with
+    /// [`GatewayError::ShuttingDown`], then stops the worker.
+    pub fn abort(&self) {
+        self.stop_accepting();
+        self.abort.store(true, Ordering::Relaxed);
+        self.queue.lock().unwrap().take();
+    }
+
+    /// Whether the worker is idle with an empty queue.
+    pub fn is_idle(&self) -> bool {
+        self.counters.queued.load(Ordering::SeqCst) == 0
+            && self.counters.active.load(Ordering::SeqCst) == 0
+    }
+
+    /// Lets the queue drain for up to `grace`, then aborts what is left and
+    /// waits for the worker to exit.
+    pub fn shutdown(&self, grace: Duration) {
+        self.stop_accepting();
+        let deadline = Instant::now() + grace;
+        while !self.is_idle() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.abort();
+        if let Some(handle) = self.worker.lock().unwrap().take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+struct Worker {
+    model: Model,
+    draft: Option<Model>,
+    tokenizer: Arc<Tokenizer>,
+    grammar: Option<GrammarEngine>,
+    prompt_cache: PromptCache,
+    counters: Arc<Counters>,
+    abort: Arc<AtomicBool>,
+    #[allow(dead_code)]
+    num_draft_tokens: usize,
+}
+
+/// One forward pass on a single token, so the first request does not pay for
+/// first-use setup (and, on a GPU, kernel compilation).
+fn warm_up(model: &Model) -> Result<()> {
+    let mut caches = model.make_caches();
+    let input = mlx_rs::Array::from_slice(&[0i32], &[1, 1]);
+    let logits = model.forward_last(&input, &mut caches)?;
+    mlx_rs::transforms::eval([&logits])?;
+    Ok(())
+}
+
+impl Worker {
+    fn run(mut self, rx: Receiver<Job>, readiness: &Readiness) {
+        let warm = warm_up(&self.model).and_then(|()| match &self.draft {
+            Some(d) => warm_up(d),
+            None => Ok(()),
+        });
+        let failed = warm.is_err();
+        *readiness.state.lock().unwrap() = Some(warm.map_err(|e| format!("{e:#}")));
+        readiness.changed.notify_all();
+        if failed {
+            return;
+        }
+        while let Ok(job) = rx.recv() {
+            self.counters.queued.fetch_sub(1, Ordering::SeqCst);
+            if self.abort.load(Ordering::Relaxed) {
+                job.send(GatewayEvent::Failed(GatewayError::ShuttingDown));
+                continue;
+            }
+            if job.abandoned() {
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            self.counters.active.fetch_add(1, Ordering::SeqCst);
+            let started = Instant::now();
+            match job.lane {
+                Lane::Serial => self.run_serial(&job),
+                Lane::Speculative => self.run_speculative(&job),
+            }
+            let service = started.elapsed().as_secs_f64();
+            push_sample(
+                &mut self.counters.samples.lock().unwrap().service_s,
+                service,
+            );
+            self.counters.active.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+
+    fn fail(&self, job: &Job, error: GatewayError) {
+        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        job.send(GatewayEvent::Failed(error));
+    }
+
+    fn constraint(
+        &mut self,
+        spec: &ConstraintSpec,
+    ) -> Result<Box<dyn crate::constraint::TokenConstraint>, GatewayError> {
+        if self.grammar.is_none() {
+            let engine = GrammarEngine::new(&self.tokenizer)
+                .map_err(|e| GatewayError::Internal(format!("{e:#}")))?;
+            self.grammar = Some(engine);
+        }
+        let engine = self.grammar.as_ref().unwrap();
+        engine
+            .constraint(spec)
+            .map_err(|e| GatewayError::InvalidRequest(format!("{e:#}")))
+    }
+
+    fn run_serial(&mut self, job: &Job) {
+        let request = &job.request;
+        let mut constraint = match &request.constraint {
+            Some(spec) => match self.constraint(spec) {
+                Ok(c) => Some(c),
+                Err(e) => return self.fail(job, e),
+            },
+            None => None,
+        };
+        let (mut caches, cached): (Vec<Box<dyn KvCache>>, usize) =
+            match self.prompt_cache.lookup(&request.prompt) {
+                Some(hit) => (hit.caches, hit.cached),
+                None => (self.model.make_caches(), 0),
+            };
+        let sent = job.send(GatewayEvent::Started {
+            prompt_tokens: request.prompt.len(),
+            cached_tokens: cached,
+        });
+        if !sent {
+            self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let mut first_token: Option<Instant> = None;
+        let abort = self.abort.clone();
+        let result = {
+            let mut on_token = |ev: &crate::generate::TokenEvent| {
+                first_token.get_or_insert_with(Instant::now);
+                if abort.load(Ordering::Relaxed) || job.cancel.load(Ordering::Relaxed) {
+                    return false;
+                }
+                job.send(GatewayEvent::Token {
+                    token: (ev.token != u32::MAX).then_some(ev.token),
+                    text: ev.text.to_string(),
+                    logprob: ev.logprob.cloned(),
+                })
+            };
+            generate(
+                &self.model,
+                &self.tokenizer,
+                &mut caches,
+                &request.prompt,
+                cached,
+                &request.options,
+                constraint.as_deref_mut(),
+                &mut on_token,
+            )
+        };
+        match result {
+            Ok(mut result) => {
+                let cache_tokens = std::mem::take(&mut result.cache_tokens);
+                self.prompt_cache.insert(cache_tokens, caches);
+                *self.counters.prompt_cache.lock().unwrap() = self.prompt_cache.stats();
+                self.finish(job, result, first_token);
+            }
+            Err(e) => self.fail(job, GatewayError::Internal(format!("{e:#}"))),
+        }
+    }
+
+    fn finish(&self, job: &Job, result: GenerationResult, first_token: Option<Instant>) {
+        let c = &self.counters;
+        c.prompt_tokens
+            .fetch_add(result.prompt_tokens as u64, Ordering::Relaxed);
+        c.cached_tokens
+            .fetch_add(result.cached_tokens as u64, Ordering::Relaxed);
+        c.completion_tokens
+            .fetch_add(result.generation_tokens as u64, Ordering::Relaxed);
+        {
+            let mut samples = c.samples.lock().unwrap();
+            if let Some(t) = first_token {
+                push_sample(
+                    &mut samples.ttft_s,
+                    (t - job.submitted).as_secs_f64(),
+                );
+            }
+            if result.generation_tokens > 1 && result.generation_tps > 0.0 {
+                push_sample(&mut samples.decode_tps, result.generation_tps);
+            }
+        }
+        if result.finish_reason == FinishReason::Cancelled {
+            c.cancelled.fetch_add(1, Ordering::Relaxed);
+            if self.abort.load(Ordering::Relaxed) {
+                job.send(GatewayEvent::Failed(GatewayError::ShuttingDown));
+            }
+            return;
+        }
+        c.completed.fetch_add(1, Ordering::Relaxed);
+        job.send(GatewayEvent::Done(Box::new(result)));
+    }
+
+    // ROUTING: the speculative lane. It runs once `crate::speculative`
+    // offers a served draft-and-verify loop; until then requests routed here
+    // get a clear error instead of silently running without the draft.
+    fn run_speculative(&mut self, job: &Job) {
+        self.fail(
+            job,
+            GatewayError::Unsupported(
+                "speculative decoding (--draft-model) is not available in this build yet; \
+                 restart the server without --draft-model"
+                    .into(),
+            ),
+        );
+    }
+}

@@ -1,0 +1,222 @@
+//! The RAM prompt cache: a byte-capped LRU of KV caches keyed by the exact
+//! token list they hold. A request reuses the entry sharing the longest
+//! prefix with its prompt, so a conversation that re-sends its history only
+//! prefills what is new.
+
+use crate::cache::{clone_all, total_bytes, trim_all, KvCache};
+
+struct Entry {
+    tokens: Vec<u32>,
+    caches: Vec<Box<dyn KvCache>>,
+    bytes: usize,
+    last_used: u64,
+}
+
+/// Caches ready for a prompt: the first `cached` prompt tokens are in them.
+pub struct PromptCacheHit {
+    pub caches: Vec<Box<dyn KvCache>>,
+    pub cached: usize,
+}
+
+/// Counters for `/stats`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromptCacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    pub entries: usize,
+    pub bytes: usize,
+    pub max_bytes: usize,
+}
+
+pub struct PromptCache {
+    entries: Vec<Entry>,
+    max_bytes: usize,
+    bytes: usize,
+    clock: u64,
+    hits: u64,
+    misses: u64,
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl PromptCache {
+    /// A cache holding at most `max_bytes` of keys and values; 0 disables it.
+    pub fn new(max_bytes: usize) -> Self {
+        Self {
+            entries: Vec::new(),
+            max_bytes,
+            bytes: 0,
+            clock: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.max_bytes > 0
+    }
+
+    fn tick(&mut self) -> u64 {
+        self.clock += 1;
+        self.clock
+    }
+
+    /// Copies of the caches sharing the longest prefix with `prompt`, trimmed
+    /// to that prefix. At least one prompt token is always left to process.
+    pub fn lookup(&mut self, prompt: &[u32]) -> Option<PromptCacheHit> {
+        if !self.is_enabled() {
+            return None;
+        }
+        let limit = prompt.len().saturating_sub(1);
+        let best = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (i, common_prefix(&e.tokens, prompt).min(limit)))
+            .filter(|&(_, n)| n > 0)
+            .max_by_key(|&(i, n)| (n, self.entries[i].last_used));
+        let Some((index, usable)) = best else {
+            self.misses += 1;
+            return None;
+        };
+        let now = self.tick();
+        let entry = &mut self.entries[index];
+        let mut caches = clone_all(&entry.caches);
+        let excess = entry.tokens.len() - usable;
+        if !trim_all(&mut caches, excess) {
+            // A sliding window that has wrapped cannot be rewound.
+            self.misses += 1;
+            return None;
+        }
+        entry.last_used = now;
+        self.hits += 1;
+        Some(PromptCacheHit {
+            caches,
+            cached: usable,
+        })
+    }
+
+    /// Stores `caches`, which hold exactly `tokens`. Entries that are a
+    /// prefix of `tokens` are dropped: the new entry serves them too.
+    pub fn insert(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) {
+        if !self.is_enabled() || tokens.is_empty() {
+            return;
+        }
+        if caches.iter().any(|c| c.offset() != tokens.len()) {
+            tracing::warn!("prompt cache: caches and token list disagree; not stored");
+            return;
+        }
+        let bytes = total_bytes(&caches);
+        if bytes > self.max_bytes {
+            return;
+        }
+        let mut removed = 0;
+        self.entries.retain(|e| {
+            let dominated = e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens);
+            if dominated {
+                removed += e.bytes;
+            }
+            !dominated
+        });
+        self.bytes -= removed;
+        while self.bytes + bytes > self.max_bytes {
+            self.evict_oldest();
+        }
+        let now = self.tick();
+        self.bytes += bytes;
+        self.entries.push(Entry {
+            tokens,
+            caches,
+            bytes,
+            last_used: now,
+        });
+    }
+
+    fn evict_oldest(&mut self) {
+        if let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) {
+            let e = self.entries.swap_remove(i);
+            self.bytes -= e.bytes;
+        }
+    }
+
+    pub fn clear(&mut self) {
+        self.entries.clear();
+        self.bytes = 0;
+    }
+
+    pub fn stats(&self) -> PromptCacheStats {
+        PromptCacheStats {
+            hits: self.hits,
+            misses: self.misses,
+            entries: self.entries.len(),
+            bytes: self.bytes,
+            max_bytes: self.max_bytes,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::StandardCache;
+    use mlx_rs::Array;
+
+    /// Caches of `layers` layers holding `n` positions.
+    fn caches(layers: usize, n: usize) -> Vec<Box<dyn KvCache>> {
+        (0..layers)
+            .map(|_| {
+                let mut c = StandardCache::new();
+                let kv = Array::from_slice(&vec![1f32; n * 4], &[1, 1, n as i32, 4]);
+                c.update_and_fetch(&kv, &kv).unwrap();
+                Box::new(c) as Box<dyn KvCache>
+            })
+            .collect()
+    }
+
+    #[test]
+    fn longest_prefix_wins_and_leaves_one_token() {
+        let mut pc = PromptCache::new(1 << 30);
+        pc.insert(vec![1, 2, 3], caches(2, 3));
+        pc.insert(vec![7, 8, 9, 10, 11], caches(2, 5));
+        let hit = pc.lookup(&[7, 8, 9, 10, 11]).unwrap();
+        assert_eq!(hit.cached, 4);
+        assert!(hit.caches.iter().all(|c| c.offset() == 4));
+        let hit = pc.lookup(&[7, 8, 5]).unwrap();
+        assert_eq!(hit.cached, 2);
+        assert!(pc.lookup(&[4, 5]).is_none());
+        let s = pc.stats();
+        assert_eq!((s.hits, s.misses, s.entries), (2, 1, 2));
+    }
+
+    #[test]
+    fn prefix_entries_are_replaced_by_their_extension() {
+        let mut pc = PromptCache::new(1 << 30);
+        pc.insert(vec![1, 2], caches(1, 2));
+        pc.insert(vec![1, 2, 3, 4], caches(1, 4));
+        assert_eq!(pc.stats().entries, 1);
+        assert_eq!(pc.stats().bytes, total_bytes(&caches(1, 4)));
+    }
+
+    #[test]
+    fn byte_cap_evicts_least_recently_used() {
+        let one = total_bytes(&caches(1, 2));
+        let mut pc = PromptCache::new(2 * one);
+        pc.insert(vec![1, 2], caches(1, 2));
+        pc.insert(vec![3, 4], caches(1, 2));
+        pc.lookup(&[1, 2, 5]).unwrap();
+        pc.insert(vec![5, 6], caches(1, 2));
+        assert!(pc.lookup(&[3, 4, 0]).is_none());
+        assert!(pc.lookup(&[1, 2, 0]).is_some());
+        assert!(pc.stats().bytes <= 2 * one);
+    }
+
+    #[test]
+    fn disabled_cache_stores_nothing() {
+        let mut pc = PromptCache::new(0);
+        pc.insert(vec![1, 2], caches(1, 2));
+        assert!(pc.lookup(&[1, 2, 3]).is_none());
+        assert_eq!(pc.stats().entries, 0);
+    }
+}
