@@ -1,6 +1,7 @@
 //! The `mlx-bun` command line: one module per subcommand, each a thin layer
 //! over the engine library.
 
+mod bench;
 mod completions;
 mod convert;
 mod generate;
@@ -33,6 +34,8 @@ enum Command {
     Convert(convert::Args),
     /// Fine-tune with LoRA (SFT) or ORPO preference training.
     Train(train::Args),
+    /// Micro-benchmarks of the engine.
+    Bench(bench::Args),
     /// Print shell completions.
     Completions(completions::Args),
 }
@@ -51,6 +54,7 @@ fn main() -> ExitCode {
         Command::Serve(args) => serve::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => train::run(args),
+        Command::Bench(args) => bench::run(args),
         Command::Completions(args) => completions::run(args),
     };
     match result {

@@ -1,10 +1,232 @@
-//! `mlx-bun serve`.
+//! `mlx-bun serve`: the OpenAI-compatible HTTP server.
 
-use anyhow::{bail, Result};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use mlx_bun::gateway::{Gateway, GatewayConfig, LoadedModels};
+use mlx_bun::model::Model;
+use mlx_bun::server::{AppState, ServerConfig};
+use mlx_bun::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct).
+    #[arg(long, short)]
+    model: Option<String>,
+    /// Address to listen on; anything but loopback exposes the server to the network.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on; 0 picks a free one (the ready line shows it).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Require `Authorization: Bearer <KEY>` on every route but /health.
+    #[arg(long, env = "MLX_BUN_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// max_tokens for requests that give none (cut to fit the context).
+    #[arg(long, default_value_t = 512)]
+    max_tokens_default: usize,
+    /// RAM prompt cache size in GiB; 0 disables it.
+    #[arg(long, default_value_t = 2.0)]
+    prompt_cache: f64,
+    /// Requests that may wait while one runs; more get 503 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Largest accepted request body in bytes; larger ones get 413.
+    #[arg(long, default_value_t = 10_000_000)]
+    max_body_bytes: usize,
+    /// Log level: error, warn, info, debug or trace.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    /// LoRA adapter directory to apply to the model.
+    #[arg(long)]
+    adapter_path: Option<PathBuf>,
+    /// Draft model for speculative decoding.
+    #[arg(long)]
+    draft_model: Option<String>,
+    /// Tokens the draft model proposes per step.
+    #[arg(long, default_value_t = 3)]
+    num_draft_tokens: usize,
+    /// Seconds to let running requests finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    shutdown_grace: u64,
+}
 
-pub fn run(_args: Args) -> Result<()> {
-    bail!("`mlx-bun serve` is not available yet")
+/// The `--log-level` filter, installed for the threads the server runs on
+/// (the process-wide logger is set up before arguments are parsed).
+fn log_dispatch(level: &str) -> Result<tracing::Dispatch> {
+    let filter = tracing_subscriber::EnvFilter::try_new(level)
+        .with_context(|| format!("invalid --log-level {level:?}"))?;
+    let subscriber = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .finish();
+    Ok(tracing::Dispatch::new(subscriber))
+}
+
+fn check(args: &Args) -> Result<()> {
+    if args.max_queue == 0 {
+        bail!("--max-queue must be at least 1");
+    }
+    if args.max_tokens_default == 0 {
+        bail!("--max-tokens-default must be at least 1");
+    }
+    if !(args.prompt_cache.is_finite() && args.prompt_cache >= 0.0) {
+        bail!("--prompt-cache must be a size in GiB, 0 or more");
+    }
+    if args.max_body_bytes < 1024 {
+        bail!("--max-body-bytes must be at least 1024");
+    }
+    if args.num_draft_tokens == 0 {
+        bail!("--num-draft-tokens must be at least 1");
+    }
+    if matches!(&args.api_key, Some(k) if k.trim().is_empty()) {
+        bail!("--api-key must not be empty");
+    }
+    Ok(())
+}
+
+fn model_id(args: &Args, dir: &std::path::Path) -> String {
+    match &args.model {
+        Some(spec) => spec.trim_end_matches('/').to_string(),
+        None => dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| mlx_bun::default_model::NAME.to_string()),
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {},
+        _ = terminate => {},
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
+    check(&args)?;
+    let dispatch = log_dispatch(&args.log_level)?;
+    let _log = tracing::dispatcher::set_default(&dispatch);
+
+    let dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let (model_args, _) = mlx_bun::model::read_config(&dir)?;
+    let tokenizer = Arc::new(Tokenizer::load(&dir)?);
+    let draft_dir = match &args.draft_model {
+        Some(spec) => Some(mlx_bun::hub::resolve_model(spec)?),
+        None => None,
+    };
+    let config = ServerConfig {
+        model_id: model_id(&args, &dir),
+        api_key: args.api_key.clone(),
+        max_body_bytes: args.max_body_bytes,
+        max_tokens_default: args.max_tokens_default,
+        context_length: model_args.max_position_embeddings,
+        vocab_size: model_args.vocab_size.max(0) as usize,
+        fingerprint: format!("fp_mlx-bun-{}", mlx_bun::version()),
+        created: mlx_bun::server::response::unix_now(),
+    };
+    let load_dir = dir.clone();
+    let adapter = args.adapter_path.clone();
+    let load = move || -> Result<LoadedModels> {
+        let mut model = Model::load(&load_dir)?;
+        if let Some(adapter) = &adapter {
+            mlx_bun::adapters::apply(&mut model, adapter)?;
+        }
+        let draft = match &draft_dir {
+            Some(d) => Some(Model::load(d).context("loading the draft model")?),
+            None => None,
+        };
+        Ok(LoadedModels { model, draft })
+    };
+    let gateway = Arc::new(Gateway::start(
+        load,
+        tokenizer.clone(),
+        GatewayConfig {
+            max_queue: args.max_queue,
+            prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
+            num_draft_tokens: args.num_draft_tokens,
+        },
+    )?);
+
+    let thread_dispatch = dispatch.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .on_thread_start(move || {
+            // Lives as long as the thread; the runtime's threads end with it.
+            std::mem::forget(tracing::dispatcher::set_default(&thread_dispatch));
+        })
+        .build()
+        .context("starting the async runtime")?;
+    let grace = Duration::from_secs(args.shutdown_grace);
+    runtime.block_on(async move {
+        let addr: SocketAddr = format!("{}:{}", args.host, args.port)
+            .parse()
+            .or_else(|_| {
+                std::net::ToSocketAddrs::to_socket_addrs(&(args.host.as_str(), args.port))
+                    .ok()
+                    .and_then(|mut a| a.next())
+                    .context("no address")
+            })
+            .with_context(|| format!("invalid --host {:?}", args.host))?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let local = listener.local_addr()?;
+        if !local.ip().is_loopback() {
+            tracing::warn!("listening on {local}: reachable from other machines");
+        }
+        let state = Arc::new(AppState {
+            config,
+            gateway: gateway.clone(),
+            tokenizer,
+            metrics: Default::default(),
+        });
+        let stopping = gateway.clone();
+        let shutdown = async move {
+            shutdown_signal().await;
+            eprintln!("mlx-bun serve: shutting down (up to {}s for running requests)", grace.as_secs());
+            stopping.stop_accepting();
+            // Past the grace period, end what still runs with a clean error.
+            let late = stopping.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                late.abort();
+            });
+        };
+        let server = tokio::spawn(mlx_bun::server::serve(listener, state, shutdown));
+
+        let warm = gateway.clone();
+        tokio::task::spawn_blocking(move || warm.wait_ready())
+            .await
+            .context("warming up")??;
+        let model_name = dir.display();
+        println!("mlx-bun serve: ready at http://{local} (model {model_name})");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+
+        server.await.context("the HTTP server stopped")??;
+        let done = gateway.clone();
+        tokio::task::spawn_blocking(move || done.shutdown(Duration::ZERO)).await?;
+        eprintln!("mlx-bun serve: stopped");
+        anyhow::Ok(())
+    })
 }

@@ -2,7 +2,7 @@
 //! may come next (JSON schemas, regexes, grammars). One constraint follows one
 //! sequence; it advances only on tokens that are actually emitted.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use mlx_rs::Array;
 
 pub trait TokenConstraint: Send {
@@ -15,4 +15,13 @@ pub trait TokenConstraint: Send {
     fn commit(&mut self, token: u32) -> Result<()>;
     /// True once the constrained value is complete and nothing may follow.
     fn is_finished(&self) -> bool;
+    /// An independent copy at the current position (e.g. for a draft model).
+    fn fork(&self) -> Result<Box<dyn TokenConstraint>> {
+        bail!("this constraint cannot be forked")
+    }
+    /// Undoes the last `tokens` commits (e.g. rejected draft tokens).
+    fn rollback(&mut self, tokens: usize) -> Result<()> {
+        let _ = tokens;
+        bail!("this constraint cannot roll back")
+    }
 }

@@ -35,6 +35,12 @@ pub struct GatewayConfig {
     pub num_draft_tokens: usize,
 }
 
+/// The models the worker serves: the target and an optional draft.
+pub struct LoadedModels {
+    pub model: Model,
+    pub draft: Option<Model>,
+}
+
 /// One generation request, already tokenized and validated.
 pub struct GatewayRequest {
     pub prompt: Vec<u32>,
@@ -231,35 +237,59 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    /// Starts the worker, which warms the model up before taking requests.
-    pub fn start(
-        model: Model,
-        draft: Option<Model>,
-        tokenizer: Arc<Tokenizer>,
-        config: GatewayConfig,
-    ) -> Result<Self> {
+    /// Starts the worker thread, which loads the models with `load` (MLX
+    /// streams belong to the thread that creates the arrays, so the worker
+    /// must be the one to load them), then warms them up before taking
+    /// requests. Returns once the models are loaded.
+    pub fn start<F>(load: F, tokenizer: Arc<Tokenizer>, config: GatewayConfig) -> Result<Self>
+    where
+        F: FnOnce() -> Result<LoadedModels> + Send + 'static,
+    {
         let max_queue = config.max_queue.max(1);
         let (tx, rx) = sync_channel::<Job>(max_queue);
         let counters = Arc::new(Counters::default());
         let readiness = Arc::new(Readiness::default());
         let abort = Arc::new(AtomicBool::new(false));
-        let has_draft = draft.is_some();
-        let worker = Worker {
-            model,
-            draft,
-            tokenizer,
-            grammar: None,
-            prompt_cache: PromptCache::new(config.prompt_cache_bytes),
-            counters: counters.clone(),
-            abort: abort.clone(),
-            num_draft_tokens: config.num_draft_tokens,
-        };
-        *counters.prompt_cache.lock().unwrap() = worker.prompt_cache.stats();
+        let (loaded_tx, loaded_rx) = std::sync::mpsc::channel::<Result<bool, String>>();
+        let worker_counters = counters.clone();
+        let worker_abort = abort.clone();
         let ready = readiness.clone();
         let handle = std::thread::Builder::new()
             .name("mlx-bun-gateway".into())
-            .spawn(move || worker.run(rx, &ready))
+            .spawn(move || {
+                let models = match load() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(format!("{e:#}")));
+                        return;
+                    }
+                };
+                let _ = loaded_tx.send(Ok(models.draft.is_some()));
+                let worker = Worker {
+                    model: models.model,
+                    draft: models.draft,
+                    tokenizer,
+                    grammar: None,
+                    prompt_cache: PromptCache::new(config.prompt_cache_bytes),
+                    counters: worker_counters,
+                    abort: worker_abort,
+                    num_draft_tokens: config.num_draft_tokens,
+                };
+                *worker.counters.prompt_cache.lock().unwrap() = worker.prompt_cache.stats();
+                worker.run(rx, &ready)
+            })
             .context("starting the generation worker")?;
+        let has_draft = match loaded_rx.recv() {
+            Ok(Ok(has_draft)) => has_draft,
+            Ok(Err(e)) => {
+                let _ = handle.join();
+                return Err(anyhow!(e));
+            }
+            Err(_) => {
+                let _ = handle.join();
+                return Err(anyhow!("the generation worker stopped while loading"));
+            }
+        };
         Ok(Self {
             queue: Mutex::new(Some(tx)),
             accepting: AtomicBool::new(true),

@@ -7,6 +7,7 @@ pub mod chat_template;
 pub mod constraint;
 pub mod convert;
 pub mod default_model;
+pub mod evaldb;
 pub mod gateway;
 pub mod generate;
 pub mod grammar;
@@ -16,9 +17,11 @@ pub mod model;
 pub mod prompt;
 pub mod prompt_cache;
 pub mod sampling;
+pub mod server;
 pub mod speculative;
 pub mod stop;
 pub mod tokenizer;
+pub mod train;
 
 pub fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")

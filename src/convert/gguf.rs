@@ -107,7 +107,8 @@ impl GgufHeader {
     pub fn read(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let mut r = Reader(BufReader::new(file));
-        Self::parse(&mut r).with_context(|| format!("reading the GGUF header of {}", path.display()))
+        Self::parse(&mut r)
+            .with_context(|| format!("reading the GGUF header of {}", path.display()))
     }
 
     fn parse<R: Read>(r: &mut Reader<R>) -> Result<Self> {
@@ -127,9 +128,7 @@ impl GgufHeader {
         for _ in 0..n_kv {
             let key = r.string()?;
             let kind = r.u32()?;
-            let value = r
-                .value(kind)
-                .with_context(|| format!("metadata {key:?}"))?;
+            let value = r.value(kind).with_context(|| format!("metadata {key:?}"))?;
             metadata.insert(key, value);
         }
         let mut tensors = Vec::with_capacity(n_tensors.min(1 << 16) as usize);

@@ -111,9 +111,7 @@ pub fn config(
     let head_dim = h
         .int("llama.attention.key_length")
         .unwrap_or(hidden / heads.n_head as i64);
-    let vocab = h
-        .int("llama.vocab_size")
-        .unwrap_or(tok.vocab_size as i64);
+    let vocab = h.int("llama.vocab_size").unwrap_or(tok.vocab_size as i64);
     let mut c = Map::new();
     let mut set = |k: &str, v: Value| {
         c.insert(k.to_string(), v);
@@ -130,7 +128,10 @@ pub fn config(
     );
     set("num_attention_heads", json!(heads.n_head));
     set("num_key_value_heads", json!(heads.n_kv_head));
-    set("num_hidden_layers", json!(h.require_int("llama.block_count")?));
+    set(
+        "num_hidden_layers",
+        json!(h.require_int("llama.block_count")?),
+    );
     set("head_dim", json!(head_dim));
     if let Some(ctx) = h.int("llama.context_length") {
         set("max_position_embeddings", json!(ctx));
@@ -171,7 +172,9 @@ fn rope_scaling(h: &GgufHeader) -> Result<Value> {
                 .context("linear RoPE scaling without llama.rope.scaling.factor")?;
             Ok(json!({"type": "linear", "factor": factor}))
         }
-        Some(other) => bail!("unsupported RoPE scaling {other:?} in the GGUF file (supported: linear)"),
+        Some(other) => {
+            bail!("unsupported RoPE scaling {other:?} in the GGUF file (supported: linear)")
+        }
     }
 }
 

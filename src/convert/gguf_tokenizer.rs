@@ -38,9 +38,9 @@ fn pre_tokenizer(pre: &str) -> Result<Value> {
             ]
         }),
         "gpt-2" | "default" => byte_level,
-        other => bail!(
-            "unsupported GGUF pre-tokenizer {other:?} (supported: smollm, gpt-2, default)"
-        ),
+        other => {
+            bail!("unsupported GGUF pre-tokenizer {other:?} (supported: smollm, gpt-2, default)")
+        }
     })
 }
 

@@ -55,7 +55,10 @@ impl ConvertOptions {
         if let Some(spec) = self.quantize {
             quantize::validate_spec(spec)?;
         }
-        if !matches!(self.dtype, Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16) {
+        if !matches!(
+            self.dtype,
+            Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16
+        ) {
             bail!("the output dtype must be float32, float16 or bfloat16");
         }
         Ok(())

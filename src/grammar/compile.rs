@@ -139,7 +139,11 @@ fn short_error(e: impl std::fmt::Display) -> String {
     format!("{cut}...")
 }
 
-fn compile(env: &TokenEnvironment, spec: &ConstraintSpec, grammar: TopLevelGrammar) -> Result<Matcher> {
+fn compile(
+    env: &TokenEnvironment,
+    spec: &ConstraintSpec,
+    grammar: TopLevelGrammar,
+) -> Result<Matcher> {
     let what = kind_name(spec);
     let parser = env
         .factory
@@ -215,7 +219,10 @@ fn cache() -> &'static Mutex<GrammarCache> {
 }
 
 /// A fresh matcher for `spec`, compiled or cloned from the cache.
-pub fn matcher_for(env: &TokenEnvironment, spec: &ConstraintSpec) -> Result<(Matcher, CompileInfo)> {
+pub fn matcher_for(
+    env: &TokenEnvironment,
+    spec: &ConstraintSpec,
+) -> Result<(Matcher, CompileInfo)> {
     let start = Instant::now();
     let grammar = grammar_for(spec)?;
     let text = serde_json::to_string(&grammar).map_err(|e| anyhow!("serializing grammar: {e}"))?;

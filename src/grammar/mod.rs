@@ -1,10 +1,28 @@
 //! Structured output: JSON schema, JSON object, regex, choice and Lark
-//! grammars compiled to token masks.
+//! grammars compiled (by llguidance) to per-token masks.
+//!
+//! `GrammarEngine::new` builds the tokenizer's token environment once per
+//! process; `GrammarEngine::constraint` compiles a spec (or takes it from the
+//! compiled-grammar cache) and returns a fresh per-sequence matcher. Invalid
+//! or unenforceable specs are errors: nothing is ever generated unconstrained.
 
-use anyhow::{bail, Result};
+mod compile;
+mod matcher;
+mod one_of;
+mod request;
+mod token_env;
+
+use std::sync::Arc;
+
+use anyhow::Result;
+
+pub use compile::{clear_cache, grammar_for, CompileInfo};
+pub use matcher::GrammarConstraint;
+pub use request::constraint_from_request;
 
 use crate::constraint::TokenConstraint;
 use crate::tokenizer::Tokenizer;
+use token_env::{token_environment, TokenEnvironment};
 
 /// What the output must conform to.
 #[derive(Clone, Debug, PartialEq)]
@@ -16,22 +34,43 @@ pub enum ConstraintSpec {
     Lark(String),
 }
 
-/// Builds constraints for one model's tokenizer.
-pub struct GrammarEngine {}
-
-impl GrammarEngine {
-    pub fn new(_tokenizer: &Tokenizer) -> Result<Self> {
-        Ok(Self {})
-    }
-
-    pub fn constraint(&self, _spec: &ConstraintSpec) -> Result<Box<dyn TokenConstraint>> {
-        bail!("structured output is not available yet")
-    }
+/// Builds constraints for one model's tokenizer. Cheap to clone; engines for
+/// the same tokenizer share one token environment and one grammar cache.
+#[derive(Clone)]
+pub struct GrammarEngine {
+    env: Arc<TokenEnvironment>,
 }
 
-/// Reads the structured-output fields of an OpenAI-style request body
-/// (`response_format`, `guided_json`, `guided_regex`, `guided_choice`,
-/// `guided_grammar`). `Err` carries a message fit for a 400 answer.
-pub fn constraint_from_request(_body: &serde_json::Value) -> Result<Option<ConstraintSpec>> {
-    Ok(None)
+impl GrammarEngine {
+    pub fn new(tokenizer: &Tokenizer) -> Result<Self> {
+        Ok(Self {
+            env: token_environment(tokenizer)?,
+        })
+    }
+
+    /// A fresh matcher for `spec`, at the start of the output.
+    pub fn matcher(&self, spec: &ConstraintSpec) -> Result<GrammarConstraint> {
+        let (matcher, info) = compile::matcher_for(&self.env, spec)?;
+        Ok(GrammarConstraint::new(matcher, self.env.clone(), info))
+    }
+
+    /// The same, behind the decode loop's constraint interface.
+    pub fn constraint(&self, spec: &ConstraintSpec) -> Result<Box<dyn TokenConstraint>> {
+        Ok(Box::new(self.matcher(spec)?))
+    }
+
+    /// Checks that `spec` compiles, without keeping a matcher.
+    pub fn validate(&self, spec: &ConstraintSpec) -> Result<()> {
+        compile::matcher_for(&self.env, spec).map(|_| ())
+    }
+
+    /// Token ids the grammar treats as end of sequence.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.env.eos_ids
+    }
+
+    /// Number of token ids the grammar knows (the tokenizer's vocabulary).
+    pub fn vocab_size(&self) -> usize {
+        self.env.vocab_size()
+    }
 }

@@ -107,7 +107,9 @@ fn values(schema: &Value) -> Option<Vec<Value>> {
 }
 
 fn types_disjoint(a: &BTreeSet<&str>, b: &BTreeSet<&str>) -> bool {
-    let overlaps = |x: &str, y: &str| x == y || matches!((x, y), ("integer", "number") | ("number", "integer"));
+    let overlaps = |x: &str, y: &str| {
+        x == y || matches!((x, y), ("integer", "number") | ("number", "integer"))
+    };
     a.iter().all(|x| b.iter().all(|y| !overlaps(x, y)))
 }
 

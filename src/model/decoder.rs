@@ -167,7 +167,7 @@ pub struct Block {
 }
 
 impl Block {
-    fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let h = x + &self
             .self_attn
             .forward(&self.input_layernorm.forward(x)?, cache)?;

@@ -166,7 +166,7 @@ pub struct TrainConfig {
     pub mask_prompt: bool,
     /// Weight of the odds-ratio term in the ORPO loss.
     #[serde(default = "default_orpo_lambda")]
-    pub orpo_lambda: f32,
+    pub orpo_lambda: f64,
     #[serde(default)]
     pub sft_scope: SftScope,
     /// Token rows per output-head chunk in the loss (bounds the logits memory).
@@ -232,7 +232,7 @@ fn default_max_seq_length() -> usize {
 fn default_one() -> usize {
     1
 }
-fn default_orpo_lambda() -> f32 {
+fn default_orpo_lambda() -> f64 {
     0.1
 }
 fn default_loss_chunk() -> usize {

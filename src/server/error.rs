@@ -1,0 +1,153 @@
+//! Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::gateway::{GatewayError, SubmitError};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    pub retry_after_secs: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+            retry_after_secs: None,
+        }
+    }
+
+    /// 400 about one request field.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        Self::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            message,
+        )
+        .with_param(param)
+    }
+
+    /// 400 about the request as a whole.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message)
+            .with_code("invalid_api_key")
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found_error", message).with_code("not_found")
+    }
+
+    pub fn method_not_allowed() -> Self {
+        Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "invalid_request_error",
+            "method not allowed on this route",
+        )
+        .with_code("method_not_allowed")
+    }
+
+    pub fn too_large(limit: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("the request body is larger than the server's limit of {limit} bytes"),
+        )
+        .with_code("request_too_large")
+    }
+
+    pub fn unavailable(message: impl Into<String>, code: &'static str) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).with_code(code)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(secs) = self.retry_after_secs {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<SubmitError> for ApiError {
+    fn from(e: SubmitError) -> Self {
+        match e {
+            SubmitError::QueueFull { retry_after_secs } => {
+                let mut err = ApiError::unavailable(
+                    "the server is busy: its request queue is full; retry later",
+                    "queue_full",
+                );
+                err.retry_after_secs = Some(retry_after_secs);
+                err
+            }
+            SubmitError::ShuttingDown => {
+                ApiError::unavailable("the server is shutting down", "shutting_down")
+            }
+        }
+    }
+}
+
+impl From<GatewayError> for ApiError {
+    fn from(e: GatewayError) -> Self {
+        let message = e.to_string();
+        match e {
+            GatewayError::InvalidRequest(_) => ApiError::bad_request(message),
+            GatewayError::Unsupported(_) => ApiError::new(
+                StatusCode::NOT_IMPLEMENTED,
+                "server_error",
+                message,
+            )
+            .with_code("not_implemented"),
+            GatewayError::ShuttingDown => ApiError::unavailable(message, "shutting_down"),
+            GatewayError::Internal(_) => ApiError::internal(message),
+        }
+    }
+}

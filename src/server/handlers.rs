@@ -1,0 +1,212 @@
+//! Route handlers.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::error::ApiError;
+use super::metrics::{prometheus, stats_json};
+use super::request::{self, completion_budget, Endpoint, ParsedRequest};
+use super::response::{new_id, unix_now, Reply};
+use super::{sse, AppState};
+use crate::gateway::{GatewayEvent, GatewayRequest, Ticket};
+use crate::generate::{GenerateOptions, DEFAULT_PREFILL_STEP};
+use crate::prompt::{build_prompt, PromptInput};
+
+fn read_json(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Value, ApiError> {
+    let bytes = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(limit)
+        } else {
+            ApiError::bad_request(rejection.body_text())
+        }
+    })?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "the request body is empty; send a JSON object",
+        ));
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+/// Tokenizes the prompt off the async threads (templates and long texts).
+async fn tokenize(
+    app: &AppState,
+    endpoint: Endpoint,
+    input: PromptInput,
+) -> Result<Vec<u32>, ApiError> {
+    let tokenizer = app.tokenizer.clone();
+    let built = tokio::task::spawn_blocking(move || build_prompt(&tokenizer, &input))
+        .await
+        .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?;
+    let (_, ids) =
+        built.map_err(|e| ApiError::invalid(endpoint.prompt_param(), format!("{e:#}")))?;
+    Ok(ids)
+}
+
+/// Waits until the worker has taken the request, so that errors found there
+/// (a grammar that does not compile) still get a proper status code.
+async fn wait_started(ticket: &mut Ticket) -> Result<(), ApiError> {
+    match ticket.events.recv().await {
+        Some(GatewayEvent::Started { .. }) => Ok(()),
+        Some(GatewayEvent::Failed(e)) => Err(e.into()),
+        Some(_) => Err(ApiError::internal("the generation started out of order")),
+        None => Err(ApiError::internal("the generation worker stopped")),
+    }
+}
+
+async fn collect(reply: &Reply, ticket: &mut Ticket) -> Result<Value, ApiError> {
+    loop {
+        match ticket.events.recv().await {
+            Some(GatewayEvent::Done(result)) => return Ok(reply.complete(&result)),
+            Some(GatewayEvent::Failed(e)) => return Err(e.into()),
+            Some(_) => {}
+            None => return Err(ApiError::internal("the generation ended unexpectedly")),
+        }
+    }
+}
+
+async fn run_generation(
+    app: Arc<AppState>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = read_json(body, app.config.max_body_bytes)?;
+    let ParsedRequest {
+        input,
+        max_tokens,
+        sampling,
+        stop,
+        logprobs,
+        stream,
+        include_usage,
+        return_token_ids,
+        constraint,
+        ..
+    } = request::parse(endpoint, &body, app.config.vocab_size)?;
+    let prompt = tokenize(&app, endpoint, input).await?;
+    let max_tokens = completion_budget(
+        endpoint,
+        max_tokens,
+        prompt.len(),
+        app.config.context_length,
+        app.config.max_tokens_default,
+    )?;
+    let options = GenerateOptions {
+        max_tokens,
+        sampling,
+        stop,
+        logprobs,
+        prefill_step: DEFAULT_PREFILL_STEP,
+    };
+    let mut ticket = app.gateway.submit(GatewayRequest {
+        prompt: prompt.clone(),
+        options,
+        constraint,
+    })?;
+    wait_started(&mut ticket).await?;
+    let reply = Reply {
+        endpoint,
+        id: new_id(endpoint),
+        created: unix_now(),
+        model: app.config.model_id.clone(),
+        fingerprint: app.config.fingerprint.clone(),
+        tokenizer: app.tokenizer.clone(),
+        include_usage,
+        return_token_ids,
+        logprobs: logprobs.is_some(),
+        prompt,
+    };
+    if stream {
+        return Ok(sse::stream(reply, ticket).into_response());
+    }
+    Ok(Json(collect(&reply, &mut ticket).await?).into_response())
+}
+
+pub async fn chat_completions(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    run_generation(app, Endpoint::Chat, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+pub async fn completions(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    run_generation(app, Endpoint::Completions, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+fn model_object(app: &AppState) -> Value {
+    json!({
+        "id": app.config.model_id,
+        "object": "model",
+        "created": app.config.created,
+        "owned_by": "mlx-bun",
+    })
+}
+
+pub async fn list_models(State(app): State<Arc<AppState>>) -> Json<Value> {
+    Json(json!({"object": "list", "data": [model_object(&app)]}))
+}
+
+pub async fn get_model(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+    if id == app.config.model_id {
+        Json(model_object(&app)).into_response()
+    } else {
+        ApiError::not_found(format!(
+            "model {id:?} is not served here; this server serves {:?}",
+            app.config.model_id
+        ))
+        .with_param("model")
+        .into_response()
+    }
+}
+
+pub async fn health(State(app): State<Arc<AppState>>) -> Response {
+    if app.gateway.is_ready() {
+        Json(json!({"status": "ok"})).into_response()
+    } else {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "loading"})),
+        )
+            .into_response()
+    }
+}
+
+pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Value> {
+    Json(stats_json(
+        &app.config.model_id,
+        app.gateway.is_ready(),
+        &app.metrics,
+        &app.gateway.stats(),
+    ))
+}
+
+pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        prometheus(&app.metrics, &app.gateway.stats()),
+    )
+        .into_response()
+}
+
+pub async fn not_found(method: Method, uri: Uri) -> Response {
+    ApiError::not_found(format!("no route for {method} {}", uri.path())).into_response()
+}
+
+pub async fn method_not_allowed() -> Response {
+    ApiError::method_not_allowed().into_response()
+}

@@ -1,0 +1,156 @@
+//! Observability: HTTP request counters, `/stats` as JSON and `/metrics` in
+//! the Prometheus text format, both built from one snapshot.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+
+use crate::gateway::GatewayStats;
+
+/// Responses by route and status code.
+pub struct HttpMetrics {
+    started: Instant,
+    responses: Mutex<BTreeMap<(String, u16), u64>>,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            responses: Mutex::new(BTreeMap::new()),
+        }
+    }
+}
+
+impl HttpMetrics {
+    pub fn record(&self, route: &str, status: u16) {
+        *self
+            .responses
+            .lock()
+            .unwrap()
+            .entry((route.to_string(), status))
+            .or_default() += 1;
+    }
+
+    pub fn uptime_s(&self) -> f64 {
+        self.started.elapsed().as_secs_f64()
+    }
+
+    fn snapshot(&self) -> BTreeMap<(String, u16), u64> {
+        self.responses.lock().unwrap().clone()
+    }
+}
+
+pub fn stats_json(model: &str, ready: bool, http: &HttpMetrics, g: &GatewayStats) -> Value {
+    let responses = http.snapshot();
+    let mut by_route: BTreeMap<String, u64> = BTreeMap::new();
+    let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
+    for ((route, status), n) in &responses {
+        *by_route.entry(route.clone()).or_default() += n;
+        *by_status.entry(status.to_string()).or_default() += n;
+    }
+    json!({
+        "model": model,
+        "ready": ready,
+        "uptime_s": http.uptime_s(),
+        "requests": {
+            "http_total": responses.values().sum::<u64>(),
+            "by_route": by_route,
+            "by_status": by_status,
+            "generations_completed": g.completed,
+            "generations_cancelled": g.cancelled,
+            "generations_failed": g.failed,
+            "rejected_queue_full": g.rejected,
+        },
+        "tokens": {
+            "prompt": g.prompt_tokens,
+            "prompt_cached": g.cached_tokens,
+            "completion": g.completion_tokens,
+        },
+        "queue": {
+            "depth": g.queue_depth,
+            "max": g.max_queue,
+            "active": g.active,
+        },
+        "prompt_cache": {
+            "hits": g.prompt_cache.hits,
+            "misses": g.prompt_cache.misses,
+            "entries": g.prompt_cache.entries,
+            "bytes": g.prompt_cache.bytes,
+            "max_bytes": g.prompt_cache.max_bytes,
+        },
+        "latency": {
+            "samples": g.samples,
+            "ttft_s": {"p50": g.ttft_p50_s, "p95": g.ttft_p95_s},
+            "decode_tok_s": {"p50": g.decode_tps_p50, "p95": g.decode_tps_p95},
+        },
+    })
+}
+
+fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str, f64)]) {
+    let _ = writeln!(out, "# HELP mlx_bun_{name} {help}");
+    let _ = writeln!(out, "# TYPE mlx_bun_{name} {kind}");
+    for (labels, value) in samples {
+        let _ = writeln!(out, "mlx_bun_{name}{labels} {value}");
+    }
+}
+
+fn escape_label(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+pub fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
+    let mut out = String::new();
+    let responses: Vec<(String, f64)> = http
+        .snapshot()
+        .into_iter()
+        .map(|((route, status), n)| {
+            (
+                format!("{{route=\"{}\",status=\"{status}\"}}", escape_label(&route)),
+                n as f64,
+            )
+        })
+        .collect();
+    let responses: Vec<(&str, f64)> = responses.iter().map(|(l, v)| (l.as_str(), *v)).collect();
+    metric(&mut out, "http_responses_total", "counter", "HTTP responses by route and status.", &responses);
+    metric(
+        &mut out,
+        "generations_total",
+        "counter",
+        "Generations by outcome.",
+        &[
+            ("{outcome=\"completed\"}", g.completed as f64),
+            ("{outcome=\"cancelled\"}", g.cancelled as f64),
+            ("{outcome=\"failed\"}", g.failed as f64),
+        ],
+    );
+    metric(&mut out, "rejected_total", "counter", "Requests refused because the queue was full.", &[("", g.rejected as f64)]);
+    metric(&mut out, "prompt_tokens_total", "counter", "Prompt tokens processed or reused.", &[("", g.prompt_tokens as f64)]);
+    metric(&mut out, "cached_prompt_tokens_total", "counter", "Prompt tokens served from the prompt cache.", &[("", g.cached_tokens as f64)]);
+    metric(&mut out, "completion_tokens_total", "counter", "Tokens generated.", &[("", g.completion_tokens as f64)]);
+    metric(&mut out, "queue_depth", "gauge", "Requests waiting for the worker.", &[("", g.queue_depth as f64)]);
+    metric(&mut out, "active_requests", "gauge", "Requests being generated.", &[("", g.active as f64)]);
+    metric(&mut out, "prompt_cache_hits_total", "counter", "Prompt-cache lookups that reused a prefix.", &[("", g.prompt_cache.hits as f64)]);
+    metric(&mut out, "prompt_cache_misses_total", "counter", "Prompt-cache lookups that found nothing.", &[("", g.prompt_cache.misses as f64)]);
+    metric(&mut out, "prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", &[("", g.prompt_cache.bytes as f64)]);
+    metric(&mut out, "prompt_cache_entries", "gauge", "Entries in the prompt cache.", &[("", g.prompt_cache.entries as f64)]);
+    metric(
+        &mut out,
+        "time_to_first_token_seconds",
+        "summary",
+        "Time from queueing to the first token, recent requests.",
+        &[("{quantile=\"0.5\"}", g.ttft_p50_s), ("{quantile=\"0.95\"}", g.ttft_p95_s)],
+    );
+    metric(
+        &mut out,
+        "decode_tokens_per_second",
+        "summary",
+        "Decode speed of recent requests.",
+        &[("{quantile=\"0.5\"}", g.decode_tps_p50), ("{quantile=\"0.95\"}", g.decode_tps_p95)],
+    );
+    metric(&mut out, "uptime_seconds", "gauge", "Seconds since the server started.", &[("", http.uptime_s())]);
+    out
+}

@@ -1,0 +1,101 @@
+//! The OpenAI-compatible HTTP API over the gateway: routes, request and
+//! response shapes, streaming, errors, authentication and metrics.
+
+pub mod auth;
+pub mod error;
+pub mod fields;
+pub mod handlers;
+pub mod metrics;
+pub mod request;
+pub mod response;
+pub mod sse;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::gateway::Gateway;
+use crate::tokenizer::Tokenizer;
+use metrics::HttpMetrics;
+
+pub struct ServerConfig {
+    /// The id clients see in `/v1/models` and in every response.
+    pub model_id: String,
+    pub api_key: Option<String>,
+    pub max_body_bytes: usize,
+    /// `max_tokens` when a request gives none (cut to fit the context).
+    pub max_tokens_default: usize,
+    /// The model's `max_position_embeddings`, when known.
+    pub context_length: Option<usize>,
+    pub vocab_size: usize,
+    pub fingerprint: String,
+    /// Unix time the model was loaded, for `/v1/models`.
+    pub created: u64,
+}
+
+pub struct AppState {
+    pub config: ServerConfig,
+    pub gateway: Arc<Gateway>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub metrics: HttpMetrics,
+}
+
+/// Counts every response by route and status, and logs it.
+async fn observe(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".into());
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let start = Instant::now();
+    let response = next.run(request).await;
+    let status = response.status().as_u16();
+    app.metrics.record(&route, status);
+    tracing::info!(
+        "{method} {path} {status} {:.1} ms",
+        start.elapsed().as_secs_f64() * 1e3
+    );
+    response
+}
+
+pub fn router(app: Arc<AppState>) -> Router {
+    let limit = app.config.max_body_bytes;
+    Router::new()
+        .route("/v1/models", get(handlers::list_models))
+        .route("/v1/models/{*id}", get(handlers::get_model))
+        .route("/v1/chat/completions", post(handlers::chat_completions))
+        .route("/v1/completions", post(handlers::completions))
+        .route("/health", get(handlers::health))
+        .route("/stats", get(handlers::stats))
+        .route("/metrics", get(handlers::metrics))
+        .fallback(handlers::not_found)
+        .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(middleware::from_fn_with_state(
+            app.clone(),
+            auth::require_api_key,
+        ))
+        .layer(middleware::from_fn_with_state(app.clone(), observe))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+/// Serves until `shutdown` resolves, then lets open requests finish.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    app: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    axum::serve(listener, router(app))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .context("serving HTTP")
+}

@@ -1,0 +1,390 @@
+//! OpenAI request bodies (`/v1/chat/completions`, `/v1/completions`) read
+//! into what the engine needs, with every bad field answered by a 400 that
+//! names it. Unknown fields are ignored.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+use super::error::ApiError;
+use super::fields::Fields;
+use crate::chat_template::{validate_messages, Message};
+use crate::grammar::ConstraintSpec;
+use crate::prompt::PromptInput;
+use crate::sampling::SamplingParams;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completions,
+}
+
+impl Endpoint {
+    /// The field that carries the prompt, for error messages.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "messages",
+            Endpoint::Completions => "prompt",
+        }
+    }
+}
+
+/// The most tokens a stop list, a logprobs request or a bias map may name.
+const MAX_STOPS: usize = 16;
+const MAX_TOP_LOGPROBS: i64 = 20;
+const MAX_COMPLETION_LOGPROBS: i64 = 20;
+
+pub struct ParsedRequest {
+    pub endpoint: Endpoint,
+    pub input: PromptInput,
+    /// As asked; `None` means the server's default.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    /// `Some(k)`: report each token's log-probability and the top `k`.
+    pub logprobs: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Extension: also return the prompt's and the completion's token ids.
+    pub return_token_ids: bool,
+    pub constraint: Option<ConstraintSpec>,
+}
+
+fn parse_messages(value: Option<&Value>) -> Result<Vec<Message>, ApiError> {
+    let items = match value {
+        None => return Err(ApiError::invalid("messages", "messages is required")),
+        Some(Value::Array(items)) => items,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "messages",
+                "messages must be an array of message objects",
+            ))
+        }
+    };
+    let messages = items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !m.is_object() {
+                return Err(ApiError::invalid(
+                    "messages",
+                    format!("messages[{i}] must be an object with role and content"),
+                ));
+            }
+            serde_json::from_value::<Message>(m.clone())
+                .map_err(|e| ApiError::invalid("messages", format!("messages[{i}]: {e}")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    validate_messages(&messages).map_err(|e| ApiError::invalid("messages", e.to_string()))?;
+    Ok(messages)
+}
+
+fn token_ids(items: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
+    items
+        .iter()
+        .map(|v| {
+            v.as_u64()
+                .filter(|&id| (id as usize) < vocab)
+                .map(|id| id as u32)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "prompt",
+                        format!("prompt token ids must be integers below the vocabulary size {vocab}, got {v}"),
+                    )
+                })
+        })
+        .collect()
+}
+
+fn parse_prompt(value: Option<&Value>, vocab: usize) -> Result<PromptInput, ApiError> {
+    let text = |s: &str| PromptInput::Text {
+        text: s.to_string(),
+        system: None,
+        use_chat_template: false,
+    };
+    let empty = || ApiError::invalid("prompt", "prompt must not be empty");
+    match value {
+        None => Err(ApiError::invalid("prompt", "prompt is required")),
+        Some(Value::String(s)) if s.is_empty() => Err(empty()),
+        Some(Value::String(s)) => Ok(text(s)),
+        Some(Value::Array(items)) => match items.as_slice() {
+            [] => Err(empty()),
+            [Value::String(s)] if s.is_empty() => Err(empty()),
+            [Value::String(s)] => Ok(text(s)),
+            [Value::Array(ids)] if ids.is_empty() => Err(empty()),
+            [Value::Array(ids)] => Ok(PromptInput::Tokens(token_ids(ids, vocab)?)),
+            [Value::Number(_), ..] => Ok(PromptInput::Tokens(token_ids(items, vocab)?)),
+            [_, _, ..] if items.iter().all(|v| v.is_string() || v.is_array()) => {
+                Err(ApiError::invalid(
+                    "prompt",
+                    "only one prompt per request is supported",
+                ))
+            }
+            _ => Err(ApiError::invalid(
+                "prompt",
+                "prompt must be a string, a list of one string, or token ids",
+            )),
+        },
+        Some(_) => Err(ApiError::invalid(
+            "prompt",
+            "prompt must be a string, a list of one string, or token ids",
+        )),
+    }
+}
+
+fn parse_logit_bias(f: &Fields, vocab: usize) -> Result<HashMap<u32, f32>, ApiError> {
+    let Some(bias) = f.object("logit_bias")? else {
+        return Ok(HashMap::new());
+    };
+    bias.entries()
+        .map(|(k, v)| {
+            let id: u32 = k
+                .trim()
+                .parse()
+                .ok()
+                .filter(|&id: &u32| (id as usize) < vocab)
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!("logit_bias keys must be token ids below {vocab}, got {k:?}"),
+                    )
+                })?;
+            let b = v
+                .as_f64()
+                .filter(|b| (-100.0..=100.0).contains(b))
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "logit_bias",
+                        format!("logit_bias values must be numbers from -100 to 100, got {v}"),
+                    )
+                })?;
+            Ok((id, b as f32))
+        })
+        .collect()
+}
+
+fn parse_sampling(f: &Fields, vocab: usize) -> Result<SamplingParams, ApiError> {
+    let mut p = SamplingParams {
+        temperature: f.number("temperature", 0.0, 2.0)?.unwrap_or(0.0) as f32,
+        top_p: f.number("top_p", 0.0, 1.0)?.unwrap_or(1.0) as f32,
+        min_p: f.number("min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32,
+        presence_penalty: f.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
+        frequency_penalty: f.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
+        logit_bias: parse_logit_bias(f, vocab)?,
+        ..SamplingParams::default()
+    };
+    if p.top_p == 0.0 {
+        return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
+    }
+    // -1 is the common spelling of "no top-k".
+    p.top_k = f.integer("top_k", -1, vocab as i64)?.unwrap_or(0).max(0) as usize;
+    if let Some(r) = f.number("repetition_penalty", 0.0, 10.0)? {
+        if r == 0.0 {
+            return Err(ApiError::invalid(
+                "repetition_penalty",
+                "repetition_penalty must be greater than 0",
+            ));
+        }
+        p.repetition_penalty = Some(r as f32);
+    }
+    if let Some(n) = f.integer("repetition_context_size", 1, 1 << 20)? {
+        p.repetition_context_size = n as usize;
+    }
+    p.seed = f.integer("seed", i64::MIN, i64::MAX)?.map(|s| s as u64);
+    Ok(p)
+}
+
+fn parse_max_tokens(f: &Fields) -> Result<Option<usize>, ApiError> {
+    for name in ["max_completion_tokens", "max_tokens"] {
+        if let Some(n) = f.integer(name, 1, u32::MAX as i64)? {
+            return Ok(Some(n as usize));
+        }
+    }
+    Ok(None)
+}
+
+fn parse_logprobs(f: &Fields, endpoint: Endpoint) -> Result<Option<usize>, ApiError> {
+    match endpoint {
+        Endpoint::Chat => {
+            let on = f.bool("logprobs")?.unwrap_or(false);
+            let top = f.integer("top_logprobs", 0, MAX_TOP_LOGPROBS)?;
+            match (on, top) {
+                (false, Some(_)) => Err(ApiError::invalid(
+                    "top_logprobs",
+                    "top_logprobs needs logprobs set to true",
+                )),
+                (false, None) => Ok(None),
+                (true, top) => Ok(Some(top.unwrap_or(0) as usize)),
+            }
+        }
+        Endpoint::Completions => Ok(f
+            .integer("logprobs", 0, MAX_COMPLETION_LOGPROBS)?
+            .map(|k| k as usize)),
+    }
+}
+
+/// Reads a request body. `vocab` bounds token ids in prompts and biases.
+pub fn parse(endpoint: Endpoint, body: &Value, vocab: usize) -> Result<ParsedRequest, ApiError> {
+    let f = Fields::of(body)?;
+    f.string("model")?;
+    f.string("user")?;
+    if let Some(n) = f.integer("n", i64::MIN, i64::MAX)? {
+        if n != 1 {
+            return Err(ApiError::invalid(
+                "n",
+                format!("only n = 1 is supported, got {n}"),
+            ));
+        }
+    }
+    let input = match endpoint {
+        Endpoint::Chat => PromptInput::Messages(parse_messages(f.get("messages"))?),
+        Endpoint::Completions => {
+            if f.bool("echo")?.unwrap_or(false) {
+                return Err(ApiError::invalid("echo", "echo is not supported"));
+            }
+            parse_prompt(f.get("prompt"), vocab)?
+        }
+    };
+    let stop: Vec<String> = f
+        .strings("stop")?
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .collect();
+    if stop.len() > MAX_STOPS {
+        return Err(ApiError::invalid(
+            "stop",
+            format!("at most {MAX_STOPS} stop sequences are supported"),
+        ));
+    }
+    let stream = f.bool("stream")?.unwrap_or(false);
+    let include_usage = match f.object("stream_options")? {
+        Some(o) => o.bool("include_usage")?.unwrap_or(false),
+        None => false,
+    };
+    let constraint = crate::grammar::constraint_from_request(body)
+        .map_err(|e| ApiError::invalid("response_format", format!("{e:#}")))?;
+    Ok(ParsedRequest {
+        endpoint,
+        input,
+        max_tokens: parse_max_tokens(&f)?,
+        sampling: parse_sampling(&f, vocab)?,
+        stop,
+        logprobs: parse_logprobs(&f, endpoint)?,
+        stream,
+        include_usage,
+        return_token_ids: f.bool("return_token_ids")?.unwrap_or(false),
+        constraint,
+    })
+}
+
+/// The number of tokens to generate for a prompt of `prompt_len` tokens:
+/// the asked amount must fit the context; the default is cut to fit.
+pub fn completion_budget(
+    endpoint: Endpoint,
+    asked: Option<usize>,
+    prompt_len: usize,
+    context: Option<usize>,
+    default: usize,
+) -> Result<usize, ApiError> {
+    let Some(context) = context else {
+        return Ok(asked.unwrap_or(default));
+    };
+    if prompt_len >= context {
+        return Err(ApiError::invalid(
+            endpoint.prompt_param(),
+            format!(
+                "the prompt is {prompt_len} tokens, but the model's context is {context} tokens"
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    let room = context - prompt_len;
+    match asked {
+        Some(n) if n > room => Err(ApiError::invalid(
+            "max_tokens",
+            format!(
+                "the prompt ({prompt_len} tokens) plus max_tokens ({n}) exceeds the model's context of {context} tokens"
+            ),
+        )
+        .with_code("context_length_exceeded")),
+        Some(n) => Ok(n),
+        None => Ok(default.min(room)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn chat(extra: Value) -> Result<ParsedRequest, ApiError> {
+        let mut body = json!({"messages": [{"role": "user", "content": "hi"}]});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        parse(Endpoint::Chat, &body, 100)
+    }
+
+    fn param_of(r: Result<ParsedRequest, ApiError>) -> String {
+        r.err().expect("should fail").param.unwrap_or_default()
+    }
+
+    #[test]
+    fn defaults_and_unknown_fields() {
+        let r = chat(json!({"foo": 1, "max_tokens": null})).unwrap();
+        assert_eq!(r.max_tokens, None);
+        assert!(r.sampling.is_greedy());
+        assert!(!r.stream);
+        assert_eq!(r.logprobs, None);
+    }
+
+    #[test]
+    fn bad_fields_name_their_param() {
+        assert_eq!(param_of(chat(json!({"max_tokens": -1}))), "max_tokens");
+        assert_eq!(param_of(chat(json!({"max_tokens": 0}))), "max_tokens");
+        assert_eq!(param_of(chat(json!({"max_tokens": "5"}))), "max_tokens");
+        assert_eq!(param_of(chat(json!({"temperature": -0.5}))), "temperature");
+        assert_eq!(param_of(chat(json!({"n": 2}))), "n");
+        assert_eq!(param_of(chat(json!({"stop": [1]}))), "stop");
+        assert_eq!(param_of(chat(json!({"logit_bias": {"500": 1}}))), "logit_bias");
+        assert_eq!(param_of(chat(json!({"top_logprobs": 2}))), "top_logprobs");
+        assert_eq!(param_of(chat(json!({"messages": []}))), "messages");
+        assert_eq!(
+            param_of(chat(json!({"messages": [{"role": "wizard", "content": "x"}]}))),
+            "messages"
+        );
+    }
+
+    #[test]
+    fn logprobs_and_stops() {
+        let r = chat(json!({"logprobs": true, "top_logprobs": 3, "stop": "x"})).unwrap();
+        assert_eq!(r.logprobs, Some(3));
+        assert_eq!(r.stop, vec!["x"]);
+    }
+
+    #[test]
+    fn prompt_shapes() {
+        let p = |v: Value| parse(Endpoint::Completions, &json!({ "prompt": v }), 100);
+        assert!(matches!(p(json!("hi")).unwrap().input, PromptInput::Text { .. }));
+        assert!(matches!(p(json!(["hi"])).unwrap().input, PromptInput::Text { .. }));
+        assert!(matches!(
+            p(json!([1, 2])).unwrap().input,
+            PromptInput::Tokens(ref t) if t == &[1, 2]
+        ));
+        assert!(matches!(p(json!([[3]])).unwrap().input, PromptInput::Tokens(_)));
+        assert_eq!(param_of(p(json!(["a", "b"]))), "prompt");
+        assert_eq!(param_of(p(json!([1, 200]))), "prompt");
+        assert_eq!(param_of(p(json!(""))), "prompt");
+        assert_eq!(param_of(p(json!({}))), "prompt");
+    }
+
+    #[test]
+    fn budget_fits_the_context() {
+        let b = |asked, len| completion_budget(Endpoint::Chat, asked, len, Some(100), 50);
+        assert_eq!(b(None, 10).unwrap(), 50);
+        assert_eq!(b(None, 80).unwrap(), 20);
+        assert_eq!(b(Some(90), 10).unwrap(), 90);
+        assert_eq!(b(Some(91), 10).unwrap_err().param.as_deref(), Some("max_tokens"));
+        assert_eq!(b(None, 100).unwrap_err().param.as_deref(), Some("messages"));
+    }
+}

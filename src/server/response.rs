@@ -1,0 +1,232 @@
+//! Response bodies in OpenAI's shapes: `chat.completion`,
+//! `chat.completion.chunk` and `text_completion`, with usage and logprobs.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::request::Endpoint;
+use crate::generate::{FinishReason, GenerationResult, TokenLogprob};
+use crate::tokenizer::Tokenizer;
+
+/// What every body of one response shares.
+pub struct Reply {
+    pub endpoint: Endpoint,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    pub fingerprint: String,
+    pub tokenizer: Arc<Tokenizer>,
+    pub include_usage: bool,
+    pub return_token_ids: bool,
+    pub logprobs: bool,
+    pub prompt: Vec<u32>,
+}
+
+/// A random id such as `chatcmpl-3kT9...`.
+pub fn new_id(endpoint: Endpoint) -> String {
+    use rand::distributions::Alphanumeric;
+    use rand::Rng;
+    let tail: String = rand::thread_rng()
+        .sample_iter(&Alphanumeric)
+        .take(24)
+        .map(char::from)
+        .collect();
+    match endpoint {
+        Endpoint::Chat => format!("chatcmpl-{tail}"),
+        Endpoint::Completions => format!("cmpl-{tail}"),
+    }
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// JSON has no infinities; OpenAI reports impossible tokens as -9999.
+fn finite(x: f32) -> f64 {
+    if x.is_finite() {
+        x as f64
+    } else {
+        -9999.0
+    }
+}
+
+pub fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Length => "length",
+        FinishReason::Stop | FinishReason::Cancelled => "stop",
+    }
+}
+
+pub fn usage(result: &GenerationResult) -> Value {
+    json!({
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.generation_tokens,
+        "total_tokens": result.prompt_tokens + result.generation_tokens,
+        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+    })
+}
+
+impl Reply {
+    fn object(&self, chunk: bool) -> &'static str {
+        match (self.endpoint, chunk) {
+            (Endpoint::Chat, false) => "chat.completion",
+            (Endpoint::Chat, true) => "chat.completion.chunk",
+            (Endpoint::Completions, _) => "text_completion",
+        }
+    }
+
+    fn envelope(&self, chunk: bool, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(chunk),
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": self.fingerprint,
+            "choices": choices,
+        })
+    }
+
+    fn token_text(&self, id: u32) -> String {
+        self.tokenizer.decode(&[id]).unwrap_or_default()
+    }
+
+    /// One entry of a chat `logprobs.content` list.
+    fn chat_logprob(&self, lp: &TokenLogprob) -> Value {
+        let entry = |id: u32, logprob: f32| {
+            let token = self.token_text(id);
+            json!({"token": token, "logprob": finite(logprob), "bytes": token.as_bytes()})
+        };
+        let mut value = entry(lp.token, lp.logprob);
+        value["top_logprobs"] = lp.top.iter().map(|&(id, l)| entry(id, l)).collect();
+        value
+    }
+
+    /// A completions `logprobs` object for consecutive tokens whose text
+    /// starts at `offset` characters into the completion.
+    fn completion_logprobs(&self, lps: &[TokenLogprob], mut offset: usize) -> Value {
+        let mut tokens = Vec::new();
+        let mut token_logprobs = Vec::new();
+        let mut top = Vec::new();
+        let mut offsets = Vec::new();
+        for lp in lps {
+            let text = self.token_text(lp.token);
+            offsets.push(offset);
+            offset += text.chars().count();
+            tokens.push(text);
+            token_logprobs.push(finite(lp.logprob));
+            let alternatives: serde_json::Map<String, Value> = lp
+                .top
+                .iter()
+                .map(|&(id, l)| (self.token_text(id), json!(finite(l))))
+                .collect();
+            top.push(Value::Object(alternatives));
+        }
+        json!({
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": offsets,
+        })
+    }
+
+    fn logprobs_value(&self, lps: &[TokenLogprob], offset: usize) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        match self.endpoint {
+            Endpoint::Chat => {
+                json!({"content": lps.iter().map(|lp| self.chat_logprob(lp)).collect::<Vec<_>>()})
+            }
+            Endpoint::Completions => self.completion_logprobs(lps, offset),
+        }
+    }
+
+    /// The whole answer of a non-streaming request.
+    pub fn complete(&self, result: &GenerationResult) -> Value {
+        let mut choice = match self.endpoint {
+            Endpoint::Chat => json!({
+                "index": 0,
+                "message": {"role": "assistant", "content": result.text},
+            }),
+            Endpoint::Completions => json!({"index": 0, "text": result.text}),
+        };
+        choice["logprobs"] = self.logprobs_value(&result.logprobs, 0);
+        choice["finish_reason"] = json!(finish_reason(result.finish_reason));
+        if self.return_token_ids {
+            choice["token_ids"] = json!(result.token_ids);
+            choice["prompt_token_ids"] = json!(self.prompt);
+        }
+        let mut body = self.envelope(false, json!([choice]));
+        body["usage"] = usage(result);
+        body
+    }
+
+    fn chunk(&self, choice: Value) -> Value {
+        let mut body = self.envelope(true, json!([choice]));
+        if self.include_usage {
+            body["usage"] = Value::Null;
+        }
+        body
+    }
+
+    /// The chunk that opens a chat stream (the assistant role); none for completions.
+    pub fn opening_chunk(&self) -> Option<Value> {
+        match self.endpoint {
+            Endpoint::Chat => Some(self.chunk(json!({
+                "index": 0,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": null,
+                "finish_reason": null,
+            }))),
+            Endpoint::Completions => None,
+        }
+    }
+
+    /// A chunk carrying new text (and the token's logprobs when asked).
+    pub fn text_chunk(&self, text: &str, logprob: Option<&TokenLogprob>, offset: usize) -> Value {
+        let logprobs = match logprob {
+            Some(lp) => self.logprobs_value(std::slice::from_ref(lp), offset),
+            None => Value::Null,
+        };
+        match self.endpoint {
+            Endpoint::Chat => self.chunk(json!({
+                "index": 0,
+                "delta": {"content": text},
+                "logprobs": logprobs,
+                "finish_reason": null,
+            })),
+            Endpoint::Completions => self.chunk(json!({
+                "index": 0,
+                "text": text,
+                "logprobs": logprobs,
+                "finish_reason": null,
+            })),
+        }
+    }
+
+    /// The chunk that ends the choice, with its finish reason.
+    pub fn closing_chunk(&self, result: &GenerationResult) -> Value {
+        let reason = finish_reason(result.finish_reason);
+        let mut choice = match self.endpoint {
+            Endpoint::Chat => json!({"index": 0, "delta": {}, "logprobs": null}),
+            Endpoint::Completions => json!({"index": 0, "text": "", "logprobs": null}),
+        };
+        choice["finish_reason"] = json!(reason);
+        if self.return_token_ids {
+            choice["token_ids"] = json!(result.token_ids);
+            choice["prompt_token_ids"] = json!(self.prompt);
+        }
+        self.chunk(choice)
+    }
+
+    /// The extra last chunk of `stream_options.include_usage`.
+    pub fn usage_chunk(&self, result: &GenerationResult) -> Value {
+        let mut body = self.envelope(true, json!([]));
+        body["usage"] = usage(result);
+        body
+    }
+}

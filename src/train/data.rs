@@ -1,0 +1,304 @@
+//! Training data: `train.jsonl` / `valid.jsonl` / `test.jsonl` in a directory,
+//! one JSON object per line, tokenized as mlx-lm does.
+//!
+//! SFT rows: `{"messages": [...]}` (chat template), `{"prompt", "completion"}`
+//! (a user turn and an assistant turn) or `{"text"}` (raw text + EOS).
+//! Preference rows: `{"prompt", "chosen", "rejected"}`, each a string or a
+//! message list.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde_json::Value;
+
+use crate::chat_template::{validate_messages, Message};
+use crate::tokenizer::Tokenizer;
+
+/// One supervised sequence; positions before `offset` are not supervised.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SftExample {
+    pub tokens: Vec<u32>,
+    pub offset: usize,
+}
+
+/// One preference pair sharing a prompt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PreferenceExample {
+    pub prompt: Vec<u32>,
+    pub chosen: Vec<u32>,
+    pub rejected: Vec<u32>,
+}
+
+/// The examples of one split file.
+#[derive(Clone, Debug)]
+pub enum Examples {
+    Sft(Vec<SftExample>),
+    Preference(Vec<PreferenceExample>),
+}
+
+impl Examples {
+    pub fn len(&self) -> usize {
+        match self {
+            Examples::Sft(v) => v.len(),
+            Examples::Preference(v) => v.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What kind of rows the training method needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowKind {
+    Sft { mask_prompt: bool },
+    Preference,
+}
+
+pub struct Splits {
+    pub train: Examples,
+    pub valid: Option<Examples>,
+    pub test: Option<Examples>,
+}
+
+/// Loads `train.jsonl` (required), `valid.jsonl` and `test.jsonl` from `dir`.
+pub fn load_splits(dir: &Path, tok: &Tokenizer, kind: RowKind) -> Result<Splits> {
+    if !dir.is_dir() {
+        bail!("data directory {} does not exist", dir.display());
+    }
+    let load = |name: &str| -> Result<Option<Examples>> {
+        let path = dir.join(format!("{name}.jsonl"));
+        if !path.is_file() {
+            return Ok(None);
+        }
+        let ex = load_file(&path, tok, kind)?;
+        Ok((!ex.is_empty()).then_some(ex))
+    };
+    let train = load("train")?.ok_or_else(|| {
+        anyhow!(
+            "no training examples: {} is missing or empty",
+            dir.join("train.jsonl").display()
+        )
+    })?;
+    Ok(Splits {
+        train,
+        valid: load("valid")?,
+        test: load("test")?,
+    })
+}
+
+/// Parses and tokenizes one JSONL file; errors name the file and line.
+pub fn load_file(path: &Path, tok: &Tokenizer, kind: RowKind) -> Result<Examples> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut sft = Vec::new();
+    let mut pref = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = Location {
+            file: path.to_path_buf(),
+            line: i + 1,
+        };
+        let row: Value = serde_json::from_str(line)
+            .map_err(|e| anyhow!("{at}: invalid JSON: {e}"))?;
+        if !row.is_object() {
+            bail!("{at}: each line must be a JSON object");
+        }
+        match kind {
+            RowKind::Sft { mask_prompt } => {
+                sft.push(sft_row(&row, tok, mask_prompt).map_err(|e| anyhow!("{at}: {e:#}"))?)
+            }
+            RowKind::Preference => {
+                pref.push(preference_row(&row, tok).map_err(|e| anyhow!("{at}: {e:#}"))?)
+            }
+        }
+    }
+    Ok(match kind {
+        RowKind::Sft { .. } => Examples::Sft(sft),
+        RowKind::Preference => Examples::Preference(pref),
+    })
+}
+
+struct Location {
+    file: PathBuf,
+    line: usize,
+}
+
+impl std::fmt::Display for Location {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} line {}", self.file.display(), self.line)
+    }
+}
+
+fn sft_row(row: &Value, tok: &Tokenizer, mask_prompt: bool) -> Result<SftExample> {
+    if row.get("tools").is_some_and(|t| !t.is_null()) {
+        bail!("rows with \"tools\" are not supported");
+    }
+    if let (Some(prompt), Some(completion)) = (row.get("prompt"), row.get("completion")) {
+        let messages = vec![
+            Message::new("user", string_field(prompt, "prompt")?),
+            Message::new("assistant", string_field(completion, "completion")?),
+        ];
+        let tokens = render(tok, &messages, false)?;
+        let offset = if mask_prompt {
+            render(tok, &messages[..1], true)?.len()
+        } else {
+            0
+        };
+        return finish_sft(tokens, offset);
+    }
+    if let Some(messages) = row.get("messages") {
+        let messages = parse_messages(messages, "messages")?;
+        let tokens = render(tok, &messages, false)?;
+        let offset = if mask_prompt {
+            let last_is_assistant = messages.last().is_some_and(|m| m.role == "assistant");
+            if messages.len() < 2 {
+                bail!("--mask-prompt needs at least two messages (a prompt and a reply)");
+            }
+            render(tok, &messages[..messages.len() - 1], last_is_assistant)?.len()
+        } else {
+            0
+        };
+        return finish_sft(tokens, offset);
+    }
+    if let Some(text) = row.get("text") {
+        if mask_prompt {
+            bail!("--mask-prompt is not supported for {{\"text\"}} rows");
+        }
+        let text = string_field(text, "text")?;
+        let mut tokens = tok
+            .inner()
+            .encode(text, true)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?
+            .get_ids()
+            .to_vec();
+        if let Some(eos) = eos_id(tok) {
+            if tokens.last() != Some(&eos) {
+                tokens.push(eos);
+            }
+        }
+        return finish_sft(tokens, 0);
+    }
+    if row.get("chosen").is_some() || row.get("rejected").is_some() {
+        bail!("this is a preference row ({{prompt, chosen, rejected}}); train it with --method orpo");
+    }
+    bail!(
+        "unsupported row: expected {{\"messages\"}}, {{\"prompt\", \"completion\"}} or {{\"text\"}}"
+    )
+}
+
+fn finish_sft(tokens: Vec<u32>, offset: usize) -> Result<SftExample> {
+    if tokens.len() < 2 {
+        bail!("the row tokenizes to fewer than two tokens");
+    }
+    if offset >= tokens.len() {
+        bail!("the prompt covers the whole row: nothing left to train on");
+    }
+    Ok(SftExample { tokens, offset })
+}
+
+fn preference_row(row: &Value, tok: &Tokenizer) -> Result<PreferenceExample> {
+    let field = |name: &str| -> Result<&Value> {
+        row.get(name)
+            .filter(|v| !v.is_null())
+            .ok_or_else(|| anyhow!("missing \"{name}\" (preference rows need prompt, chosen and rejected)"))
+    };
+    let (prompt, chosen, rejected) = (field("prompt")?, field("chosen")?, field("rejected")?);
+    let (prompt_ids, chosen_ids, rejected_ids) = match &tok.chat_template {
+        Some(_) => {
+            let prompt_msgs = match prompt {
+                Value::String(s) => vec![Message::new("user", s)],
+                v => parse_messages(v, "prompt")?,
+            };
+            let prompt_text = render_text(tok, &prompt_msgs, true)?;
+            let reply = |v: &Value, name: &str| -> Result<Vec<u32>> {
+                let mut msgs = prompt_msgs.clone();
+                match v {
+                    Value::String(s) => msgs.push(Message::new("assistant", s)),
+                    v => {
+                        let mut reply = parse_messages(v, name)?;
+                        // Conversational rows may repeat the prompt in each reply.
+                        if reply.len() > prompt_msgs.len()
+                            && reply[..prompt_msgs.len()] == prompt_msgs[..]
+                        {
+                            reply.drain(..prompt_msgs.len());
+                        }
+                        msgs.extend(reply);
+                    }
+                }
+                let full = render_text(tok, &msgs, false)?;
+                let Some(rest) = full.strip_prefix(prompt_text.as_str()) else {
+                    bail!("the chat template renders \"{name}\" without the prompt as its prefix");
+                };
+                tok.encode(rest)
+            };
+            (
+                tok.encode(&prompt_text)?,
+                reply(chosen, "chosen")?,
+                reply(rejected, "rejected")?,
+            )
+        }
+        None => {
+            let plain = |v: &Value, name: &str| -> Result<String> { Ok(string_field(v, name)?.to_string()) };
+            let with_eos = |text: String| -> Result<Vec<u32>> {
+                let mut ids = tok.encode(&text)?;
+                if let Some(eos) = eos_id(tok) {
+                    ids.push(eos);
+                }
+                Ok(ids)
+            };
+            (
+                tok.encode(&plain(prompt, "prompt")?)?,
+                with_eos(plain(chosen, "chosen")?)?,
+                with_eos(plain(rejected, "rejected")?)?,
+            )
+        }
+    };
+    if prompt_ids.is_empty() {
+        bail!("the prompt tokenizes to nothing");
+    }
+    if chosen_ids.is_empty() || rejected_ids.is_empty() {
+        bail!("chosen and rejected must not be empty");
+    }
+    Ok(PreferenceExample {
+        prompt: prompt_ids,
+        chosen: chosen_ids,
+        rejected: rejected_ids,
+    })
+}
+
+fn string_field<'a>(v: &'a Value, name: &str) -> Result<&'a str> {
+    v.as_str()
+        .ok_or_else(|| anyhow!("\"{name}\" must be a string"))
+}
+
+fn parse_messages(v: &Value, name: &str) -> Result<Vec<Message>> {
+    if !v.is_array() {
+        bail!("\"{name}\" must be a string or a list of messages");
+    }
+    let msgs: Vec<Message> = serde_json::from_value(v.clone())
+        .map_err(|e| anyhow!("\"{name}\" is not a valid message list: {e}"))?;
+    validate_messages(&msgs).map_err(|e| anyhow!("\"{name}\": {e}"))?;
+    Ok(msgs)
+}
+
+fn render_text(tok: &Tokenizer, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    let Some(template) = &tok.chat_template else {
+        bail!("the model has no chat template; use {{\"text\"}} rows");
+    };
+    template.render(messages, add_generation_prompt)
+}
+
+fn render(tok: &Tokenizer, messages: &[Message], add_generation_prompt: bool) -> Result<Vec<u32>> {
+    tok.encode(&render_text(tok, messages, add_generation_prompt)?)
+}
+
+fn eos_id(tok: &Tokenizer) -> Option<u32> {
+    tok.eos_token
+        .as_deref()
+        .and_then(|t| tok.token_to_id(t))
+        .or_else(|| tok.eos_ids.iter().next().copied())
+}

@@ -1,0 +1,119 @@
+//! The differentiable forward pass used for training: hidden states of a
+//! batch, optionally continuing after a shared prefix, with per-layer
+//! gradient checkpointing on request.
+
+use anyhow::Result;
+use mlx_rs::Array;
+
+use super::lora::{block_linear, block_linear_mut, BLOCK_LINEARS};
+use super::remat::checkpointed;
+use crate::cache::KvCache;
+use crate::model::decoder::{Block, Decoder};
+
+/// Keys and values per layer (`[B, kv_heads, P, head_dim]`) of processed positions.
+pub type PrefixState = Vec<(Array, Array)>;
+
+pub struct TrainForward<'a> {
+    pub decoder: &'a Decoder,
+    /// Checkpoint every layer from this index on (the adapted layers).
+    pub checkpoint_from: Option<usize>,
+}
+
+impl TrainForward<'_> {
+    /// Final-norm hidden states `[B, L, hidden]` of `inputs` `[B, L]`,
+    /// continuing after `prefix` when given. With `keep_state`, also the
+    /// keys/values of every position, to continue from later.
+    pub fn hidden(
+        &self,
+        inputs: &Array,
+        prefix: Option<&PrefixState>,
+        keep_state: bool,
+    ) -> Result<(Array, Option<PrefixState>)> {
+        let mut h = self.decoder.embed_tokens.forward(inputs)?;
+        let templates = self.decoder.make_caches();
+        let mut state = keep_state.then(Vec::new);
+        for (i, (layer, template)) in self.decoder.layers.iter().zip(templates).enumerate() {
+            let past = prefix.map(|p| p[i].clone());
+            let checkpoint = self.checkpoint_from.is_some_and(|from| i >= from);
+            let (out, kv) = if checkpoint {
+                layer_checkpointed(layer, template, &h, past)?
+            } else {
+                layer_forward(layer, template, &h, past)?
+            };
+            h = out;
+            if let (Some(s), Some(kv)) = (state.as_mut(), kv) {
+                s.push(kv);
+            }
+        }
+        Ok((self.decoder.norm.forward(&h)?, state))
+    }
+}
+
+fn layer_forward(
+    layer: &Block,
+    mut cache: Box<dyn KvCache>,
+    h: &Array,
+    past: Option<(Array, Array)>,
+) -> Result<(Array, Option<(Array, Array)>)> {
+    if let Some((k, v)) = past {
+        let offset = k.shape()[2] as usize;
+        cache.set_state(k, v, offset)?;
+    }
+    let out = layer.forward(h, cache.as_mut())?;
+    Ok((out, cache.state()))
+}
+
+fn layer_checkpointed(
+    layer: &Block,
+    template: Box<dyn KvCache>,
+    h: &Array,
+    past: Option<(Array, Array)>,
+) -> Result<(Array, Option<(Array, Array)>)> {
+    // Adapter arrays are passed as inputs, not captured: the checkpoint
+    // differentiates only with respect to its inputs.
+    let adapted: Vec<&str> = BLOCK_LINEARS
+        .into_iter()
+        .filter(|k| block_linear(layer, k).is_some_and(|l| l.lora.is_some()))
+        .collect();
+    let mut lora_inputs = Vec::with_capacity(2 * adapted.len());
+    for key in &adapted {
+        let lora = block_linear(layer, key)
+            .and_then(|l| l.lora.as_ref())
+            .expect("filtered above");
+        lora_inputs.push(lora.a.clone());
+        lora_inputs.push(lora.b.clone());
+    }
+    let mut layer = layer.clone();
+    let has_past = past.is_some();
+    let first_lora = if has_past { 3 } else { 1 };
+    let body = move |args: &[Array]| -> Result<Vec<Array>> {
+        for (key, ab) in adapted.iter().zip(args[first_lora..].chunks(2)) {
+            let lora = block_linear_mut(&mut layer, key)
+                .and_then(|l| l.lora.as_mut())
+                .expect("filtered above");
+            lora.a = ab[0].clone();
+            lora.b = ab[1].clone();
+        }
+        let past = has_past.then(|| (args[1].clone(), args[2].clone()));
+        let (out, kv) = layer_forward(&layer, template.boxed_clone(), &args[0], past)?;
+        let mut outs = vec![out];
+        if let Some((k, v)) = kv {
+            outs.push(k);
+            outs.push(v);
+        }
+        Ok(outs)
+    };
+    let mut inputs = vec![h.clone()];
+    if let Some((k, v)) = past {
+        inputs.push(k);
+        inputs.push(v);
+    }
+    inputs.extend(lora_inputs);
+    let mut outs = checkpointed(body, &inputs)?.into_iter();
+    let out = outs.next().expect("the layer returns its output");
+    let kv = match (outs.next(), outs.next()) {
+        (Some(k), Some(v)) => Some((k, v)),
+        _ => None,
+    };
+    Ok((out, kv))
+}

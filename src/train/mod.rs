@@ -1,0 +1,14 @@
+//! Fine-tuning: LoRA adapters trained with SFT or ORPO, in mlx-lm's
+//! adapter format.
+
+pub mod batches;
+pub mod config;
+pub mod data;
+pub mod forward;
+pub mod fuse;
+pub mod lora;
+pub mod losses;
+pub mod optimizer;
+pub mod orpo;
+pub mod remat;
+pub mod trainer;
