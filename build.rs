@@ -8,6 +8,7 @@
 use std::path::Path;
 
 fn main() {
+    println!("cargo::rustc-check-cfg=cfg(openblas)");
     println!("cargo:rerun-if-env-changed=MLX_BUN_BLAS");
     if let Ok(dir) = std::env::var("DEP_MLX_LIBDIR") {
         println!("cargo:rustc-link-arg=-Wl,-rpath,{dir}");

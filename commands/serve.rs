@@ -203,7 +203,10 @@ pub fn run(args: Args) -> Result<()> {
         let stopping = gateway.clone();
         let shutdown = async move {
             shutdown_signal().await;
-            eprintln!("mlx-bun serve: shutting down (up to {}s for running requests)", grace.as_secs());
+            eprintln!(
+                "mlx-bun serve: shutting down (up to {}s for running requests)",
+                grace.as_secs()
+            );
             stopping.stop_accepting();
             // Past the grace period, end what still runs with a clean error.
             let late = stopping.clone();

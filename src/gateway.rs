@@ -311,8 +311,16 @@ impl Gateway {
         state.clone().unwrap().map_err(|e| anyhow!(e))
     }
 
+    /// Warm and with a live worker.
     pub fn is_ready(&self) -> bool {
-        matches!(*self.readiness.state.lock().unwrap(), Some(Ok(())))
+        let warm = matches!(*self.readiness.state.lock().unwrap(), Some(Ok(())));
+        let alive = self
+            .worker
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|h| !h.is_finished());
+        warm && alive
     }
 
     pub fn shape_of(&self, request: &GatewayRequest) -> RequestShape {
@@ -472,9 +480,23 @@ impl Worker {
             }
             self.counters.active.fetch_add(1, Ordering::SeqCst);
             let started = Instant::now();
-            match job.lane {
-                Lane::Serial => self.run_serial(&job),
-                Lane::Speculative => self.run_speculative(&job),
+            // A panic in one request must not take the server down with it.
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.lane {
+                    Lane::Serial => self.run_serial(&job),
+                    Lane::Speculative => self.run_speculative(&job),
+                }));
+            if let Err(panic) = outcome {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("unknown panic");
+                tracing::error!("generation panicked: {what}");
+                self.fail(
+                    &job,
+                    GatewayError::Internal(format!("the engine panicked: {what}")),
+                );
             }
             let service = started.elapsed().as_secs_f64();
             push_sample(
@@ -574,10 +596,7 @@ impl Worker {
         {
             let mut samples = c.samples.lock().unwrap();
             if let Some(t) = first_token {
-                push_sample(
-                    &mut samples.ttft_s,
-                    (t - job.submitted).as_secs_f64(),
-                );
+                push_sample(&mut samples.ttft_s, (t - job.submitted).as_secs_f64());
             }
             if result.generation_tokens > 1 && result.generation_tps > 0.0 {
                 push_sample(&mut samples.decode_tps, result.generation_tps);

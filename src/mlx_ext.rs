@@ -79,3 +79,22 @@ pub fn parse_dtype(name: &str) -> Option<Dtype> {
         _ => return None,
     })
 }
+
+#[cfg(openblas)]
+extern "C" {
+    fn openblas_set_num_threads(n: std::os::raw::c_int);
+}
+
+/// One-time runtime setup before MLX runs anything. OpenBLAS's own thread
+/// pool deadlocks when MLX's CPU workers call it concurrently, so BLAS calls
+/// run in the calling thread.
+pub fn init_runtime() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    INIT.call_once(|| {
+        #[cfg(openblas)]
+        // SAFETY: plain setter of OpenBLAS's thread count, called once.
+        unsafe {
+            openblas_set_num_threads(1)
+        };
+    });
+}

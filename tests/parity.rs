@@ -23,8 +23,11 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 /// Logits may differ by this much (absolute) from mlx-lm's. Both sides run the
-/// same MLX kernels in float32, so measured differences are far below it
-/// (see docs/parity.md); it only absorbs reassociation in fused kernels.
+/// same MLX 0.32.2 kernels in float32; the one difference is the BLAS behind
+/// the attention matmuls: the binary links OpenBLAS ahead of the reference
+/// BLAS that mlx-lm's wheel uses, which sums in another order. Measured: at
+/// most 3.5e-5 on logits of about 25 (bit-identical when the oracle is run on
+/// OpenBLAS too); see docs/parity.md.
 const LOGIT_TOL: f32 = 1e-3;
 
 // ---------------------------------------------------------------- goldens
@@ -68,6 +71,7 @@ struct GenerateCase {
     prompt_ids: Vec<u32>,
     continuation_ids: Vec<u32>,
     continuation_text: String,
+    continuation_decoded: String,
     finish_reason: String,
 }
 
@@ -251,18 +255,8 @@ fn library_logits_and_greedy_match_mlx_lm() {
                     ids.len(),
                     started.elapsed().as_secs_f64()
                 );
-                if let Err(e) = compare_continuation(case, &ids) {
-                    failures.push(format!("{}: {e}", case.name));
-                } else if text != case.continuation_text {
-                    failures.push(format!(
-                        "{}: same ids but text {text:?}, mlx-lm {:?}",
-                        case.name, case.continuation_text
-                    ));
-                } else if finish != case.finish_reason {
-                    failures.push(format!(
-                        "{}: finish {finish}, mlx-lm {}",
-                        case.name, case.finish_reason
-                    ));
+                if let Err(e) = compare_outcome(case, &ids, &text, &finish) {
+                    failures.push(format!("{}: {e:#}", case.name));
                 }
             }
             Err(e) => failures.push(format!("{}: {e:#}", case.name)),
@@ -277,9 +271,7 @@ fn check_prefill_logits(model: &Model, golden: &LogitsGolden) -> Result<()> {
     let input = Array::from_slice(&ids, &[1, ids.len() as i32]);
     let mut caches = model.make_caches();
     let logits = model.forward(&input, &mut caches)?;
-    let last = logits
-        .index((0, -1, ..))
-        .as_dtype(mlx_rs::Dtype::Float32)?;
+    let last = logits.index((0, -1, ..)).as_dtype(mlx_rs::Dtype::Float32)?;
     last.eval()?;
     let values: &[f32] = last.as_slice();
     ensure!(
@@ -300,7 +292,7 @@ fn check_prefill_logits(model: &Model, golden: &LogitsGolden) -> Result<()> {
         golden.top_ids
     );
 
-    let mut worst = 0f32;
+    let mut worst_logit = 0f32;
     let pairs = golden
         .top_ids
         .iter()
@@ -309,14 +301,15 @@ fn check_prefill_logits(model: &Model, golden: &LogitsGolden) -> Result<()> {
     for (&id, &want) in pairs {
         let got = values[id as usize];
         let diff = (got - want).abs();
-        worst = worst.max(diff);
+        worst_logit = worst_logit.max(diff);
         ensure!(
             diff <= LOGIT_TOL,
             "logit of token {id}: {got} vs mlx-lm {want} (|diff| {diff:e} > {LOGIT_TOL:e})"
         );
     }
 
-    let ours = logit_stats(values);
+    let ours = logit_stats(&last)?;
+    let mut worst_stat = 0f32;
     let pairs = [
         ("mean", ours.mean, golden.stats.mean),
         ("std", ours.std, golden.stats.std),
@@ -326,43 +319,36 @@ fn check_prefill_logits(model: &Model, golden: &LogitsGolden) -> Result<()> {
     ];
     for (name, got, want) in pairs {
         let diff = (got - want).abs();
-        worst = worst.max(diff);
+        worst_stat = worst_stat.max(diff);
         ensure!(
             diff <= LOGIT_TOL,
             "logit {name}: {got} vs mlx-lm {want} (|diff| {diff:e} > {LOGIT_TOL:e})"
         );
     }
     eprintln!(
-        "prefill logits ({} tokens): top-{} order equal, max |diff| {worst:e}",
+        "prefill logits ({} tokens): top-{} order equal, max |diff| {worst_logit:e} \
+         over {} logits, {worst_stat:e} over the summary stats",
         ids.len(),
-        top.len()
+        top.len(),
+        golden.top_ids.len() + golden.probe_ids.len()
     );
     Ok(())
 }
 
-fn logit_stats(values: &[f32]) -> LogitStats {
-    let n = values.len() as f64;
-    let mean = values.iter().map(|&v| v as f64).sum::<f64>() / n;
-    let var = values
-        .iter()
-        .map(|&v| (v as f64 - mean).powi(2))
-        .sum::<f64>()
-        / n;
-    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let min = values.iter().copied().fold(f32::INFINITY, f32::min);
-    let lse = max as f64
-        + values
-            .iter()
-            .map(|&v| (v as f64 - max as f64).exp())
-            .sum::<f64>()
-            .ln();
-    LogitStats {
-        mean: mean as f32,
-        std: var.sqrt() as f32,
-        min,
-        max,
-        logsumexp: lse as f32,
-    }
+/// The summary statistics the golden records, with the same MLX float32
+/// reductions, so equal logits give equal statistics.
+fn logit_stats(logits: &Array) -> Result<LogitStats> {
+    let scalar = |a: Array| -> Result<f32> {
+        a.eval()?;
+        Ok(a.item_cast::<f32>())
+    };
+    Ok(LogitStats {
+        mean: scalar(mlx_rs::ops::mean(logits, None)?)?,
+        std: scalar(mlx_rs::ops::std(logits, None, None)?)?,
+        min: scalar(mlx_rs::ops::min(logits, None)?)?,
+        max: scalar(mlx_rs::ops::max(logits, None)?)?,
+        logsumexp: scalar(mlx_rs::ops::logsumexp(logits, None)?)?,
+    })
 }
 
 fn library_continuation(
@@ -372,10 +358,7 @@ fn library_continuation(
     max_tokens: usize,
 ) -> Result<(Vec<u32>, String, String)> {
     let (_, prompt) = build_prompt(tok, &case.input.prompt_input())?;
-    ensure!(
-        prompt == case.prompt_ids,
-        "prompt ids differ from mlx-lm's"
-    );
+    ensure!(prompt == case.prompt_ids, "prompt ids differ from mlx-lm's");
     let opts = GenerateOptions {
         max_tokens,
         sampling: SamplingParams::greedy(),
@@ -400,20 +383,40 @@ fn library_continuation(
     ))
 }
 
-/// Token-for-token equality, reporting the first divergence.
-fn compare_continuation(case: &GenerateCase, ids: &[u32]) -> Result<()> {
+/// Token-for-token equality (reporting the first divergence), then the text
+/// and the finish reason.
+fn compare_outcome(case: &GenerateCase, ids: &[u32], text: &str, finish: &str) -> Result<()> {
     let want = &case.continuation_ids;
-    if ids == want.as_slice() {
-        return Ok(());
+    if ids != want.as_slice() {
+        let at = ids.iter().zip(want).take_while(|(a, b)| a == b).count();
+        bail!(
+            "diverges at generated token {at}: ours {:?}, mlx-lm {:?} \
+             (ours {} tokens, mlx-lm {})",
+            ids.get(at),
+            want.get(at),
+            ids.len(),
+            want.len()
+        );
     }
-    let at = ids.iter().zip(want).take_while(|(a, b)| a == b).count();
-    bail!(
-        "diverges at generated token {at}: ours {:?}, mlx-lm {:?} (ours {} tokens, mlx-lm {})",
-        ids.get(at),
-        want.get(at),
-        ids.len(),
-        want.len()
-    )
+    ensure!(
+        finish == case.finish_reason,
+        "same ids, finish {finish}, mlx-lm {}",
+        case.finish_reason
+    );
+    // mlx-lm's streaming BPE detokenizer drops the leading space of the first
+    // generated token (" the" streams as "the"); ours keeps it, as the
+    // tokenizer's own decode does. That is the one accepted text difference.
+    let mlx_lm_trimmed_first_space =
+        case.continuation_decoded.strip_prefix(' ') == Some(case.continuation_text.as_str());
+    let accepted = text == case.continuation_text
+        || (mlx_lm_trimmed_first_space && text == case.continuation_decoded);
+    ensure!(
+        accepted,
+        "same ids, text {text:?}, mlx-lm streamed {:?} (decoded {:?})",
+        case.continuation_text,
+        case.continuation_decoded
+    );
+    Ok(())
 }
 
 // ---------------------------------------------------------------- the CLI
@@ -421,7 +424,7 @@ fn compare_continuation(case: &GenerateCase, ids: &[u32]) -> Result<()> {
 /// `mlx-bun generate` arguments that give this case's prompt the way a user would.
 fn cli_args(case: &GenerateCase, scratch: &Path) -> Result<Vec<String>> {
     let input = &case.input;
-    let mut args = Vec::new();
+    let mut args = vec!["generate".to_string()];
     if let Some(messages) = &input.messages {
         let file = scratch.join(format!("{}.json", case.name));
         std::fs::write(&file, serde_json::to_string(messages)?)?;
@@ -483,21 +486,16 @@ fn cli_greedy_matches_mlx_lm() {
                 result.prompt_tokens,
                 case.prompt_ids.len()
             ));
-        } else if let Err(e) = compare_continuation(case, &result.token_ids) {
-            failures.push(format!("{} (cli): {e}", case.name));
-        } else if result.text != case.continuation_text
-            || result.finish_reason != case.finish_reason
+        } else if let Err(e) =
+            compare_outcome(case, &result.token_ids, &result.text, &result.finish_reason)
         {
-            failures.push(format!(
-                "{} (cli): text {:?} ({}), mlx-lm {:?} ({})",
-                case.name,
-                result.text,
-                result.finish_reason,
-                case.continuation_text,
-                case.finish_reason
-            ));
+            failures.push(format!("{} (cli): {e:#}", case.name));
         } else {
-            eprintln!("{} (cli): {} tokens equal", case.name, result.token_ids.len());
+            eprintln!(
+                "{} (cli): {} tokens equal",
+                case.name,
+                result.token_ids.len()
+            );
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

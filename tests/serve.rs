@@ -182,12 +182,25 @@ fn stream(path: &str, body: &Value) -> Vec<Value> {
         .collect()
 }
 
+/// A `logit_bias` that bans end-of-sequence, so a generation runs to its
+/// `max_tokens` (tests that count tokens or need a long stream use it).
+fn no_eos() -> Value {
+    let tokenizer = mlx_bun::tokenizer::Tokenizer::load(&model_dir()).unwrap();
+    let bias: serde_json::Map<String, Value> = tokenizer
+        .eos_ids
+        .iter()
+        .map(|id| (id.to_string(), json!(-100)))
+        .collect();
+    Value::Object(bias)
+}
+
 fn chat_body(content: &str, max_tokens: u32) -> Value {
     json!({
         "model": "anything",
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "temperature": 0,
+        "logit_bias": no_eos(),
     })
 }
 
@@ -195,7 +208,12 @@ fn check_usage(usage: &Value) {
     let p = usage["prompt_tokens"].as_u64().unwrap();
     let c = usage["completion_tokens"].as_u64().unwrap();
     assert_eq!(usage["total_tokens"].as_u64().unwrap(), p + c);
-    assert!(usage["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap() < p);
+    assert!(
+        usage["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+            < p
+    );
 }
 
 #[test]
@@ -246,7 +264,8 @@ fn chat_streaming_matches_non_streaming() {
 
 #[test]
 fn completions_plain_streamed_and_token_ids() {
-    let body = json!({"prompt": "The three primary colors are", "max_tokens": 5});
+    let body =
+        json!({"prompt": "The three primary colors are", "max_tokens": 5, "logit_bias": no_eos()});
     let v = post_ok("/v1/completions", &body);
     assert!(v["id"].as_str().unwrap().starts_with("cmpl-"));
     assert_eq!(v["object"], "text_completion");
@@ -263,7 +282,10 @@ fn completions_plain_streamed_and_token_ids() {
         .filter_map(|c| c["choices"][0]["text"].as_str())
         .collect();
     assert_eq!(joined, text);
-    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        chunks.last().unwrap()["choices"][0]["finish_reason"],
+        "length"
+    );
 
     // The same prompt as token ids, as a list and as a list of one list.
     let mut ids_body = body.clone();
@@ -273,7 +295,7 @@ fn completions_plain_streamed_and_token_ids() {
     for prompt in [prompt_ids.clone(), json!([prompt_ids])] {
         let v = post_ok(
             "/v1/completions",
-            &json!({"prompt": prompt, "max_tokens": 5}),
+            &json!({"prompt": prompt, "max_tokens": 5, "logit_bias": no_eos()}),
         );
         assert_eq!(v["choices"][0]["text"], text.as_str());
     }
@@ -281,7 +303,7 @@ fn completions_plain_streamed_and_token_ids() {
 
 #[test]
 fn stop_strings_end_generation() {
-    let body = json!({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 12});
+    let body = json!({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 12, "logit_bias": no_eos()});
     let free = post_ok("/v1/completions", &body);
     let text = free["choices"][0]["text"].as_str().unwrap();
     // Stop on a piece of the free-running text, past its first character.
@@ -315,7 +337,7 @@ fn logprobs_in_both_shapes() {
 
     let v = post_ok(
         "/v1/completions",
-        &json!({"prompt": "Hello", "max_tokens": 3, "logprobs": 3}),
+        &json!({"prompt": "Hello", "max_tokens": 3, "logprobs": 3, "logit_bias": no_eos()}),
     );
     let lp = &v["choices"][0]["logprobs"];
     assert_eq!(lp["tokens"].as_array().unwrap().len(), 3);
@@ -338,10 +360,7 @@ fn expect_error(path: &str, body: &str, status: u16, param: Option<&str>) -> Val
     assert_eq!(r.status().as_u16(), status, "{body}");
     let v: Value = r.json().expect("error answers are JSON");
     let err = &v["error"];
-    assert!(
-        !err["message"].as_str().unwrap().is_empty(),
-        "{body}: {v}"
-    );
+    assert!(!err["message"].as_str().unwrap().is_empty(), "{body}: {v}");
     if status == 400 {
         assert_eq!(err["type"], "invalid_request_error", "{body}: {v}");
     }
@@ -424,7 +443,12 @@ fn bad_input_gets_clear_errors() {
     expect_error(comp, r#"{"prompt": [1, 99999999]}"#, 400, Some("prompt"));
     expect_error(comp, r#"{"prompt": [1, -3]}"#, 400, Some("prompt"));
     expect_error(comp, r#"{"prompt": {"text": "x"}}"#, 400, Some("prompt"));
-    expect_error(comp, r#"{"prompt": "x", "logprobs": 50}"#, 400, Some("logprobs"));
+    expect_error(
+        comp,
+        r#"{"prompt": "x", "logprobs": 50}"#,
+        400,
+        Some("logprobs"),
+    );
 
     // Unknown routes and methods answer JSON too.
     let r = client().get(server().url("/v1/nope")).send().unwrap();
@@ -446,6 +470,66 @@ fn bad_input_gets_clear_errors() {
 }
 
 #[test]
+fn structured_output_through_the_server() {
+    let ask = |content: &str, extra: Value| {
+        let mut body = json!({
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": 16,
+        });
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        body
+    };
+    let v = post_ok(
+        "/v1/chat/completions",
+        &ask("Is the sky blue?", json!({"guided_choice": ["yes", "no"]})),
+    );
+    let answer = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(answer == "yes" || answer == "no", "{answer:?}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    let schema = json!({
+        "type": "object",
+        "properties": {"blue": {"type": "boolean"}},
+        "required": ["blue"],
+        "additionalProperties": false,
+    });
+    let mut body = ask(
+        "Is the sky blue? Answer in JSON.",
+        json!({"response_format": {"type": "json_schema", "json_schema": {"name": "sky", "schema": schema}}}),
+    );
+    body["stream"] = json!(true);
+    let chunks = stream("/v1/chat/completions", &body);
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    let parsed: Value = serde_json::from_str(&text)
+        .unwrap_or_else(|e| panic!("constrained output {text:?} is not JSON: {e}"));
+    assert!(parsed["blue"].is_boolean(), "{text}");
+    assert_eq!(parsed.as_object().unwrap().len(), 1, "{text}");
+
+    // A constraint that does not compile is the client's error, streaming or not.
+    for stream in [false, true] {
+        let body = ask("x", json!({"guided_regex": "(", "stream": stream}));
+        let v = expect_error(
+            "/v1/chat/completions",
+            &body.to_string(),
+            400,
+            Some("guided_regex"),
+        );
+        assert!(v["error"]["message"].as_str().unwrap().contains("regex"));
+    }
+    expect_error(
+        "/v1/chat/completions",
+        &ask("x", json!({"response_format": {"type": "nope"}})).to_string(),
+        400,
+        Some("response_format"),
+    );
+}
+
+#[test]
 fn sixteen_concurrent_clients() {
     let handles: Vec<_> = (0..16)
         .map(|i| {
@@ -455,6 +539,7 @@ fn sixteen_concurrent_clients() {
                     "prompt": format!("Client {i} says"),
                     "max_tokens": 2,
                     "stream": stream,
+                    "logit_bias": no_eos(),
                 });
                 let r = client()
                     .post(server().url("/v1/completions"))
@@ -493,7 +578,12 @@ fn client_disconnect_stops_generation() {
         let c = client();
         let mut r: Response = c
             .post(server().url("/v1/completions"))
-            .json(&json!({"prompt": "Write a long story about a dragon.", "max_tokens": 400, "stream": true}))
+            .json(&json!({
+                "prompt": "Write a long story about a dragon.",
+                "max_tokens": 400,
+                "stream": true,
+                "logit_bias": no_eos(),
+            }))
             .send()
             .unwrap();
         assert_eq!(r.status().as_u16(), 200);
@@ -523,7 +613,9 @@ fn client_disconnect_stops_generation() {
 
 #[test]
 fn prompt_cache_serves_a_growing_conversation() {
-    let mut messages = vec![json!({"role": "user", "content": "My name is Ada. Tell me a fun fact about octopuses."})];
+    let mut messages = vec![
+        json!({"role": "user", "content": "My name is Ada. Tell me a fun fact about octopuses."}),
+    ];
     let mut cached = Vec::new();
     let mut prompt_lens = Vec::new();
     for follow_up in ["What is my name?", "Thanks! One more fact please."] {
@@ -531,7 +623,11 @@ fn prompt_cache_serves_a_growing_conversation() {
             "/v1/chat/completions",
             &json!({"messages": messages, "max_tokens": 6}),
         );
-        cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+        cached.push(
+            v["usage"]["prompt_tokens_details"]["cached_tokens"]
+                .as_u64()
+                .unwrap(),
+        );
         prompt_lens.push(v["usage"]["prompt_tokens"].as_u64().unwrap());
         messages.push(v["choices"][0]["message"].clone());
         messages.push(json!({"role": "user", "content": follow_up}));
@@ -540,7 +636,11 @@ fn prompt_cache_serves_a_growing_conversation() {
         "/v1/chat/completions",
         &json!({"messages": messages, "max_tokens": 6}),
     );
-    cached.push(v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap());
+    cached.push(
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap(),
+    );
     // Each turn reuses at least the whole previous prompt.
     assert!(cached[1] >= prompt_lens[0], "{cached:?} {prompt_lens:?}");
     assert!(cached[2] >= prompt_lens[1], "{cached:?} {prompt_lens:?}");
@@ -593,7 +693,10 @@ fn greedy_output_equals_generate() {
 fn health_stats_metrics_models() {
     let (status, body) = get("/health");
     assert_eq!(status, 200);
-    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["status"], "ok");
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["status"],
+        "ok"
+    );
     post_ok("/v1/completions", &json!({"prompt": "Hi", "max_tokens": 2}));
 
     let s = stats();
@@ -605,10 +708,18 @@ fn health_stats_metrics_models() {
     assert!(s["tokens"]["prompt"].as_u64().unwrap() > 0);
     assert!(s["tokens"]["completion"].as_u64().unwrap() > 0);
     assert!(s["latency"]["ttft_s"]["p50"].as_f64().unwrap() > 0.0);
-    assert!(s["latency"]["ttft_s"]["p95"].as_f64().unwrap() >= s["latency"]["ttft_s"]["p50"].as_f64().unwrap());
+    assert!(
+        s["latency"]["ttft_s"]["p95"].as_f64().unwrap()
+            >= s["latency"]["ttft_s"]["p50"].as_f64().unwrap()
+    );
     assert!(s["latency"]["decode_tok_s"]["p50"].is_number());
     assert!(s["queue"]["depth"].is_u64());
-    assert!(s["requests"]["by_route"]["/v1/completions"].as_u64().unwrap() >= 1);
+    assert!(
+        s["requests"]["by_route"]["/v1/completions"]
+            .as_u64()
+            .unwrap()
+            >= 1
+    );
 
     let (status, text) = get("/metrics");
     assert_eq!(status, 200);
@@ -702,8 +813,15 @@ fn api_key_queue_limit_and_graceful_shutdown() {
     let r = c.get(s.url("/v1/models")).send().unwrap();
     assert_eq!(r.status().as_u16(), 401);
     assert!(r.headers().contains_key("www-authenticate"));
-    assert_eq!(r.json::<Value>().unwrap()["error"]["type"], "authentication_error");
-    let r = c.get(s.url("/v1/models")).bearer_auth("wrong").send().unwrap();
+    assert_eq!(
+        r.json::<Value>().unwrap()["error"]["type"],
+        "authentication_error"
+    );
+    let r = c
+        .get(s.url("/v1/models"))
+        .bearer_auth("wrong")
+        .send()
+        .unwrap();
     assert_eq!(r.status().as_u16(), 401);
     let r = c
         .post(s.url("/v1/completions"))
@@ -711,8 +829,18 @@ fn api_key_queue_limit_and_graceful_shutdown() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 401);
-    assert_eq!(auth(c.get(s.url("/v1/models"))).send().unwrap().status().as_u16(), 200);
-    assert_eq!(c.get(s.url("/health")).send().unwrap().status().as_u16(), 200);
+    assert_eq!(
+        auth(c.get(s.url("/v1/models")))
+            .send()
+            .unwrap()
+            .status()
+            .as_u16(),
+        200
+    );
+    assert_eq!(
+        c.get(s.url("/health")).send().unwrap().status().as_u16(),
+        200
+    );
 
     // Body limit.
     let r = auth(c.post(s.url("/v1/completions")))
@@ -721,14 +849,21 @@ fn api_key_queue_limit_and_graceful_shutdown() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 413);
-    assert_eq!(r.json::<Value>().unwrap()["error"]["code"], "request_too_large");
+    assert_eq!(
+        r.json::<Value>().unwrap()["error"]["code"],
+        "request_too_large"
+    );
 
     // A full queue: one running, one waiting, the third is refused.
-    let stats_of = |s: &Server| -> Value {
-        auth(c.get(s.url("/stats"))).send().unwrap().json().unwrap()
-    };
+    let stats_of =
+        |s: &Server| -> Value { auth(c.get(s.url("/stats"))).send().unwrap().json().unwrap() };
     let mut running = auth(c.post(s.url("/v1/completions")))
-        .json(&json!({"prompt": "Tell me a story.", "max_tokens": 40, "stream": true}))
+        .json(&json!({
+            "prompt": "Tell me a story.",
+            "max_tokens": 200,
+            "stream": true,
+            "logit_bias": no_eos(),
+        }))
         .send()
         .unwrap();
     let mut buf = [0u8; 4096];
@@ -742,7 +877,7 @@ fn api_key_queue_limit_and_graceful_shutdown() {
         client()
             .post(waiting_url)
             .bearer_auth("sekrit")
-            .json(&json!({"prompt": "Queued", "max_tokens": 2}))
+            .json(&json!({"prompt": "Queued", "max_tokens": 2, "logit_bias": no_eos()}))
             .send()
             .unwrap()
             .status()
@@ -758,7 +893,11 @@ fn api_key_queue_limit_and_graceful_shutdown() {
         .send()
         .unwrap();
     assert_eq!(r.status().as_u16(), 503);
-    let retry: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!(retry >= 1);
     assert_eq!(r.json::<Value>().unwrap()["error"]["code"], "queue_full");
     drop(running);
@@ -766,7 +905,12 @@ fn api_key_queue_limit_and_graceful_shutdown() {
 
     // Graceful shutdown: a stream in flight finishes, then the process exits 0.
     let mut inflight = auth(c.post(s.url("/v1/completions")))
-        .json(&json!({"prompt": "Count to ten:", "max_tokens": 12, "stream": true}))
+        .json(&json!({
+            "prompt": "Count to ten:",
+            "max_tokens": 12,
+            "stream": true,
+            "logit_bias": no_eos(),
+        }))
         .send()
         .unwrap();
     let mut seen = String::new();

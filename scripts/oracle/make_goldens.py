@@ -121,6 +121,18 @@ def model_fingerprint(model_dir: Path) -> dict:
     }
 
 
+def blas_libraries() -> list[str]:
+    """The BLAS libraries loaded into this process (Linux), which decide the
+    float32 matmul summation order: the mlx-cpu wheel bundles reference BLAS."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    names = {Path(line.split()[-1]).name for line in maps.splitlines() if "/" in line}
+    # numpy's own OpenBLAS has prefixed symbols that MLX never calls.
+    return sorted(n for n in names if "blas" in n.lower() and "scipy_openblas" not in n)
+
+
 def meta(model_dir: Path) -> dict:
     import tokenizers
     import transformers
@@ -133,6 +145,7 @@ def meta(model_dir: Path) -> dict:
             "transformers": transformers.__version__,
             "tokenizers": tokenizers.__version__,
         },
+        "blas": blas_libraries(),
         "model": model_fingerprint(model_dir),
     }
 
@@ -156,7 +169,11 @@ def render(tokenizer, case: dict) -> tuple[str, list[int]]:
 
 
 def greedy(model, tokenizer, prompt_ids: list[int], max_tokens: int) -> dict:
-    """The greedy continuation as stream_generate yields it (eos not included)."""
+    """The greedy continuation as stream_generate yields it (eos not included).
+
+    `text` is mlx-lm's streamed text, whose detokenizer drops a leading space of
+    the first generated token; `decoded` is the tokenizer's plain decode of the ids.
+    """
     ids, text, finish = [], "", None
     for response in stream_generate(
         model, tokenizer, mx.array(prompt_ids), max_tokens=max_tokens
@@ -165,7 +182,8 @@ def greedy(model, tokenizer, prompt_ids: list[int], max_tokens: int) -> dict:
         finish = response.finish_reason
         if finish != "stop":
             ids.append(int(response.token))
-    return {"ids": ids, "text": text, "finish_reason": finish}
+    decoded = tokenizer.decode(ids)
+    return {"ids": ids, "text": text, "decoded": decoded, "finish_reason": finish}
 
 
 def case_input(case: dict) -> dict:
@@ -195,6 +213,7 @@ def generate_goldens(model, tokenizer, max_tokens: int) -> list[dict]:
                 "prompt_ids": prompt_ids,
                 "continuation_ids": out["ids"],
                 "continuation_text": out["text"],
+                "continuation_decoded": out["decoded"],
                 "finish_reason": out["finish_reason"],
             }
         )

@@ -129,6 +129,12 @@ fn insert_quantization(config: &mut Map<String, Value>, set: &TensorSet) {
     }
 }
 
+/// MLX's message without the C++ source location it appends.
+fn mlx_message(raw: &str) -> String {
+    let text = raw.split(" at /").next().unwrap_or(raw);
+    text.trim().trim_matches('"').to_string()
+}
+
 /// Opens the GGUF tensors with MLX, whose loader insists on a `.gguf` name.
 fn load_gguf_arrays(
     path: &Path,
@@ -144,9 +150,11 @@ fn load_gguf_arrays(
         link
     };
     let file = GgufFile::load(&readable)
-        .map_err(|e| anyhow!("{e}"))
+        .map_err(|e| anyhow!(mlx_message(&e.to_string())))
         .with_context(|| format!("loading the tensors of {}", path.display()))?;
-    let arrays = file.arrays().map_err(|e| anyhow!("{e}"))?;
+    let arrays = file
+        .arrays()
+        .map_err(|e| anyhow!(mlx_message(&e.to_string())))?;
     if readable != path {
         std::fs::remove_file(&readable)?;
     }
@@ -282,6 +290,12 @@ pub fn from_model_dir(dir: &Path, opts: &ConvertOptions) -> Result<Summary> {
     opts.validate()?;
     if !dir.is_dir() {
         bail!("model directory {} does not exist", dir.display());
+    }
+    if !dir.join("config.json").is_file() {
+        bail!(
+            "{} is not an mlx-lm model directory (it has no config.json)",
+            dir.display()
+        );
     }
     let (args, raw) = crate::model::read_config(dir)?;
     let mut config = match raw {

@@ -89,18 +89,14 @@ impl TensorSet {
         Ok(())
     }
 
-    /// Layer prefixes whose weight is a matrix: the linear layers and embeddings.
+    /// Layer prefixes whose weight is a matrix (packed or dense): the linear
+    /// layers and embeddings.
     pub fn matrix_layers(&self) -> Vec<String> {
-        let mut prefixes: Vec<String> = self
-            .tensors
+        self.tensors
             .iter()
-            .filter_map(|(name, a)| {
-                let prefix = name.strip_suffix(".weight")?;
-                (a.ndim() == 2 || self.quantized.contains_key(prefix)).then(|| prefix.to_string())
-            })
-            .collect();
-        prefixes.sort();
-        prefixes
+            .filter(|(_, a)| a.ndim() == 2)
+            .filter_map(|(name, _)| name.strip_suffix(".weight").map(str::to_string))
+            .collect()
     }
 
     /// Quantizes the layer at `prefix` (dequantizing it first when it already

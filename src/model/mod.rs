@@ -55,6 +55,7 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
 impl Model {
     /// Loads an mlx-lm model directory.
     pub fn load(dir: &Path) -> Result<Self> {
+        crate::mlx_ext::init_runtime();
         if !dir.is_dir() {
             bail!("model directory {} does not exist", dir.display());
         }

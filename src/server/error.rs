@@ -30,12 +30,7 @@ impl ApiError {
 
     /// 400 about one request field.
     pub fn invalid(param: &str, message: impl Into<String>) -> Self {
-        Self::new(
-            StatusCode::BAD_REQUEST,
-            "invalid_request_error",
-            message,
-        )
-        .with_param(param)
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message).with_param(param)
     }
 
     /// 400 about the request as a whole.
@@ -140,12 +135,10 @@ impl From<GatewayError> for ApiError {
         let message = e.to_string();
         match e {
             GatewayError::InvalidRequest(_) => ApiError::bad_request(message),
-            GatewayError::Unsupported(_) => ApiError::new(
-                StatusCode::NOT_IMPLEMENTED,
-                "server_error",
-                message,
-            )
-            .with_code("not_implemented"),
+            GatewayError::Unsupported(_) => {
+                ApiError::new(StatusCode::NOT_IMPLEMENTED, "server_error", message)
+                    .with_code("not_implemented")
+            }
             GatewayError::ShuttingDown => ApiError::unavailable(message, "shutting_down"),
             GatewayError::Internal(_) => ApiError::internal(message),
         }

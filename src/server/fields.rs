@@ -63,9 +63,7 @@ impl<'a> Fields<'a> {
         let Some(v) = self.get(name) else {
             return Ok(None);
         };
-        let x = v
-            .as_f64()
-            .ok_or_else(|| Self::wrong(name, "a number", v))?;
+        let x = v.as_f64().ok_or_else(|| Self::wrong(name, "a number", v))?;
         if !(min..=max).contains(&x) {
             return Err(ApiError::invalid(
                 name,

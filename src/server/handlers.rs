@@ -89,6 +89,7 @@ async fn run_generation(
         include_usage,
         return_token_ids,
         constraint,
+        constraint_param,
         ..
     } = request::parse(endpoint, &body, app.config.vocab_size)?;
     let prompt = tokenize(&app, endpoint, input).await?;
@@ -111,7 +112,13 @@ async fn run_generation(
         options,
         constraint,
     })?;
-    wait_started(&mut ticket).await?;
+    wait_started(&mut ticket)
+        .await
+        .map_err(|e| match constraint_param {
+            // The worker compiles the constraint; its complaints are about that field.
+            Some(param) if e.status == StatusCode::BAD_REQUEST => e.with_param(param),
+            _ => e,
+        })?;
     let reply = Reply {
         endpoint,
         id: new_id(endpoint),
@@ -197,7 +204,10 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Value> {
 
 pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
         prometheus(&app.metrics, &app.gateway.stats()),
     )
         .into_response()

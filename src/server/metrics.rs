@@ -99,7 +99,9 @@ fn metric(out: &mut String, name: &str, kind: &str, help: &str, samples: &[(&str
 }
 
 fn escape_label(s: &str) -> String {
-    s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 pub fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
@@ -115,7 +117,13 @@ pub fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
         })
         .collect();
     let responses: Vec<(&str, f64)> = responses.iter().map(|(l, v)| (l.as_str(), *v)).collect();
-    metric(&mut out, "http_responses_total", "counter", "HTTP responses by route and status.", &responses);
+    metric(
+        &mut out,
+        "http_responses_total",
+        "counter",
+        "HTTP responses by route and status.",
+        &responses,
+    );
     metric(
         &mut out,
         "generations_total",
@@ -127,30 +135,102 @@ pub fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
             ("{outcome=\"failed\"}", g.failed as f64),
         ],
     );
-    metric(&mut out, "rejected_total", "counter", "Requests refused because the queue was full.", &[("", g.rejected as f64)]);
-    metric(&mut out, "prompt_tokens_total", "counter", "Prompt tokens processed or reused.", &[("", g.prompt_tokens as f64)]);
-    metric(&mut out, "cached_prompt_tokens_total", "counter", "Prompt tokens served from the prompt cache.", &[("", g.cached_tokens as f64)]);
-    metric(&mut out, "completion_tokens_total", "counter", "Tokens generated.", &[("", g.completion_tokens as f64)]);
-    metric(&mut out, "queue_depth", "gauge", "Requests waiting for the worker.", &[("", g.queue_depth as f64)]);
-    metric(&mut out, "active_requests", "gauge", "Requests being generated.", &[("", g.active as f64)]);
-    metric(&mut out, "prompt_cache_hits_total", "counter", "Prompt-cache lookups that reused a prefix.", &[("", g.prompt_cache.hits as f64)]);
-    metric(&mut out, "prompt_cache_misses_total", "counter", "Prompt-cache lookups that found nothing.", &[("", g.prompt_cache.misses as f64)]);
-    metric(&mut out, "prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", &[("", g.prompt_cache.bytes as f64)]);
-    metric(&mut out, "prompt_cache_entries", "gauge", "Entries in the prompt cache.", &[("", g.prompt_cache.entries as f64)]);
+    metric(
+        &mut out,
+        "rejected_total",
+        "counter",
+        "Requests refused because the queue was full.",
+        &[("", g.rejected as f64)],
+    );
+    metric(
+        &mut out,
+        "prompt_tokens_total",
+        "counter",
+        "Prompt tokens processed or reused.",
+        &[("", g.prompt_tokens as f64)],
+    );
+    metric(
+        &mut out,
+        "cached_prompt_tokens_total",
+        "counter",
+        "Prompt tokens served from the prompt cache.",
+        &[("", g.cached_tokens as f64)],
+    );
+    metric(
+        &mut out,
+        "completion_tokens_total",
+        "counter",
+        "Tokens generated.",
+        &[("", g.completion_tokens as f64)],
+    );
+    metric(
+        &mut out,
+        "queue_depth",
+        "gauge",
+        "Requests waiting for the worker.",
+        &[("", g.queue_depth as f64)],
+    );
+    metric(
+        &mut out,
+        "active_requests",
+        "gauge",
+        "Requests being generated.",
+        &[("", g.active as f64)],
+    );
+    metric(
+        &mut out,
+        "prompt_cache_hits_total",
+        "counter",
+        "Prompt-cache lookups that reused a prefix.",
+        &[("", g.prompt_cache.hits as f64)],
+    );
+    metric(
+        &mut out,
+        "prompt_cache_misses_total",
+        "counter",
+        "Prompt-cache lookups that found nothing.",
+        &[("", g.prompt_cache.misses as f64)],
+    );
+    metric(
+        &mut out,
+        "prompt_cache_bytes",
+        "gauge",
+        "Bytes held by the prompt cache.",
+        &[("", g.prompt_cache.bytes as f64)],
+    );
+    metric(
+        &mut out,
+        "prompt_cache_entries",
+        "gauge",
+        "Entries in the prompt cache.",
+        &[("", g.prompt_cache.entries as f64)],
+    );
     metric(
         &mut out,
         "time_to_first_token_seconds",
         "summary",
         "Time from queueing to the first token, recent requests.",
-        &[("{quantile=\"0.5\"}", g.ttft_p50_s), ("{quantile=\"0.95\"}", g.ttft_p95_s)],
+        &[
+            ("{quantile=\"0.5\"}", g.ttft_p50_s),
+            ("{quantile=\"0.95\"}", g.ttft_p95_s),
+        ],
     );
     metric(
         &mut out,
         "decode_tokens_per_second",
         "summary",
         "Decode speed of recent requests.",
-        &[("{quantile=\"0.5\"}", g.decode_tps_p50), ("{quantile=\"0.95\"}", g.decode_tps_p95)],
+        &[
+            ("{quantile=\"0.5\"}", g.decode_tps_p50),
+            ("{quantile=\"0.95\"}", g.decode_tps_p95),
+        ],
     );
-    metric(&mut out, "uptime_seconds", "gauge", "Seconds since the server started.", &[("", http.uptime_s())]);
+    metric(
+        &mut out,
+        "uptime_seconds",
+        "gauge",
+        "Seconds since the server started.",
+        &[("", http.uptime_s())],
+    );
     out
 }

@@ -48,7 +48,18 @@ pub struct ParsedRequest {
     /// Extension: also return the prompt's and the completion's token ids.
     pub return_token_ids: bool,
     pub constraint: Option<ConstraintSpec>,
+    /// The field the constraint came from, for errors about it.
+    pub constraint_param: Option<&'static str>,
 }
+
+/// The request fields that can carry a structured-output constraint.
+const CONSTRAINT_FIELDS: [&str; 5] = [
+    "response_format",
+    "guided_json",
+    "guided_regex",
+    "guided_choice",
+    "guided_grammar",
+];
 
 fn parse_messages(value: Option<&Value>) -> Result<Vec<Message>, ApiError> {
     let items = match value {
@@ -114,12 +125,9 @@ fn parse_prompt(value: Option<&Value>, vocab: usize) -> Result<PromptInput, ApiE
             [Value::Array(ids)] if ids.is_empty() => Err(empty()),
             [Value::Array(ids)] => Ok(PromptInput::Tokens(token_ids(ids, vocab)?)),
             [Value::Number(_), ..] => Ok(PromptInput::Tokens(token_ids(items, vocab)?)),
-            [_, _, ..] if items.iter().all(|v| v.is_string() || v.is_array()) => {
-                Err(ApiError::invalid(
-                    "prompt",
-                    "only one prompt per request is supported",
-                ))
-            }
+            [_, _, ..] if items.iter().all(|v| v.is_string() || v.is_array()) => Err(
+                ApiError::invalid("prompt", "only one prompt per request is supported"),
+            ),
             _ => Err(ApiError::invalid(
                 "prompt",
                 "prompt must be a string, a list of one string, or token ids",
@@ -261,8 +269,15 @@ pub fn parse(endpoint: Endpoint, body: &Value, vocab: usize) -> Result<ParsedReq
         Some(o) => o.bool("include_usage")?.unwrap_or(false),
         None => false,
     };
-    let constraint = crate::grammar::constraint_from_request(body)
-        .map_err(|e| ApiError::invalid("response_format", format!("{e:#}")))?;
+    let constraint_param = CONSTRAINT_FIELDS
+        .into_iter()
+        .find(|name| f.get(name).is_some());
+    let constraint = crate::grammar::constraint_from_request(body).map_err(|e| {
+        ApiError::invalid(
+            constraint_param.unwrap_or("response_format"),
+            format!("{e:#}"),
+        )
+    })?;
     Ok(ParsedRequest {
         endpoint,
         input,
@@ -274,6 +289,7 @@ pub fn parse(endpoint: Endpoint, body: &Value, vocab: usize) -> Result<ParsedReq
         include_usage,
         return_token_ids: f.bool("return_token_ids")?.unwrap_or(false),
         constraint,
+        constraint_param,
     })
 }
 
@@ -346,11 +362,16 @@ mod tests {
         assert_eq!(param_of(chat(json!({"temperature": -0.5}))), "temperature");
         assert_eq!(param_of(chat(json!({"n": 2}))), "n");
         assert_eq!(param_of(chat(json!({"stop": [1]}))), "stop");
-        assert_eq!(param_of(chat(json!({"logit_bias": {"500": 1}}))), "logit_bias");
+        assert_eq!(
+            param_of(chat(json!({"logit_bias": {"500": 1}}))),
+            "logit_bias"
+        );
         assert_eq!(param_of(chat(json!({"top_logprobs": 2}))), "top_logprobs");
         assert_eq!(param_of(chat(json!({"messages": []}))), "messages");
         assert_eq!(
-            param_of(chat(json!({"messages": [{"role": "wizard", "content": "x"}]}))),
+            param_of(chat(
+                json!({"messages": [{"role": "wizard", "content": "x"}]})
+            )),
             "messages"
         );
     }
@@ -365,13 +386,22 @@ mod tests {
     #[test]
     fn prompt_shapes() {
         let p = |v: Value| parse(Endpoint::Completions, &json!({ "prompt": v }), 100);
-        assert!(matches!(p(json!("hi")).unwrap().input, PromptInput::Text { .. }));
-        assert!(matches!(p(json!(["hi"])).unwrap().input, PromptInput::Text { .. }));
+        assert!(matches!(
+            p(json!("hi")).unwrap().input,
+            PromptInput::Text { .. }
+        ));
+        assert!(matches!(
+            p(json!(["hi"])).unwrap().input,
+            PromptInput::Text { .. }
+        ));
         assert!(matches!(
             p(json!([1, 2])).unwrap().input,
             PromptInput::Tokens(ref t) if t == &[1, 2]
         ));
-        assert!(matches!(p(json!([[3]])).unwrap().input, PromptInput::Tokens(_)));
+        assert!(matches!(
+            p(json!([[3]])).unwrap().input,
+            PromptInput::Tokens(_)
+        ));
         assert_eq!(param_of(p(json!(["a", "b"]))), "prompt");
         assert_eq!(param_of(p(json!([1, 200]))), "prompt");
         assert_eq!(param_of(p(json!(""))), "prompt");
@@ -384,7 +414,10 @@ mod tests {
         assert_eq!(b(None, 10).unwrap(), 50);
         assert_eq!(b(None, 80).unwrap(), 20);
         assert_eq!(b(Some(90), 10).unwrap(), 90);
-        assert_eq!(b(Some(91), 10).unwrap_err().param.as_deref(), Some("max_tokens"));
+        assert_eq!(
+            b(Some(91), 10).unwrap_err().param.as_deref(),
+            Some("max_tokens")
+        );
         assert_eq!(b(None, 100).unwrap_err().param.as_deref(), Some("messages"));
     }
 }

@@ -64,10 +64,7 @@ impl StreamState {
 }
 
 /// The SSE response for a request whose generation has started.
-pub fn stream(
-    reply: Reply,
-    ticket: Ticket,
-) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+pub fn stream(reply: Reply, ticket: Ticket) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let opening: Vec<Event> = reply.opening_chunk().iter().map(data).collect();
     let state = StreamState {
         ticket,

@@ -305,7 +305,7 @@ impl TrainConfig {
             bail!("learning_rate must be a non-negative number");
         }
         if let Some(c) = self.grad_clip {
-            if !(c > 0.0) {
+            if c.is_nan() || c <= 0.0 {
                 bail!("grad_clip must be positive");
             }
         }

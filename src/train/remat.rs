@@ -88,11 +88,10 @@ extern "C" fn trampoline(
         let args = unsafe { vector_values(input) };
         match (payload.body)(&args) {
             Ok(out) => {
-                for a in &out {
-                    // SAFETY: `ret` points at the result vector MLX allocated for this call.
-                    unsafe { mlx_sys::mlx_vector_array_append_value(*ret, a.as_ptr()) };
-                }
-                0
+                let ptrs: Vec<mlx_sys::mlx_array> = out.iter().map(|a| a.as_ptr()).collect();
+                // SAFETY: `ret` points at the result handle MLX made for this
+                // call; `set_data` fills it (allocating when it is empty).
+                unsafe { mlx_sys::mlx_vector_array_set_data(ret, ptrs.as_ptr(), ptrs.len()) }
             }
             Err(e) => {
                 if let Ok(mut slot) = payload.error.lock() {

@@ -29,11 +29,11 @@ pub struct OrpoValues {
     pub log_odds: f32,
     pub chosen_logp: f32,
     pub rejected_logp: f32,
-    pub lambda: f32,
+    pub lambda: f64,
 }
 
 impl OrpoValues {
-    fn read(terms: &OrpoTerms, lambda: f32) -> Self {
+    fn read(terms: &OrpoTerms, lambda: f64) -> Self {
         Self {
             nll: terms.nll.item_cast(),
             or: terms.or.item_cast(),
@@ -208,7 +208,7 @@ impl Trainer {
         eval(values.iter())?;
         let loss = values[0].item_cast::<f32>();
         let orpo = (values.len() > 1)
-            .then(|| OrpoValues::read(&OrpoTerms::from_slice(&values), self.cfg.orpo_lambda as f32));
+            .then(|| OrpoValues::read(&OrpoTerms::from_slice(&values), self.cfg.orpo_lambda));
         Ok((loss, orpo, tokens))
     }
 
@@ -425,7 +425,7 @@ pub fn train(
             bail!("the loss became {loss} at iteration {it}; try a lower learning rate");
         }
         let orpo = (values.len() > 1)
-            .then(|| OrpoValues::read(&OrpoTerms::from_slice(&values), cfg.orpo_lambda as f32));
+            .then(|| OrpoValues::read(&OrpoTerms::from_slice(&values), cfg.orpo_lambda));
         let report = StepReport {
             iter: it,
             loss,
