@@ -5,12 +5,13 @@
 //! Arguments: `[--model DIR] [--rounds N] [--max-tokens N] [--case NAME]`.
 
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use mlx_bun::cache::{clone_all, KvCache};
 use mlx_bun::constraint::TokenConstraint;
-use mlx_bun::generate::{generate, GenerateOptions};
-use mlx_bun::grammar::{clear_cache, ConstraintSpec, GrammarEngine};
+use mlx_bun::generate::{generate, prefill, GenerateOptions};
+use mlx_bun::grammar::{clear_cache, ConstraintSpec, GrammarConstraint, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
 use mlx_bun::sampling::SamplingParams;
@@ -27,7 +28,7 @@ struct Args {
 fn parse_args() -> Result<Args> {
     let mut args = Args {
         model: None,
-        rounds: 7,
+        rounds: 9,
         max_tokens: 64,
         case: "task_list".to_string(),
     };
@@ -118,6 +119,50 @@ fn bench_compile(engine: &GrammarEngine, cases: &[(String, Value)]) -> Result<Va
     }))
 }
 
+/// Decode timings of one kind of run, across rounds.
+#[derive(Default)]
+struct Run {
+    tps: Vec<f64>,
+    tokens: Vec<usize>,
+    /// Time between consecutive emitted tokens.
+    steps_ms: Vec<f64>,
+}
+
+impl Run {
+    fn run(
+        &mut self,
+        model: &Model,
+        tokenizer: &Tokenizer,
+        base: &[Box<dyn KvCache>],
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        constraint: Option<&mut GrammarConstraint>,
+    ) -> Result<String> {
+        let mut caches = clone_all(base);
+        let mut stamps = Vec::new();
+        let result = generate(
+            model,
+            tokenizer,
+            &mut caches,
+            prompt,
+            prompt.len() - 1,
+            opts,
+            constraint.map(|c| c as &mut dyn TokenConstraint),
+            &mut |ev| {
+                if ev.token != u32::MAX {
+                    stamps.push(Instant::now());
+                }
+                true
+            },
+        )?;
+        self.steps_ms
+            .extend(stamps.windows(2).map(|w| ms(w[1] - w[0])));
+        self.tps.push(result.generation_tps);
+        self.tokens.push(result.generation_tokens);
+        Ok(result.text)
+    }
+}
+
 fn main() -> Result<()> {
     let args = parse_args()?;
     let dir = match &args.model {
@@ -148,95 +193,90 @@ fn main() -> Result<()> {
     };
     let (_, prompt) = build_prompt(&tokenizer, &input)?;
 
-    // Unconstrained runs must produce as many tokens: ban end-of-sequence.
-    let mut free_sampling = SamplingParams::greedy();
-    for &eos in &tokenizer.eos_ids {
-        free_sampling.logit_bias.insert(eos, -1e9);
-    }
-    let mut with_tps = Vec::new();
-    let mut without_tps = Vec::new();
-    let mut mask_ms = Vec::new();
-    let mut tokens = 0;
-    for round in 0..args.rounds {
-        let mut constraint = engine.matcher(&spec)?;
-        let opts = GenerateOptions {
-            max_tokens: args.max_tokens,
-            sampling: SamplingParams::greedy(),
-            ..GenerateOptions::default()
-        };
-        let mut caches = model.make_caches();
-        let with = generate(
-            &model,
-            &tokenizer,
-            &mut caches,
-            &prompt,
-            0,
-            &opts,
-            Some(&mut constraint as &mut dyn TokenConstraint),
-            &mut |_| true,
-        )?;
-        serde_json::from_str::<Value>(&with.text)
-            .with_context(|| format!("constrained output is not JSON: {}", with.text))?;
-        mask_ms.extend(constraint.mask_times().iter().map(|&d| ms(d)));
-        tokens = with.generation_tokens;
+    // The prompt (all but its last token) is prefilled once; every run
+    // resumes from a copy, so the rounds time decoding only.
+    let cached = prompt.len() - 1;
+    let mut base = model.make_caches();
+    prefill(&model, &mut base, &prompt[..cached], 2048)?;
 
-        let opts = GenerateOptions {
-            max_tokens: with.generation_tokens,
-            sampling: free_sampling.clone(),
-            ..GenerateOptions::default()
-        };
-        let mut caches = model.make_caches();
-        let without = generate(
+    let mut with = Run::default();
+    let mut without = Run::default();
+    let mut ratios = Vec::new();
+    let mut mask_ms = Vec::new();
+    // Same options for both kinds: the only difference is the schema.
+    let opts = GenerateOptions {
+        max_tokens: args.max_tokens,
+        sampling: SamplingParams::greedy(),
+        ..GenerateOptions::default()
+    };
+    let free_opts = opts.clone();
+    for round in 0..args.rounds {
+        // Alternate which kind goes first, so order effects cancel.
+        let constrained_first = round % 2 == 0;
+        if !constrained_first {
+            without.run(&model, &tokenizer, &base, &prompt, &free_opts, None)?;
+        }
+        let mut constraint = engine.matcher(&spec)?;
+        let text = with.run(
             &model,
             &tokenizer,
-            &mut caches,
+            &base,
             &prompt,
-            0,
             &opts,
-            None,
-            &mut |_| true,
+            Some(&mut constraint),
         )?;
+        serde_json::from_str::<Value>(&text)
+            .with_context(|| format!("constrained output is not JSON: {text}"))?;
+        mask_ms.extend(constraint.mask_times().iter().map(|&d| ms(d)));
+        if constrained_first {
+            without.run(&model, &tokenizer, &base, &prompt, &free_opts, None)?;
+        }
+        let (w, wo) = (*with.tps.last().unwrap(), *without.tps.last().unwrap());
+        ratios.push(w / wo);
         println!(
-            "round {}: with schema {} tokens {:.2} tok/s; without {} tokens {:.2} tok/s",
+            "round {}: with schema {} tokens {w:.2} tok/s; without {} tokens {wo:.2} tok/s",
             round + 1,
-            with.generation_tokens,
-            with.generation_tps,
-            without.generation_tokens,
-            without.generation_tps
+            with.tokens.last().unwrap(),
+            without.tokens.last().unwrap(),
         );
-        with_tps.push(with.generation_tps);
-        without_tps.push(without.generation_tps);
     }
-    let (w, wo) = (quantile(&with_tps, 0.5), quantile(&without_tps, 0.5));
-    let overhead = (wo - w) / wo * 100.0;
-    // The best round of each is the least disturbed by other load.
-    let (wb, wob) = (quantile(&with_tps, 1.0), quantile(&without_tps, 1.0));
-    let best_overhead = (wob - wb) / wob * 100.0;
+    let step_with = quantile(&with.steps_ms, 0.5);
+    let step_without = quantile(&without.steps_ms, 0.5);
+    let step_overhead = (step_with - step_without) / step_without * 100.0;
+    let ratio = quantile(&ratios, 0.5);
+    let (w, wo) = (quantile(&with.tps, 0.5), quantile(&without.tps, 0.5));
+    let mask_med = quantile(&mask_ms, 0.5);
     println!(
-        "mask per token ({} masks): median {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        "mask per token ({} masks): median {mask_med:.3} ms, p99 {:.3} ms, max {:.3} ms; median mask / median step = {:.2}%",
         mask_ms.len(),
-        quantile(&mask_ms, 0.5),
         quantile(&mask_ms, 0.99),
-        quantile(&mask_ms, 1.0)
+        quantile(&mask_ms, 1.0),
+        mask_med / step_without * 100.0
     );
     println!(
-        "decode ({} prompt tokens, {tokens} generated, median of {} interleaved rounds): with schema {w:.2} tok/s, without {wo:.2} tok/s, overhead {overhead:.1}%",
+        "decode step ({} steps each): median with schema {step_with:.1} ms, without {step_without:.1} ms, overhead {step_overhead:.1}%",
+        with.steps_ms.len()
+    );
+    println!(
+        "decode ({} prompt tokens, {} interleaved rounds): median with schema {w:.2} tok/s, without {wo:.2} tok/s; median paired ratio {ratio:.3} (overhead {:.1}%)",
         prompt.len(),
-        args.rounds
-    );
-    println!(
-        "decode, best round of each: with schema {wb:.2} tok/s, without {wob:.2} tok/s, overhead {best_overhead:.1}%"
+        args.rounds,
+        (1.0 - ratio) * 100.0
     );
     let report = json!({
         "model": dir.display().to_string(),
         "token_env_ms": env_ms,
         "compile": compile,
-        "mask_ms": {"count": mask_ms.len(), "median": quantile(&mask_ms, 0.5),
+        "mask_ms": {"count": mask_ms.len(), "median": mask_med,
                     "p99": quantile(&mask_ms, 0.99), "max": quantile(&mask_ms, 1.0)},
-        "decode": {"case": args.case, "prompt_tokens": prompt.len(), "generated_tokens": tokens,
-                   "rounds": args.rounds, "with_schema_tps": w, "without_schema_tps": wo,
-                   "overhead_pct": overhead, "best_with_tps": wb, "best_without_tps": wob,
-                   "best_overhead_pct": best_overhead, "with_all": with_tps, "without_all": without_tps},
+        "decode": {"case": args.case, "prompt_tokens": prompt.len(),
+                   "generated_with": with.tokens, "generated_without": without.tokens,
+                   "rounds": args.rounds,
+                   "step_ms_with": step_with, "step_ms_without": step_without,
+                   "step_overhead_pct": step_overhead,
+                   "with_schema_tps": w, "without_schema_tps": wo,
+                   "paired_ratio_median": ratio, "paired_overhead_pct": (1.0 - ratio) * 100.0,
+                   "with_all": with.tps, "without_all": without.tps},
     });
     println!("{}", serde_json::to_string(&report)?);
     Ok(())

@@ -17,7 +17,9 @@ use anyhow::{anyhow, Context, Result};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use crate::cache::KvCache;
-use crate::generate::{generate, FinishReason, GenerateOptions, GenerationResult, TokenLogprob};
+use crate::generate::{
+    generate, prefill, FinishReason, GenerateOptions, GenerationResult, TokenLogprob,
+};
 use crate::grammar::{ConstraintSpec, GrammarEngine};
 use crate::model::Model;
 use crate::prompt_cache::{PromptCache, PromptCacheStats};
@@ -25,6 +27,14 @@ use crate::tokenizer::Tokenizer;
 
 /// How many recent requests the latency percentiles are computed over.
 const SAMPLE_WINDOW: usize = 1024;
+
+/// Prefill runs in steps with a cancellation check between them. Steps start
+/// at this many tokens and double or halve to take about a second, so a slow
+/// machine notices a dropped request quickly and a fast one prefills in
+/// large, efficient steps.
+const PREFILL_FIRST_STEP: usize = 32;
+const PREFILL_MIN_STEP: usize = 8;
+const PREFILL_STEP_TARGET: Duration = Duration::from_millis(1000);
 
 pub struct GatewayConfig {
     /// Requests that may wait for the worker; more are refused.
@@ -549,6 +559,12 @@ impl Worker {
             self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
             return;
         }
+        let prefill_start = Instant::now();
+        let prefilled = match self.prefill_cancellable(job, &mut caches, cached) {
+            Ok(Some(n)) => n,
+            Ok(None) => return,
+            Err(e) => return self.fail(job, GatewayError::Internal(format!("{e:#}"))),
+        };
         let mut first_token: Option<Instant> = None;
         let abort = self.abort.clone();
         let result = {
@@ -568,7 +584,7 @@ impl Worker {
                 &self.tokenizer,
                 &mut caches,
                 &request.prompt,
-                cached,
+                prefilled,
                 &request.options,
                 constraint.as_deref_mut(),
                 &mut on_token,
@@ -576,6 +592,11 @@ impl Worker {
         };
         match result {
             Ok(mut result) => {
+                // The prefill above is part of this request's prompt processing.
+                let ttft = first_token.map_or(0.0, |t| (t - prefill_start).as_secs_f64());
+                result.cached_tokens = cached;
+                result.ttft_s = ttft;
+                result.prompt_tps = (request.prompt.len() - cached) as f64 / ttft.max(1e-9);
                 let cache_tokens = std::mem::take(&mut result.cache_tokens);
                 self.prompt_cache.insert(cache_tokens, caches);
                 *self.counters.prompt_cache.lock().unwrap() = self.prompt_cache.stats();
@@ -583,6 +604,51 @@ impl Worker {
             }
             Err(e) => self.fail(job, GatewayError::Internal(format!("{e:#}"))),
         }
+    }
+
+    fn should_stop(&self, job: &Job) -> bool {
+        self.abort.load(Ordering::Relaxed) || job.abandoned()
+    }
+
+    /// Prefills all but the last prompt token in steps, checking between
+    /// steps whether the request was cancelled, so a long prompt whose
+    /// client went away does not hold the worker. Returns how many prompt
+    /// tokens the caches hold, or `None` when the request was dropped.
+    fn prefill_cancellable(
+        &mut self,
+        job: &Job,
+        caches: &mut Vec<Box<dyn KvCache>>,
+        cached: usize,
+    ) -> Result<Option<usize>> {
+        let prompt = &job.request.prompt;
+        let target = prompt.len() - 1;
+        let max_step = job.request.options.prefill_step.max(1);
+        let mut step = PREFILL_FIRST_STEP.min(max_step);
+        let mut done = cached;
+        while done < target {
+            if self.should_stop(job) {
+                // What was prefilled is still a valid prefix for a retry.
+                self.prompt_cache
+                    .insert(prompt[..done].to_vec(), std::mem::take(caches));
+                *self.counters.prompt_cache.lock().unwrap() = self.prompt_cache.stats();
+                self.counters.cancelled.fetch_add(1, Ordering::Relaxed);
+                if self.abort.load(Ordering::Relaxed) {
+                    job.send(GatewayEvent::Failed(GatewayError::ShuttingDown));
+                }
+                return Ok(None);
+            }
+            let end = (done + step).min(target);
+            let started = Instant::now();
+            prefill(&self.model, caches, &prompt[done..end], step)?;
+            let took = started.elapsed();
+            if took < PREFILL_STEP_TARGET / 4 {
+                step = (step * 2).min(max_step);
+            } else if took > PREFILL_STEP_TARGET * 2 {
+                step = (step / 2).max(PREFILL_MIN_STEP.min(max_step));
+            }
+            done = end;
+        }
+        Ok(Some(done))
     }
 
     fn finish(&self, job: &Job, result: GenerationResult, first_token: Option<Instant>) {

@@ -3,12 +3,14 @@
 
 Two modes, both printing one JSON object on stdout:
 
-  train:  writes a random initial adapter (numpy, seeded) for the layout
-          mlx-lm builds, then trains from it with mlx-lm's own trainer and
-          reports the loss of every step.
+  train:  trains with mlx-lm's own trainer from the adapter file --init
+          (written first, random and seeded, if it does not exist) and
+          reports the loss of every step; with --eval-adapters, then
+          evaluates those adapter directories (as in the eval mode) on the
+          training rows, its own result included as --adapter-path.
           lora_reference.py train --model M --data D --init INIT.safetensors \
               --adapter-path OUT --iters 3 --batch-size 2 --num-layers 2 \
-              --learning-rate 1e-4
+              --learning-rate 1e-4 [--eval-adapters DIR ...]
   eval:   loads each adapter directory with mlx-lm and reports the mean
           cross-entropy (mlx-lm's default_loss) of a JSONL file's rows.
           lora_reference.py eval --model M --data-file F --adapters A1 A2
@@ -97,8 +99,13 @@ def train(args):
     train_set, valid_set, _ = load_dataset(ns, tokenizer)
     rec = Recorder()
     lora_cli.train_model(ns, model, train_set, valid_set, rec)
+    evals = {}
+    if args.eval_adapters:
+        dirs = [args.adapter_path] + list(args.eval_adapters)
+        evals = evaluate_adapters(args.model, str(Path(args.data) / "train.jsonl"), dirs)
     emit(
         {
+            "eval": evals,
             "losses": rec.losses,
             "tokens_per_sec": rec.tokens_per_sec,
             "peak_memory_gb": rec.peak_memory,
@@ -108,11 +115,11 @@ def train(args):
     )
 
 
-def evaluate(args):
-    rows = [json.loads(l) for l in open(args.data_file) if l.strip()]
+def evaluate_adapters(model_path, data_file, adapters):
+    rows = [json.loads(l) for l in open(data_file) if l.strip()]
     out = {}
-    for adapter in args.adapters:
-        model, tokenizer = load(args.model)
+    for adapter in adapters:
+        model, tokenizer = load(model_path)
         load_adapters(model, adapter)
         model.eval()
         ds = CacheDataset(create_dataset(rows, tokenizer, types.SimpleNamespace()))
@@ -122,7 +129,11 @@ def evaluate(args):
             total += loss.item() * toks.item()
             ntoks += toks.item()
         out[adapter] = total / ntoks
-    emit({"eval": out})
+    return out
+
+
+def evaluate(args):
+    emit({"eval": evaluate_adapters(args.model, args.data_file, args.adapters)})
 
 
 def emit(obj):
@@ -148,6 +159,7 @@ def main():
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--optimizer", default="adam")
     t.add_argument("--mask-prompt", action="store_true")
+    t.add_argument("--eval-adapters", nargs="*", default=[])
     e = sub.add_parser("eval")
     e.add_argument("--model", required=True)
     e.add_argument("--data-file", required=True)

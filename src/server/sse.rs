@@ -13,7 +13,8 @@ use super::error::ApiError;
 use super::response::Reply;
 use crate::gateway::{GatewayEvent, Ticket};
 
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// SSE comments keep idle streams (a long prefill) alive through proxies.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 fn data(value: &Value) -> Event {
     Event::default().data(value.to_string())

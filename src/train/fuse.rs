@@ -67,8 +67,9 @@ pub fn fuse(model_dir: &Path, adapter_dir: &Path, out: &Path, dequantize_all: bo
             (base.as_dtype(Dtype::Float32)?, dtype, None)
         };
         // (x·A)·B·scale == x·(scale·(A·B)); the weight is stored [out, in].
-        let delta = matmul(ab[1].t(), ab[0].t())?;
-        let fused = &dense + &(&delta * layout.scale);
+        // The same operation order as mlx-lm, so re-quantization rounds alike.
+        let delta = matmul(&(&ab[1].t() * layout.scale), ab[0].t())?;
+        let fused = &dense + &delta;
         match spec {
             Some(spec) if !dequantize_all => {
                 let (w, s, b) = quantize(&fused, spec.group_size, spec.bits)?;
