@@ -25,6 +25,7 @@ pub struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)]
 enum Command {
     /// Generate text from a prompt or a chat.
     Generate(generate::Args),

@@ -261,6 +261,7 @@ fn token_logprob(logprobs: &Array, token: u32, k: usize) -> Result<TokenLogprob>
     })
 }
 
+#[allow(clippy::too_many_arguments)]
 /// Generates a continuation of `prompt`. The first `cached` prompt tokens are
 /// already in `caches` (a prompt-cache hit). `on_token` sees every emitted
 /// token and returns false to cancel.

@@ -133,7 +133,7 @@ impl Sampler {
                 }
             }
             let mask = Array::from_slice(&mask, &[1, vocab as i32]);
-            let neg = lt(&logits, &Array::from_f32(0.0))?;
+            let neg = lt(&logits, Array::from_f32(0.0))?;
             let penalized = select(&neg, &(&logits * penalty), &(&logits / penalty))?;
             logits = select(&mask, &penalized, &logits)?;
         }
@@ -184,7 +184,7 @@ fn apply_top_p(lp: &Array, top_p: f32) -> Result<Array> {
     let sorted = take_along_axis(&probs, &order, -1)?;
     let cum = cumsum(&sorted, -1, None, None)?;
     // Keep the tokens whose ascending cumulative mass exceeds 1 - top_p.
-    let keep_sorted = gt(&cum, &Array::from_f32(1.0 - top_p))?;
+    let keep_sorted = gt(&cum, Array::from_f32(1.0 - top_p))?;
     let lp_sorted = take_along_axis(lp, &order, -1)?;
     let kept_sorted = select(&keep_sorted, &lp_sorted, &neg_inf_like(&lp_sorted)?)?;
     // Scatter back to vocabulary order via the inverse permutation.

@@ -295,6 +295,7 @@ pub fn generate_speculative(
             }
             emitted.extend_from_slice(&tokens[..=accepted]);
         } else {
+            #[allow(clippy::needless_range_loop)]
             for i in 0..=n {
                 let generated: Vec<u32> = sink.tokens.iter().chain(&emitted).copied().collect();
                 let row = logits.index((i as i32..i as i32 + 1, ..));

@@ -903,6 +903,36 @@ fn api_key_queue_limit_and_graceful_shutdown() {
     drop(running);
     assert_eq!(waiting.join().unwrap(), 200);
 
+    // A client that gives up during a long prefill frees the worker soon:
+    // this prompt alone would take a minute or more to prefill here.
+    let cancelled = |s: &Server| {
+        stats_of(s)["requests"]["generations_cancelled"]
+            .as_u64()
+            .unwrap()
+    };
+    let before = cancelled(&s);
+    let long_prompt = (0..400)
+        .map(|i| format!("w{i}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let gave_up = Client::builder()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap()
+        .post(s.url("/v1/completions"))
+        .bearer_auth("sekrit")
+        .json(&json!({"prompt": long_prompt, "max_tokens": 2}))
+        .send();
+    assert!(gave_up.is_err(), "the long prompt answered within 2 s");
+    let deadline = Instant::now() + Duration::from_secs(40);
+    while cancelled(&s) == before || stats_of(&s)["queue"]["active"] != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned prefill kept running"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
     // Graceful shutdown: a stream in flight finishes, then the process exits 0.
     let mut inflight = auth(c.post(s.url("/v1/completions")))
         .json(&json!({
