@@ -284,10 +284,6 @@ fn run_training(a: TrainArgs) -> Result<()> {
         .clone()
         .context("--data is required (a directory with train.jsonl and valid.jsonl)")?;
     let model_dir = crate::model_arg::resolve(cfg.model.as_deref())?;
-    if !a.json {
-        eprintln!("loading {}", model_dir.display());
-    }
-    let model = Model::load(&model_dir)?;
     let tok = Tokenizer::load(&model_dir)?;
     let kind = match cfg.method {
         Method::Sft => RowKind::Sft {
@@ -296,6 +292,10 @@ fn run_training(a: TrainArgs) -> Result<()> {
         Method::Orpo => RowKind::Preference,
     };
     let splits = load_splits(&data, &tok, kind)?;
+    if !a.json {
+        eprintln!("loading {}", model_dir.display());
+    }
+    let model = Model::load(&model_dir)?;
     if splits.valid.is_none() && !a.json {
         eprintln!("warning: no valid.jsonl: training without validation");
     }

@@ -693,3 +693,29 @@ impl Worker {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_draft_model_routes_to_the_speculative_lane() {
+        let shape = |has_draft, has_grammar| RequestShape {
+            has_grammar,
+            has_draft,
+        };
+        assert_eq!(route(shape(false, false)), Lane::Serial);
+        assert_eq!(route(shape(false, true)), Lane::Serial);
+        assert_eq!(route(shape(true, false)), Lane::Speculative);
+        assert_eq!(route(shape(true, true)), Lane::Speculative);
+    }
+
+    #[test]
+    fn quantiles_by_nearest_rank() {
+        let v: Vec<f64> = (1..=20).map(f64::from).collect();
+        assert_eq!(quantile(&v, 0.5), 10.0);
+        assert_eq!(quantile(&v, 0.95), 19.0);
+        assert_eq!(quantile(&[3.0], 0.95), 3.0);
+        assert_eq!(quantile(&[], 0.5), 0.0);
+    }
+}

@@ -129,16 +129,26 @@ fn read_golden<T: serde::de::DeserializeOwned>(name: &str) -> T {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()))
 }
 
+/// SHA-256 of a file through `sha256sum`; `None` when the tool is missing.
 fn sha256(path: &Path) -> Option<String> {
     let out = Command::new("sha256sum").arg(path).output().ok()?;
+    assert!(
+        out.status.success(),
+        "sha256sum {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).ok()?;
     text.split_whitespace().next().map(String::from)
 }
 
-/// Fails early, with the fix, when the goldens were made from other weights.
+/// Fails early, with the fix, when the goldens were made from other files.
 fn assert_goldens_match_model(meta: &Meta, dir: &Path) {
-    let regenerate = "regenerate them: scripts/oracle/setup.sh && \
-        \"$(scripts/oracle/setup.sh)\" scripts/oracle/make_goldens.py --model DIR --out goldens/";
+    let regenerate = format!(
+        "regenerate them: \"$(scripts/oracle/setup.sh)\" scripts/oracle/make_goldens.py \
+         --model {} --out goldens/",
+        dir.display()
+    );
     let Some(config) = sha256(&dir.join("config.json")) else {
         eprintln!("sha256sum unavailable: not checking that the goldens belong to this model");
         return;
@@ -146,7 +156,7 @@ fn assert_goldens_match_model(meta: &Meta, dir: &Path) {
     assert_eq!(
         config,
         meta.model.config_sha256,
-        "the goldens were made from another config.json than {}; {regenerate}",
+        "the goldens were made from another config.json than {}'s; {regenerate}",
         dir.display()
     );
     for (file, want) in &meta.model.weights_sha256 {
@@ -154,7 +164,7 @@ fn assert_goldens_match_model(meta: &Meta, dir: &Path) {
         assert_eq!(
             got.as_deref(),
             Some(want.as_str()),
-            "the goldens were made from other weights than {}/{file}; {regenerate}",
+            "the goldens were made from another {file} than {}'s; {regenerate}",
             dir.display()
         );
     }

@@ -302,6 +302,32 @@ fn completions_plain_streamed_and_token_ids() {
 }
 
 #[test]
+fn seeded_sampling_is_reproducible() {
+    let body = |seed: u64| {
+        json!({
+            "prompt": "My favourite animal is",
+            "max_tokens": 8,
+            "temperature": 1.5,
+            "top_p": 0.95,
+            "top_k": 50,
+            "min_p": 0.01,
+            "presence_penalty": 0.5,
+            "frequency_penalty": 0.5,
+            "repetition_penalty": 1.1,
+            "seed": seed,
+            "user": "tester",
+            "logit_bias": no_eos(),
+        })
+    };
+    let text = |seed| post_ok("/v1/completions", &body(seed))["choices"][0]["text"].clone();
+    let first = text(7);
+    assert_eq!(first, text(7));
+    // Another seed gives another continuation (8 tokens at temperature 1.5).
+    let others: Vec<Value> = (8..11).map(text).collect();
+    assert!(others.iter().any(|t| *t != first), "{first} {others:?}");
+}
+
+#[test]
 fn stop_strings_end_generation() {
     let body = json!({"prompt": "1, 2, 3, 4, 5,", "max_tokens": 12, "logit_bias": no_eos()});
     let free = post_ok("/v1/completions", &body);

@@ -20,6 +20,7 @@ pub struct GrammarConstraint {
     env: Arc<TokenEnvironment>,
     compile: CompileInfo,
     mask_times: Vec<Duration>,
+    compute_times: Vec<Duration>,
     bits: Vec<bool>,
 }
 
@@ -30,6 +31,7 @@ impl GrammarConstraint {
             env,
             compile,
             mask_times: Vec::new(),
+            compute_times: Vec::new(),
             bits: Vec::new(),
         }
     }
@@ -42,6 +44,12 @@ impl GrammarConstraint {
     /// The host time of every `mask` call so far, in order.
     pub fn mask_times(&self) -> &[Duration] {
         &self.mask_times
+    }
+
+    /// The part of each `mask` call spent in the grammar (the rest builds
+    /// the array).
+    pub fn compute_times(&self) -> &[Duration] {
+        &self.compute_times
     }
 
     /// The allowed tokens for the next position as a bit set over the
@@ -74,10 +82,26 @@ impl GrammarConstraint {
             env: self.env.clone(),
             compile: self.compile,
             mask_times: Vec::new(),
+            compute_times: Vec::new(),
             bits: Vec::new(),
         }
     }
 }
+
+/// The 8 bools of every byte value, least significant bit first.
+const BYTE_BITS: [[bool; 8]; 256] = {
+    let mut table = [[false; 8]; 256];
+    let mut byte = 0;
+    while byte < 256 {
+        let mut bit = 0;
+        while bit < 8 {
+            table[byte][bit] = (byte >> bit) & 1 == 1;
+            bit += 1;
+        }
+        byte += 1;
+    }
+    table
+};
 
 /// Expands `vob` into `bits[..vocab]`; returns how many are set.
 fn expand(vob: &SimpleVob, bits: &mut Vec<bool>, vocab: usize) -> usize {
@@ -92,12 +116,19 @@ fn expand(vob: &SimpleVob, bits: &mut Vec<bool>, vocab: usize) -> usize {
         if base >= vocab {
             break;
         }
-        let end = (base + 32).min(vocab);
-        for (i, slot) in bits[base..end].iter_mut().enumerate() {
-            if word >> i & 1 == 1 {
-                *slot = true;
-                set += 1;
+        let word = if vocab - base < 32 {
+            word & ((1u32 << (vocab - base)) - 1)
+        } else {
+            word
+        };
+        set += word.count_ones() as usize;
+        for (i, byte) in word.to_le_bytes().into_iter().enumerate() {
+            let start = base + 8 * i;
+            if byte == 0 || start >= vocab {
+                continue;
             }
+            let end = (start + 8).min(vocab);
+            bits[start..end].copy_from_slice(&BYTE_BITS[byte as usize][..end - start]);
         }
     }
     set
@@ -107,6 +138,7 @@ impl TokenConstraint for GrammarConstraint {
     fn mask(&mut self, vocab: usize) -> Result<Option<Array>> {
         let start = Instant::now();
         let vob = self.allowed_tokens()?;
+        self.compute_times.push(start.elapsed());
         let mut bits = std::mem::take(&mut self.bits);
         let allowed = expand(&vob, &mut bits, vocab);
         if allowed == 0 {
@@ -184,5 +216,22 @@ mod tests {
         assert!(bits[0] && bits[33] && bits[69] && !bits[70]);
         assert_eq!(expand(&vob, &mut bits, 40), 2);
         assert_eq!(bits.len(), 40);
+    }
+
+    #[test]
+    fn expand_matches_every_bit() {
+        let mut vob = SimpleVob::alloc(1000);
+        for t in (0..1000u32).filter(|t| (t * 7919) % 13 < 5 || (96..130).contains(t)) {
+            vob.allow_token(t);
+        }
+        let mut bits = Vec::new();
+        for vocab in [1, 31, 33, 100, 999, 1000, 1100] {
+            let set = expand(&vob, &mut bits, vocab);
+            let expected: Vec<bool> = (0..vocab)
+                .map(|i| i < 1000 && vob.is_allowed(i as u32))
+                .collect();
+            assert_eq!(bits, expected, "vocab {vocab}");
+            assert_eq!(set, expected.iter().filter(|&&b| b).count());
+        }
     }
 }
