@@ -130,7 +130,16 @@ pub fn run(args: Args) -> Result<()> {
     let (model_args, _) = mlx_bun::model::read_config(&dir)?;
     let tokenizer = Arc::new(Tokenizer::load(&dir)?);
     let draft_dir = match &args.draft_model {
-        Some(spec) => Some(mlx_bun::hub::resolve_model(spec)?),
+        Some(spec) => {
+            let draft_dir = mlx_bun::hub::resolve_model(spec)?;
+            let draft_tokenizer = Tokenizer::load(&draft_dir)?;
+            if let Some(warning) =
+                mlx_bun::speculative::check_draft_tokenizer(&tokenizer, &draft_tokenizer)?
+            {
+                tracing::warn!("{warning}");
+            }
+            Some(draft_dir)
+        }
         None => None,
     };
     let config = ServerConfig {

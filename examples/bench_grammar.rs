@@ -83,6 +83,10 @@ fn quantile(xs: &[f64], q: f64) -> f64 {
     v[rank - 1]
 }
 
+fn mean(xs: &[f64]) -> f64 {
+    xs.iter().sum::<f64>() / xs.len().max(1) as f64
+}
+
 fn bench_compile(engine: &GrammarEngine, cases: &[(String, Value)]) -> Result<Value> {
     let mut cold = Vec::new();
     let mut cached = Vec::new();
@@ -204,6 +208,7 @@ fn main() -> Result<()> {
     let mut ratios = Vec::new();
     let mut mask_ms = Vec::new();
     let mut compute_ms = Vec::new();
+    let mut commit_ms = Vec::new();
     // Same options for both kinds: the only difference is the schema.
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
@@ -246,6 +251,7 @@ fn main() -> Result<()> {
             .with_context(|| format!("constrained output is not JSON: {text}"))?;
         mask_ms.extend(constraint.mask_times().iter().map(|&d| ms(d)));
         compute_ms.extend(constraint.compute_times().iter().map(|&d| ms(d)));
+        commit_ms.extend(constraint.commit_times().iter().map(|&d| ms(d)));
         if constrained_first {
             without.run(&model, &tokenizer, &base, &prompt, &free_opts, None)?;
         }
@@ -277,8 +283,16 @@ fn main() -> Result<()> {
         quantile(&compute_ms, 0.99)
     );
     println!(
-        "decode step ({} steps each): median with schema {step_with:.1} ms, without {step_without:.1} ms, overhead {step_overhead:.1}%",
-        with.steps_ms.len()
+        "commit per token: median {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        quantile(&commit_ms, 0.5),
+        quantile(&commit_ms, 0.99),
+        quantile(&commit_ms, 1.0)
+    );
+    println!(
+        "decode step ({} steps each): median with schema {step_with:.1} ms, without {step_without:.1} ms, overhead {step_overhead:.1}%; mean with {:.1} ms, without {:.1} ms",
+        with.steps_ms.len(),
+        mean(&with.steps_ms),
+        mean(&without.steps_ms)
     );
     println!(
         "decode ({} prompt tokens, {} interleaved rounds): median with schema {w:.2} tok/s, without {wo:.2} tok/s; median paired ratio {ratio:.3} (overhead {:.1}%)",
@@ -294,6 +308,8 @@ fn main() -> Result<()> {
                     "p99": quantile(&mask_ms, 0.99), "max": quantile(&mask_ms, 1.0),
                     "grammar_median": quantile(&compute_ms, 0.5),
                     "grammar_p99": quantile(&compute_ms, 0.99)},
+        "commit_ms": {"median": quantile(&commit_ms, 0.5), "p99": quantile(&commit_ms, 0.99),
+                      "max": quantile(&commit_ms, 1.0)},
         "decode": {"case": args.case, "prompt_tokens": prompt.len(),
                    "generated_with": with.tokens, "generated_without": without.tokens,
                    "rounds": args.rounds,

@@ -2,9 +2,9 @@
 //!
 //! Requests enter a bounded queue; a dedicated worker thread owns the model
 //! (MLX arrays may move between threads but must not be shared), picks the
-//! lane a request runs on, and streams events back over a channel. Today
-//! there is the serial lane; the speculative lane (a draft model) is routed
-//! here too, and a batch lane plugs in as one more predicate in [`route`].
+//! lane a request runs on, and streams events back over a channel. There are
+//! two lanes today, serial and speculative (with a draft model), both with
+//! the prompt cache; a batch lane plugs in as one more predicate in [`route`].
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -23,6 +23,7 @@ use crate::generate::{
 use crate::grammar::{ConstraintSpec, GrammarEngine};
 use crate::model::Model;
 use crate::prompt_cache::{PromptCache, PromptCacheStats};
+use crate::speculative::{generate_speculative, ModelDrafter};
 use crate::tokenizer::Tokenizer;
 
 /// How many recent requests the latency percentiles are computed over.
@@ -204,6 +205,8 @@ struct Counters {
     prompt_tokens: AtomicU64,
     cached_tokens: AtomicU64,
     completion_tokens: AtomicU64,
+    drafted_tokens: AtomicU64,
+    accepted_tokens: AtomicU64,
     samples: Mutex<Samples>,
     prompt_cache: Mutex<PromptCacheStats>,
 }
@@ -221,6 +224,9 @@ pub struct GatewayStats {
     pub prompt_tokens: u64,
     pub cached_tokens: u64,
     pub completion_tokens: u64,
+    /// Speculative lane: tokens the draft model proposed and the target kept.
+    pub drafted_tokens: u64,
+    pub accepted_tokens: u64,
     pub prompt_cache: PromptCacheStats,
     pub ttft_p50_s: f64,
     pub ttft_p95_s: f64,
@@ -401,6 +407,8 @@ impl Gateway {
             prompt_tokens: c.prompt_tokens.load(Ordering::Relaxed),
             cached_tokens: c.cached_tokens.load(Ordering::Relaxed),
             completion_tokens: c.completion_tokens.load(Ordering::Relaxed),
+            drafted_tokens: c.drafted_tokens.load(Ordering::Relaxed),
+            accepted_tokens: c.accepted_tokens.load(Ordering::Relaxed),
             prompt_cache: *c.prompt_cache.lock().unwrap(),
             ttft_p50_s: quantile(&ttft, 0.5),
             ttft_p95_s: quantile(&ttft, 0.95),
@@ -452,7 +460,6 @@ struct Worker {
     prompt_cache: PromptCache,
     counters: Arc<Counters>,
     abort: Arc<AtomicBool>,
-    #[allow(dead_code)]
     num_draft_tokens: usize,
 }
 
@@ -491,11 +498,9 @@ impl Worker {
             self.counters.active.fetch_add(1, Ordering::SeqCst);
             let started = Instant::now();
             // A panic in one request must not take the server down with it.
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match job.lane {
-                    Lane::Serial => self.run_serial(&job),
-                    Lane::Speculative => self.run_speculative(&job),
-                }));
+            let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.run_job(&job, job.lane)
+            }));
             if let Err(panic) = outcome {
                 let what = panic
                     .downcast_ref::<String>()
@@ -537,7 +542,9 @@ impl Worker {
             .map_err(|e| GatewayError::InvalidRequest(format!("{e:#}")))
     }
 
-    fn run_serial(&mut self, job: &Job) {
+    /// Runs one request on `lane`: compile its constraint, reuse what the
+    /// prompt cache holds, prefill the rest, decode, and keep the caches.
+    fn run_job(&mut self, job: &Job, lane: Lane) {
         let request = &job.request;
         let mut constraint = match &request.constraint {
             Some(spec) => match self.constraint(spec) {
@@ -579,16 +586,38 @@ impl Worker {
                     logprob: ev.logprob.cloned(),
                 })
             };
-            generate(
-                &self.model,
-                &self.tokenizer,
-                &mut caches,
-                &request.prompt,
-                prefilled,
-                &request.options,
-                constraint.as_deref_mut(),
-                &mut on_token,
-            )
+            match (lane, &self.draft) {
+                (Lane::Serial, _) => generate(
+                    &self.model,
+                    &self.tokenizer,
+                    &mut caches,
+                    &request.prompt,
+                    prefilled,
+                    &request.options,
+                    constraint.as_deref_mut(),
+                    &mut on_token,
+                ),
+                // ROUTING: the speculative lane. The target's caches come from
+                // the prompt cache like the serial lane's; the draft model
+                // prefills the prompt itself.
+                (Lane::Speculative, Some(draft)) => {
+                    ModelDrafter::new(draft, &request.options.sampling).and_then(|mut drafter| {
+                        generate_speculative(
+                            &self.model,
+                            &self.tokenizer,
+                            &mut caches,
+                            &request.prompt,
+                            prefilled,
+                            &request.options,
+                            &mut drafter,
+                            self.num_draft_tokens,
+                            constraint.as_deref_mut(),
+                            &mut on_token,
+                        )
+                    })
+                }
+                (Lane::Speculative, None) => Err(anyhow!("no draft model is loaded")),
+            }
         };
         match result {
             Ok(mut result) => {
@@ -659,6 +688,12 @@ impl Worker {
             .fetch_add(result.cached_tokens as u64, Ordering::Relaxed);
         c.completion_tokens
             .fetch_add(result.generation_tokens as u64, Ordering::Relaxed);
+        if let Some(spec) = &result.speculation {
+            c.drafted_tokens
+                .fetch_add(spec.drafted as u64, Ordering::Relaxed);
+            c.accepted_tokens
+                .fetch_add(spec.accepted as u64, Ordering::Relaxed);
+        }
         {
             let mut samples = c.samples.lock().unwrap();
             if let Some(t) = first_token {
@@ -677,20 +712,6 @@ impl Worker {
         }
         c.completed.fetch_add(1, Ordering::Relaxed);
         job.send(GatewayEvent::Done(Box::new(result)));
-    }
-
-    // ROUTING: the speculative lane. It runs once `crate::speculative`
-    // offers a served draft-and-verify loop; until then requests routed here
-    // get a clear error instead of silently running without the draft.
-    fn run_speculative(&mut self, job: &Job) {
-        self.fail(
-            job,
-            GatewayError::Unsupported(
-                "speculative decoding (--draft-model) is not available in this build yet; \
-                 restart the server without --draft-model"
-                    .into(),
-            ),
-        );
     }
 }
 

@@ -21,6 +21,7 @@ pub struct GrammarConstraint {
     compile: CompileInfo,
     mask_times: Vec<Duration>,
     compute_times: Vec<Duration>,
+    commit_times: Vec<Duration>,
     bits: Vec<bool>,
 }
 
@@ -32,6 +33,7 @@ impl GrammarConstraint {
             compile,
             mask_times: Vec::new(),
             compute_times: Vec::new(),
+            commit_times: Vec::new(),
             bits: Vec::new(),
         }
     }
@@ -50,6 +52,11 @@ impl GrammarConstraint {
     /// the array).
     pub fn compute_times(&self) -> &[Duration] {
         &self.compute_times
+    }
+
+    /// The host time of every `commit` call so far, in order.
+    pub fn commit_times(&self) -> &[Duration] {
+        &self.commit_times
     }
 
     /// The allowed tokens for the next position as a bit set over the
@@ -83,6 +90,7 @@ impl GrammarConstraint {
             compile: self.compile,
             mask_times: Vec::new(),
             compute_times: Vec::new(),
+            commit_times: Vec::new(),
             bits: Vec::new(),
         }
     }
@@ -180,9 +188,12 @@ impl TokenConstraint for GrammarConstraint {
             }
             bail!("structured output: token {token} came after the grammar was complete");
         }
+        let start = Instant::now();
         self.matcher
             .consume_token(token)
-            .map_err(|e| anyhow!("structured output: the grammar rejected token {token}: {e}"))
+            .map_err(|e| anyhow!("structured output: the grammar rejected token {token}: {e}"))?;
+        self.commit_times.push(start.elapsed());
+        Ok(())
     }
 
     fn is_finished(&self) -> bool {

@@ -28,8 +28,11 @@ pub struct ModelArgs {
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f32,
     pub vocab_size: i32,
-    #[serde(default = "default_rope_theta")]
-    pub rope_theta: f32,
+    #[serde(default)]
+    pub rope_theta: Option<f32>,
+    /// transformers >= 5 nests `rope_theta` and the scaling here.
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
     #[serde(default)]
     pub rope_traditional: bool,
     #[serde(default)]
@@ -45,7 +48,7 @@ pub struct ModelArgs {
     #[serde(default)]
     pub sliding_window: Option<usize>,
     #[serde(default)]
-    pub use_sliding_window: Option<bool>,
+    pub layer_types: Option<Vec<String>>,
     #[serde(default)]
     pub quantization: Option<serde_json::Value>,
     #[serde(default)]
@@ -57,6 +60,25 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
+    pub fn rope_base(&self) -> f32 {
+        self.rope_theta
+            .or_else(|| {
+                self.rope_parameters
+                    .as_ref()
+                    .and_then(|p| p.get("rope_theta"))
+                    .and_then(|v| v.as_f64())
+                    .map(|v| v as f32)
+            })
+            .unwrap_or_else(default_rope_theta)
+    }
+
+    pub fn rope_scaling(&self) -> Option<&serde_json::Value> {
+        self.rope_scaling
+            .as_ref()
+            .filter(|v| !v.is_null())
+            .or(self.rope_parameters.as_ref())
+    }
+
     pub fn kv_heads(&self) -> i32 {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }

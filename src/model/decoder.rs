@@ -14,12 +14,13 @@ use super::weights::Weights;
 use crate::cache::{KvCache, RotatingCache, StandardCache};
 
 /// What differs between the families.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct DecoderOptions {
     /// RMS norm on queries and keys per head (Qwen3).
     pub qk_norm: bool,
-    /// Sliding attention window, when the config enables one.
-    pub sliding_window: Option<usize>,
+    /// Per layer: the sliding attention window, or `None` for full attention.
+    /// Empty means full attention everywhere.
+    pub layer_windows: Vec<Option<usize>>,
 }
 
 #[derive(Clone)]
@@ -70,8 +71,8 @@ impl Attention {
             rope: Rope::new(
                 head_dim,
                 args.rope_traditional,
-                args.rope_theta,
-                args.rope_scaling.as_ref(),
+                args.rope_base(),
+                args.rope_scaling(),
             )?,
         })
     }
@@ -255,10 +256,9 @@ impl Decoder {
     }
 
     pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
-        self.layers
-            .iter()
-            .map(|_| -> Box<dyn KvCache> {
-                match self.options.sliding_window {
+        (0..self.layers.len())
+            .map(|i| -> Box<dyn KvCache> {
+                match self.options.layer_windows.get(i).copied().flatten() {
                     Some(w) => Box::new(RotatingCache::new(w, 0)),
                     None => Box::new(StandardCache::new()),
                 }

@@ -15,12 +15,14 @@ pub struct QuantSpec {
     pub bits: i32,
 }
 
-/// A low-rank adapter: `y += scale * (x @ a) @ b`, `a: [in, r]`, `b: [r, out]`.
+/// A low-rank adapter: `y += scale * (dropout(x) @ a) @ b`, `a: [in, r]`, `b: [r, out]`.
 #[derive(Clone)]
 pub struct Lora {
     pub a: Array,
     pub b: Array,
     pub scale: f32,
+    /// Dropout probability on the adapter input; non-zero only while training.
+    pub dropout: f32,
 }
 
 #[derive(Clone)]
@@ -75,7 +77,14 @@ impl Linear {
             }
         };
         if let Some(lora) = &self.lora {
-            let z = matmul(matmul(x, &lora.a)?, &lora.b)?;
+            let z = if lora.dropout > 0.0 {
+                let keep = 1.0 - lora.dropout;
+                let mask = mlx_rs::random::bernoulli(&Array::from_f32(keep), x.shape(), None)?;
+                let dropped = &(x * &mask) / keep;
+                matmul(matmul(&dropped, &lora.a)?, &lora.b)?
+            } else {
+                matmul(matmul(x, &lora.a)?, &lora.b)?
+            };
             y = &y + &(&z * lora.scale);
         }
         Ok(y)

@@ -1,16 +1,20 @@
 //! The LLaMA family: Llama 2/3 (with rope scaling), SmolLM2, Mistral.
-//! A plain pre-norm decoder; Mistral v0.1 adds a sliding window.
+//! A plain pre-norm decoder; layers named `sliding_attention` in
+//! `layer_types` attend over a sliding window (as mlx-lm; Mistral maps here).
 
 use super::config::ModelArgs;
 use super::decoder::DecoderOptions;
 
 pub fn options(args: &ModelArgs) -> DecoderOptions {
+    let layer_windows = match (&args.layer_types, args.sliding_window) {
+        (Some(types), Some(window)) => types
+            .iter()
+            .map(|t| (t == "sliding_attention").then_some(window))
+            .collect(),
+        _ => Vec::new(),
+    };
     DecoderOptions {
         qk_norm: false,
-        sliding_window: if args.model_type == "mistral" {
-            args.sliding_window
-        } else {
-            None
-        },
+        layer_windows,
     }
 }

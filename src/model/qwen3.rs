@@ -3,13 +3,9 @@
 use super::config::ModelArgs;
 use super::decoder::DecoderOptions;
 
-pub fn options(args: &ModelArgs) -> DecoderOptions {
+pub fn options(_args: &ModelArgs) -> DecoderOptions {
     DecoderOptions {
         qk_norm: true,
-        sliding_window: if args.use_sliding_window == Some(true) {
-            args.sliding_window
-        } else {
-            None
-        },
+        layer_windows: Vec::new(),
     }
 }

@@ -70,6 +70,15 @@ pub fn stats_json(model: &str, ready: bool, http: &HttpMetrics, g: &GatewayStats
             "prompt_cached": g.cached_tokens,
             "completion": g.completion_tokens,
         },
+        "speculative": {
+            "drafted_tokens": g.drafted_tokens,
+            "accepted_tokens": g.accepted_tokens,
+            "acceptance": if g.drafted_tokens > 0 {
+                g.accepted_tokens as f64 / g.drafted_tokens as f64
+            } else {
+                0.0
+            },
+        },
         "queue": {
             "depth": g.queue_depth,
             "max": g.max_queue,
@@ -162,6 +171,16 @@ pub fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
         "counter",
         "Tokens generated.",
         &[("", g.completion_tokens as f64)],
+    );
+    metric(
+        &mut out,
+        "draft_tokens_total",
+        "counter",
+        "Speculative decoding: tokens drafted and accepted.",
+        &[
+            ("{outcome=\"drafted\"}", g.drafted_tokens as f64),
+            ("{outcome=\"accepted\"}", g.accepted_tokens as f64),
+        ],
     );
     metric(
         &mut out,

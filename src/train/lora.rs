@@ -144,8 +144,18 @@ impl AdapterLayout {
         Ok(params)
     }
 
-    /// Puts `params` (`[a0, b0, a1, b1, ...]`) into `model` as its adapters.
+    /// Puts `params` (`[a0, b0, a1, b1, ...]`) into `model` as its adapters,
+    /// for inference (no dropout).
     pub fn set_params(&self, model: &mut Model, params: &[Array]) -> Result<()> {
+        self.put(model, params, 0.0)
+    }
+
+    /// Like `set_params`, with the layout's dropout active (training).
+    pub fn set_training_params(&self, model: &mut Model, params: &[Array]) -> Result<()> {
+        self.put(model, params, self.dropout)
+    }
+
+    fn put(&self, model: &mut Model, params: &[Array], dropout: f32) -> Result<()> {
         if params.len() != 2 * self.sites.len() {
             bail!(
                 "expected {} adapter arrays, got {}",
@@ -159,6 +169,7 @@ impl AdapterLayout {
                 a: ab[0].clone(),
                 b: ab[1].clone(),
                 scale: self.scale,
+                dropout,
             });
         }
         Ok(())

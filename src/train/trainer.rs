@@ -133,6 +133,10 @@ impl Trainer {
             params = adapters::load_params(&model, &layout, file, Some(&params))
                 .with_context(|| format!("resuming from {}", file.display()))?;
         }
+        if cfg.grad_checkpoint && layout.dropout > 0.0 {
+            bail!("LoRA dropout cannot be combined with --grad-checkpoint (the recomputed pass would draw other masks)");
+        }
+        mlx_rs::random::seed(cfg.seed)?;
         let checkpoint_from = cfg
             .grad_checkpoint
             .then(|| layout.sites.iter().map(|s| s.layer).min())
@@ -157,9 +161,18 @@ impl Trainer {
 
     /// Loss terms for `batch` with the adapters in `params`, and the tokens
     /// the batch holds. Differentiable in `params`.
-    fn loss_terms(&self, params: &[Array], batch: &Batch) -> Result<(Vec<Array>, usize)> {
+    fn loss_terms(
+        &self,
+        params: &[Array],
+        batch: &Batch,
+        training: bool,
+    ) -> Result<(Vec<Array>, usize)> {
         let mut model = self.model.clone();
-        self.layout.set_params(&mut model, params)?;
+        if training {
+            self.layout.set_training_params(&mut model, params)?;
+        } else {
+            self.layout.set_params(&mut model, params)?;
+        }
         let fwd = self.forward(&model);
         let chunk = self.cfg.loss_chunk_tokens;
         match batch {
@@ -191,7 +204,7 @@ impl Trainer {
     fn value_and_grad(&self, batch: &Batch) -> Result<(Vec<Array>, Vec<Array>, usize)> {
         let mut tokens = 0;
         let f = |params: &[Array]| -> Result<Vec<Array>, Exception> {
-            let (values, n) = self.loss_terms(params, batch).map_err(to_exception)?;
+            let (values, n) = self.loss_terms(params, batch, true).map_err(to_exception)?;
             tokens = n;
             Ok(values)
         };
@@ -204,7 +217,7 @@ impl Trainer {
 
     /// The loss of `batch` (no gradients), as numbers.
     fn eval_batch(&self, batch: &Batch) -> Result<(f32, Option<OrpoValues>, usize)> {
-        let (values, tokens) = self.loss_terms(&self.params, batch)?;
+        let (values, tokens) = self.loss_terms(&self.params, batch, false)?;
         eval(values.iter())?;
         let loss = values[0].item_cast::<f32>();
         let orpo = (values.len() > 1)
@@ -368,7 +381,7 @@ pub fn train(
         adapter_file: adapter_file.clone(),
     };
     for it in 1..=cfg.iters {
-        if let Some(valid) = &splits.valid {
+        if let Some(valid) = splits.valid.as_ref().filter(|_| cfg.val_batches != 0) {
             if it == 1 || it % cfg.steps_per_eval == 0 || it == cfg.iters {
                 let tic = Instant::now();
                 let (loss, orpo, batches) = trainer.evaluate(valid, cfg.val_batches)?;

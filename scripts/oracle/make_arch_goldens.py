@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Tiny random models of each supported architecture, built with mlx-lm's
+own model classes, with the logits mlx-lm computes for them.
+
+For each case it writes goldens/arch/<case>/: config.json, model.safetensors
+(random weights, seeded) and expected.safetensors holding the logits of a
+12-token input run (a) in one pass and (b) as an 8-token prefill followed by
+4 single-token steps through mlx-lm's KV cache.
+
+    python scripts/oracle/make_arch_goldens.py --out goldens/arch
+"""
+import argparse
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.utils import _get_classes
+
+BASE = {
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+}
+
+CASES = {
+    "llama": {"model_type": "llama"},
+    "llama3_rope": {
+        "model_type": "llama",
+        "tie_word_embeddings": False,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    },
+    "llama_sliding": {
+        "model_type": "llama",
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 5,
+    },
+    "mistral": {"model_type": "mistral", "tie_word_embeddings": False, "sliding_window": 4096},
+    "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
+    "qwen3": {"model_type": "qwen3", "head_dim": 16},
+    "llama_q4": {"model_type": "llama", "quantize": {"group_size": 32, "bits": 4}},
+}
+
+TOKENS = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="goldens/arch")
+    a = ap.parse_args()
+    for name, extra in CASES.items():
+        extra = dict(extra)
+        quant = extra.pop("quantize", None)
+        config = {**BASE, **extra}
+        mx.random.seed(7)
+        model_class, args_class = _get_classes(config)
+        model = model_class(args_class.from_dict(config))
+        # Random norms and biases too, so every parameter matters.
+        params = tree_flatten(model.parameters())
+        model.load_weights(
+            [(k, mx.random.normal(v.shape) * (0.5 if v.ndim > 1 else 0.2) + (1.0 if "norm" in k else 0.0)) for k, v in params]
+        )
+        if quant:
+            nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"])
+            config["quantization"] = dict(quant)
+        mx.eval(model.parameters())
+        out = Path(a.out) / name
+        out.mkdir(parents=True, exist_ok=True)
+        weights = dict(tree_flatten(model.parameters()))
+        mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+        (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+
+        ids = mx.array(TOKENS)[None]
+        full = model(ids)
+        cache = make_prompt_cache(model)
+        steps = [model(ids[:, :8], cache=cache)[:, -1:, :]]
+        for i in range(8, len(TOKENS)):
+            steps.append(model(ids[:, i : i + 1], cache=cache))
+        incremental = mx.concatenate(steps, axis=1)
+        mx.save_safetensors(
+            str(out / "expected.safetensors"),
+            {"tokens": mx.array(TOKENS, dtype=mx.int32), "full": full[0], "incremental": incremental[0]},
+        )
+        print(name, "ok", full.shape)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+//! Every supported architecture against mlx-lm's own implementation: tiny
+//! random models built by mlx-lm (`scripts/oracle/make_arch_goldens.py`),
+//! logits compared for a one-pass forward and for prefill + cached steps.
+
+mod common;
+
+use mlx_bun::model::Model;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::{abs, concatenate};
+use mlx_rs::Array;
+
+const CASES: [&str; 7] = [
+    "llama",
+    "llama3_rope",
+    "llama_sliding",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "llama_q4",
+];
+
+fn max_abs_diff(a: &Array, b: &Array) -> f32 {
+    abs(&(a - b)).unwrap().max(None).unwrap().item_cast::<f32>()
+}
+
+#[test]
+fn logits_match_mlx_lm() {
+    for case in CASES {
+        let dir = common::repo_root().join("goldens/arch").join(case);
+        let model = Model::load(&dir).unwrap_or_else(|e| panic!("{case}: {e:#}"));
+        let expected = Array::load_safetensors(dir.join("expected.safetensors")).unwrap();
+        let tokens = &expected["tokens"];
+        let n = tokens.shape()[0];
+        let ids = tokens.reshape(&[1, n]).unwrap();
+
+        let mut caches = model.make_caches();
+        let full = model.forward(&ids, &mut caches).unwrap().index((0, .., ..));
+        let diff = max_abs_diff(&full, &expected["full"]);
+        assert!(diff < 1e-3, "{case}: one-pass logits differ by {diff}");
+
+        let mut caches = model.make_caches();
+        let mut steps = vec![model
+            .forward(&ids.index((.., ..8)), &mut caches)
+            .unwrap()
+            .index((0, 7..8, ..))];
+        for i in 8..n {
+            steps.push(
+                model
+                    .forward(&ids.index((.., i..i + 1)), &mut caches)
+                    .unwrap()
+                    .index((0, .., ..)),
+            );
+        }
+        let incremental = concatenate(&steps, 0).unwrap();
+        let diff = max_abs_diff(&incremental, &expected["incremental"]);
+        assert!(diff < 1e-3, "{case}: cached-step logits differ by {diff}");
+    }
+}
+
+#[test]
+fn unknown_architecture_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = common::repo_root().join("goldens/arch/llama");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["model_type"] = "mamba".into();
+    std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(src.join("model.safetensors"), tmp.path().join("model.safetensors")).unwrap();
+    let err = Model::load(tmp.path()).err().expect("mamba must be refused");
+    assert!(format!("{err:#}").contains("unsupported architecture \"mamba\""), "{err:#}");
+
+    std::fs::write(tmp.path().join("config.json"), "{not json").unwrap();
+    let err = Model::load(tmp.path()).err().expect("bad config must be refused");
+    assert!(format!("{err:#}").contains("config.json"), "{err:#}");
+
+    let err = Model::load(&tmp.path().join("missing")).err().unwrap();
+    assert!(format!("{err:#}").contains("does not exist"), "{err:#}");
+}
