@@ -7,11 +7,11 @@ set -euo pipefail
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v clang >/dev/null 2>&1 || need+=(clang)
-if ! ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 && ! ldconfig -p 2>/dev/null | grep -q libclang; then
+if ! compgen -G '/usr/lib/llvm-*/lib/libclang*.so*' >/dev/null && ! ldconfig -p 2>/dev/null | grep -q libclang; then
   need+=(libclang-dev)
 fi
 # MLX's CPU backend calls BLAS for float matmuls; OpenBLAS makes them fast.
-if ! ls /usr/lib/*/libopenblas.so.0 /usr/lib/libopenblas.so.0 >/dev/null 2>&1; then
+if ! compgen -G '/usr/lib/*/libopenblas.so.0' >/dev/null && ! compgen -G '/usr/lib*/libopenblas.so.0' >/dev/null; then
   need+=(libopenblas0-pthread)
 fi
 if ! python3 -m pip --version >/dev/null 2>&1; then

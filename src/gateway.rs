@@ -65,6 +65,7 @@ pub struct GatewayRequest {
 pub struct RequestShape {
     pub has_grammar: bool,
     pub has_draft: bool,
+    pub wants_logprobs: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,10 +76,11 @@ pub enum Lane {
     Speculative,
 }
 
-/// The routing rule. A draft model sends every request to the speculative
-/// lane (as mlx-lm does); a future batch lane adds its predicate here.
+/// The routing rule. A draft model sends requests to the speculative lane
+/// (as mlx-lm does), except those asking for log-probabilities, which only
+/// the serial lane reports. A future batch lane adds its predicate here.
 pub fn route(shape: RequestShape) -> Lane {
-    if shape.has_draft {
+    if shape.has_draft && !shape.wants_logprobs {
         Lane::Speculative
     } else {
         Lane::Serial
@@ -343,6 +345,7 @@ impl Gateway {
         RequestShape {
             has_grammar: request.constraint.is_some(),
             has_draft: self.has_draft,
+            wants_logprobs: request.options.logprobs.is_some(),
         }
     }
 
@@ -720,15 +723,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_draft_model_routes_to_the_speculative_lane() {
-        let shape = |has_draft, has_grammar| RequestShape {
+    fn routing_by_request_shape() {
+        let shape = |has_draft, has_grammar, wants_logprobs| RequestShape {
             has_grammar,
             has_draft,
+            wants_logprobs,
         };
-        assert_eq!(route(shape(false, false)), Lane::Serial);
-        assert_eq!(route(shape(false, true)), Lane::Serial);
-        assert_eq!(route(shape(true, false)), Lane::Speculative);
-        assert_eq!(route(shape(true, true)), Lane::Speculative);
+        assert_eq!(route(shape(false, false, false)), Lane::Serial);
+        assert_eq!(route(shape(false, true, true)), Lane::Serial);
+        assert_eq!(route(shape(true, false, false)), Lane::Speculative);
+        assert_eq!(route(shape(true, true, false)), Lane::Speculative);
+        assert_eq!(route(shape(true, false, true)), Lane::Serial);
     }
 
     #[test]

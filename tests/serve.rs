@@ -35,11 +35,10 @@ struct Server {
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
-        let log = std::env::temp_dir().join(format!(
-            "mlx-bun-serve-test-{}-{}.log",
-            std::process::id(),
-            extra.len()
-        ));
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let log =
+            std::env::temp_dir().join(format!("mlx-bun-serve-test-{}-{n}.log", std::process::id()));
         let stderr = std::fs::File::create(&log).expect("creating the server log");
         let model = model_dir();
         let mut child = Command::new("sh")
@@ -985,4 +984,71 @@ fn api_key_queue_limit_and_graceful_shutdown() {
     let status = s.stop(Duration::from_secs(60));
     assert!(status.success(), "exit status {status}");
     assert!(c.get(s.url("/health")).send().is_err());
+}
+
+/// A third instance with a draft model: requests take the speculative lane,
+/// give the same greedy tokens, and the draft's work shows in /stats.
+#[test]
+fn speculative_lane_with_a_draft_model() {
+    let model = model_dir();
+    let s = Server::start(&[
+        "--draft-model",
+        model.to_str().unwrap(),
+        "--num-draft-tokens",
+        "3",
+    ]);
+    let prompt = "Why is the sky blue?";
+    let out = common::run_ok(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "-n",
+        "6",
+        "--json",
+    ]);
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v: Value = client()
+        .post(s.url("/v1/chat/completions"))
+        .json(&json!({
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 6,
+            "return_token_ids": true,
+        }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(v["choices"][0]["token_ids"], cli["token_ids"], "{v}");
+    // Log-probabilities are the serial lane's: such a request still gets them.
+    let v: Value = client()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": prompt, "max_tokens": 2, "logprobs": 1, "logit_bias": no_eos()}))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(
+        v["choices"][0]["logprobs"]["tokens"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2,
+        "{v}"
+    );
+    let stats: Value = client()
+        .get(s.url("/stats"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert!(
+        stats["speculative"]["drafted_tokens"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    assert!(
+        stats["speculative"]["accepted_tokens"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
 }

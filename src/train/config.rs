@@ -172,9 +172,6 @@ pub struct TrainConfig {
     /// Token rows per output-head chunk in the loss (bounds the logits memory).
     #[serde(default = "default_loss_chunk")]
     pub loss_chunk_tokens: usize,
-    /// Compile the optimizer update with `mlx::compile`.
-    #[serde(default)]
-    pub compile: bool,
     /// The eval database (default: `<cache>/eval.db`).
     #[serde(default)]
     pub db: Option<PathBuf>,
