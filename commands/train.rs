@@ -38,7 +38,12 @@ struct FuseArgs {
     #[arg(long, default_value = "adapters")]
     adapter_path: PathBuf,
     /// Where to write the fused model.
-    #[arg(long, short = 'o', visible_alias = "save-path", default_value = "fused_model")]
+    #[arg(
+        long,
+        short = 'o',
+        visible_alias = "save-path",
+        default_value = "fused_model"
+    )]
     output: PathBuf,
     /// Write dense weights (dequantize every quantized layer).
     #[arg(long)]
@@ -180,7 +185,11 @@ fn fuse(args: FuseArgs) -> Result<()> {
         "fused {} adapted layers into {}{}",
         report.fused_layers,
         report.output.display(),
-        if report.dequantized { " (dequantized)" } else { "" }
+        if report.dequantized {
+            " (dequantized)"
+        } else {
+            ""
+        }
     );
     Ok(())
 }
@@ -209,18 +218,30 @@ fn overrides(a: &TrainArgs) -> Mapping {
         a.grad_accumulation_steps.map(|v| Value::from(v as u64)),
     );
     set("grad_clip", a.grad_clip.map(|v| Value::from(v as f64)));
-    set("grad_checkpoint", a.grad_checkpoint.then_some(Value::from(true)));
+    set(
+        "grad_checkpoint",
+        a.grad_checkpoint.then_some(Value::from(true)),
+    );
     set("seed", a.seed.map(Value::from));
     set("mask_prompt", a.mask_prompt.then_some(Value::from(true)));
-    set("max_seq_length", a.max_seq_length.map(|v| Value::from(v as u64)));
-    set("steps_per_eval", a.steps_per_eval.map(|v| Value::from(v as u64)));
+    set(
+        "max_seq_length",
+        a.max_seq_length.map(|v| Value::from(v as u64)),
+    );
+    set(
+        "steps_per_eval",
+        a.steps_per_eval.map(|v| Value::from(v as u64)),
+    );
     set("val_batches", a.val_batches.map(Value::from));
     set("save_every", a.save_every.map(|v| Value::from(v as u64)));
     set("test", a.test.then_some(Value::from(true)));
     set("test_batches", a.test_batches.map(Value::from));
     set("orpo_lambda", a.orpo_lambda.map(Value::from));
     set("sft_scope", a.sft_scope.clone().map(Value::from));
-    set("loss_chunk_tokens", a.loss_chunk_tokens.map(|v| Value::from(v as u64)));
+    set(
+        "loss_chunk_tokens",
+        a.loss_chunk_tokens.map(|v| Value::from(v as u64)),
+    );
     set("db", path(&a.db));
 
     let mut lora = Mapping::new();
@@ -312,7 +333,9 @@ fn run_training(a: TrainArgs) -> Result<()> {
     };
     let config_json = serde_json::to_value(&cfg)?;
     let run_id = match &db {
-        Some(db) => Some(db.start_run(method_name, &model_dir.display().to_string(), &config_json)?),
+        Some(db) => {
+            Some(db.start_run(method_name, &model_dir.display().to_string(), &config_json)?)
+        }
         None => None,
     };
 
@@ -364,7 +387,10 @@ fn run_training(a: TrainArgs) -> Result<()> {
                     stdout.flush()?;
                 }
                 let extra = match &r.orpo {
-                    Some(o) => format!(" nll {:.3} or {:.3} log-odds {:+.3}", o.nll, o.or, o.log_odds),
+                    Some(o) => format!(
+                        " nll {:.3} or {:.3} log-odds {:+.3}",
+                        o.nll, o.or, o.log_odds
+                    ),
                     None => String::new(),
                 };
                 bar.set_message(format!(
@@ -435,7 +461,11 @@ fn run_training(a: TrainArgs) -> Result<()> {
         }
         Err(e) => {
             if let (Some(db), Some(run)) = (&db, run_id) {
-                let _ = db.finish_run(run, "failed", &serde_json::json!({"error": format!("{e:#}")}));
+                let _ = db.finish_run(
+                    run,
+                    "failed",
+                    &serde_json::json!({"error": format!("{e:#}")}),
+                );
             }
             Err(e)
         }

@@ -183,7 +183,13 @@ impl EvalDb {
             .query_row(
                 "SELECT kind, status, config FROM runs WHERE id = ?1",
                 params![run],
-                |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)),
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                    ))
+                },
             )
             .optional()?;
         Ok(row.map(|(k, s, c)| (k, s, serde_json::from_str(&c).unwrap_or_default())))

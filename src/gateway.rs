@@ -526,7 +526,10 @@ impl Worker {
     }
 
     fn fail(&self, job: &Job, error: GatewayError) {
-        self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        // A request the engine refused as invalid is the client's failure.
+        if !matches!(error, GatewayError::InvalidRequest(_)) {
+            self.counters.failed.fetch_add(1, Ordering::Relaxed);
+        }
         job.send(GatewayEvent::Failed(error));
     }
 

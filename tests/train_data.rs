@@ -7,6 +7,8 @@ mod common;
 use std::path::Path;
 
 use common::{bin, model_dir, repo_root, run_ok};
+use mlx_bun::tokenizer::Tokenizer;
+use mlx_bun::train::data::{load_file, Examples, RowKind};
 use mlx_rs::Array;
 use serde_json::Value;
 
@@ -42,7 +44,11 @@ fn malformed_rows_name_the_file_and_line() {
             "sft",
             "train.jsonl line 2: invalid JSON",
         ),
-        ("{\"foo\": 1}\n", "sft", "train.jsonl line 1: unsupported row"),
+        (
+            "{\"foo\": 1}\n",
+            "sft",
+            "train.jsonl line 1: unsupported row",
+        ),
         ("[1, 2]\n", "sft", "line 1: each line must be a JSON object"),
         (
             "{\"messages\": [{\"role\": \"wizard\", \"content\": \"hi\"}]}\n",
@@ -64,7 +70,11 @@ fn malformed_rows_name_the_file_and_line() {
             "orpo",
             "line 1: \"chosen\" must be a string or a list of messages",
         ),
-        ("{\"text\": \"fine\"}\n", "sft", "at least batch_size=4 examples"),
+        (
+            "{\"text\": \"fine\"}\n",
+            "sft",
+            "at least batch_size=4 examples",
+        ),
     ];
     for (rows, method, expect) in cases {
         let dir = data_dir(rows);
@@ -103,40 +113,87 @@ fn bad_options_and_adapter_files_are_reported() {
     let err = train_fails(&["--data", s(&data), "--num-layers", "99", "--no-db"]);
     assert!(err.contains("only has 30"), "{err}");
     let err = train_fails(&["--data", s(&data), "--lora-keys", "self_attn.qq", "--no-db"]);
-    assert!(err.contains("unsupported LoRA key \"self_attn.qq\""), "{err}");
+    assert!(
+        err.contains("unsupported LoRA key \"self_attn.qq\""),
+        "{err}"
+    );
 
     // A resume file whose shapes do not fit (rank 4 into a rank-8 layout).
     let small = work.path().join("small");
     run_ok(&[
-        "train", "--data", s(&data), "--iters", "0", "--batch-size", "2", "--num-layers", "1",
-        "--lora-rank", "4", "--adapter-path", s(&small), "--no-db",
+        "train",
+        "--data",
+        s(&data),
+        "--iters",
+        "0",
+        "--batch-size",
+        "2",
+        "--num-layers",
+        "1",
+        "--lora-rank",
+        "4",
+        "--adapter-path",
+        s(&small),
+        "--no-db",
     ]);
     let err = train_fails(&[
-        "--data", s(&data), "--iters", "1", "--batch-size", "2", "--num-layers", "1",
-        "--resume-adapter-file", s(&small.join("adapters.safetensors")),
-        "--adapter-path", s(&work.path().join("x")), "--no-db",
+        "--data",
+        s(&data),
+        "--iters",
+        "1",
+        "--batch-size",
+        "2",
+        "--num-layers",
+        "1",
+        "--resume-adapter-file",
+        s(&small.join("adapters.safetensors")),
+        "--adapter-path",
+        s(&work.path().join("x")),
+        "--no-db",
     ]);
-    assert!(err.contains("model.layers.29.self_attn.q_proj.lora_a: shape [576, 4]"), "{err}");
+    assert!(
+        err.contains("model.layers.29.self_attn.q_proj.lora_a: shape [576, 4]"),
+        "{err}"
+    );
 
     // generate with a missing or broken adapter directory.
     let out = bin()
-        .args(["generate", "-p", "hi", "-n", "1", "--adapter-path", "/nonexistent/ad"])
+        .args([
+            "generate",
+            "-p",
+            "hi",
+            "-n",
+            "1",
+            "--adapter-path",
+            "/nonexistent/ad",
+        ])
         .output()
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/ad"));
     std::fs::write(small.join("adapter_config.json"), "{\"num_layers\": 1}").unwrap();
     let out = bin()
-        .args(["generate", "-p", "hi", "-n", "1", "--adapter-path", s(&small)])
+        .args([
+            "generate",
+            "-p",
+            "hi",
+            "-n",
+            "1",
+            "--adapter-path",
+            s(&small),
+        ])
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("lora_parameters"), "{stderr}");
+    assert!(
+        !out.status.success() && stderr.contains("lora_parameters"),
+        "{stderr}"
+    );
 }
 
 #[test]
 fn yaml_options_and_flags_reach_the_adapter() {
-    let data = repo_root().join("tests/data/sft-parity");
+    let data = repo_root().join("tests/data/sft");
     let work = tempfile::tempdir().unwrap();
     let cfg = work.path().join("c.yaml");
     let adapters = work.path().join("adapters");
@@ -150,8 +207,16 @@ fn yaml_options_and_flags_reach_the_adapter() {
     )
     .unwrap();
     run_ok(&[
-        "train", "-c", s(&cfg), "--num-layers", "2", "--lora-alpha", "16",
-        "--adapter-path", s(&adapters), "--no-db",
+        "train",
+        "-c",
+        s(&cfg),
+        "--num-layers",
+        "2",
+        "--lora-alpha",
+        "16",
+        "--adapter-path",
+        s(&adapters),
+        "--no-db",
     ]);
     let written: Value = serde_json::from_str(
         &std::fs::read_to_string(adapters.join("adapter_config.json")).unwrap(),
@@ -171,6 +236,43 @@ fn yaml_options_and_flags_reach_the_adapter() {
     names.sort();
     assert_eq!(names.len(), 8, "{names:?}");
     assert_eq!(names[0], "model.layers.28.self_attn.q_proj.lora_a");
-    assert_eq!(tensors["model.layers.29.self_attn.v_proj.lora_a"].shape(), &[576, 4]);
-    assert_eq!(tensors["model.layers.29.self_attn.v_proj.lora_b"].shape(), &[4, 192]);
+    assert_eq!(
+        tensors["model.layers.29.self_attn.v_proj.lora_a"].shape(),
+        &[576, 4]
+    );
+    assert_eq!(
+        tensors["model.layers.29.self_attn.v_proj.lora_b"].shape(),
+        &[4, 192]
+    );
+}
+
+#[test]
+fn mask_prompt_supervises_only_the_reply() {
+    let tok = Tokenizer::load(&model_dir()).unwrap();
+    let decode = |ids: &[u32]| tok.decode(ids).unwrap();
+    for (file, reply) in [
+        ("tests/data/sft-parity/train.jsonl", "Bees make honey."),
+        ("tests/data/sft/valid.jsonl", "3+3 is 6."),
+    ] {
+        let path = repo_root().join(file);
+        let Examples::Sft(masked) =
+            load_file(&path, &tok, RowKind::Sft { mask_prompt: true }).unwrap()
+        else {
+            panic!("SFT rows expected");
+        };
+        let Examples::Sft(plain) =
+            load_file(&path, &tok, RowKind::Sft { mask_prompt: false }).unwrap()
+        else {
+            panic!("SFT rows expected");
+        };
+        let (m, p) = (&masked[0], &plain[0]);
+        assert_eq!(m.tokens, p.tokens);
+        assert_eq!(p.offset, 0);
+        let supervised = decode(&m.tokens[m.offset..]);
+        assert!(
+            supervised.starts_with(reply),
+            "{file}: supervised part {supervised:?}"
+        );
+        assert!(decode(&m.tokens[..m.offset]).ends_with("assistant\n"));
+    }
 }

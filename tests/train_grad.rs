@@ -130,9 +130,14 @@ fn check_gradient(model: &Model, layout: &AdapterLayout, params: &[Array], f: &L
             })
             .collect();
         let shifted = |s: f32| -> Vec<Array> {
-            params.iter().zip(&dirs).map(|(p, d)| p + &(d * s)).collect()
+            params
+                .iter()
+                .zip(&dirs)
+                .map(|(p, d)| p + &(d * s))
+                .collect()
         };
-        let fd = (loss_at(model, layout, &shifted(eps), f) - loss_at(model, layout, &shifted(-eps), f))
+        let fd = (loss_at(model, layout, &shifted(eps), f)
+            - loss_at(model, layout, &shifted(-eps), f))
             / (2.0 * eps);
         let analytic: f32 = grads
             .iter()
@@ -144,7 +149,10 @@ fn check_gradient(model: &Model, layout: &AdapterLayout, params: &[Array], f: &L
             (fd - analytic).abs() <= tol,
             "{what}, direction {trial}: finite difference {fd} vs autodiff {analytic}"
         );
-        assert!(analytic.abs() > 1e-3, "{what}: degenerate direction {trial}");
+        assert!(
+            analytic.abs() > 1e-3,
+            "{what}: degenerate direction {trial}"
+        );
     }
 }
 
@@ -225,8 +233,17 @@ fn orpo_gradient_matches_finite_differences_in_both_scopes() {
 fn assert_close(a: &[Array], b: &[Array], tol: f32, what: &str) {
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         let diff = (x - y).abs().unwrap().max(None).unwrap().item_cast::<f32>();
-        let scale = x.abs().unwrap().max(None).unwrap().item_cast::<f32>().max(1e-3);
-        assert!(diff <= tol * scale, "{what}: array {i} differs by {diff} (scale {scale})");
+        let scale = x
+            .abs()
+            .unwrap()
+            .max(None)
+            .unwrap()
+            .item_cast::<f32>()
+            .max(1e-3);
+        assert!(
+            diff <= tol * scale,
+            "{what}: array {i} differs by {diff} (scale {scale})"
+        );
     }
 }
 
@@ -274,7 +291,11 @@ fn naive_mean_logp(m: &Model, prompt: &[u32], response: &[u32]) -> (f32, f32, us
     let logits = m.forward(&x, &mut caches).unwrap();
     let lse = logits.logsumexp_axis(-1, true).unwrap();
     let logp = &logits - &lse;
-    let v: Vec<f32> = logp.reshape(&[n - 1, VOCAB]).unwrap().as_slice::<f32>().to_vec();
+    let v: Vec<f32> = logp
+        .reshape(&[n - 1, VOCAB])
+        .unwrap()
+        .as_slice::<f32>()
+        .to_vec();
     let per: Vec<f32> = (0..(n - 1) as usize)
         .map(|t| v[t * VOCAB as usize + ids[t + 1] as usize])
         .collect();
@@ -311,10 +332,14 @@ fn shared_prompt_orpo_equals_the_plain_formula() {
         (SftScope::Full, -full_sum / full_count as f64),
         (SftScope::Response, -lw_sum / n),
     ] {
-        let (terms, _) = orpo_loss(&fwd(&m, false), &refs, lambda as f32, scope, 512, false).unwrap();
+        let (terms, _) =
+            orpo_loss(&fwd(&m, false), &refs, lambda as f32, scope, 512, false).unwrap();
         let expect = nll + lambda * or_sum / n;
         let got = terms.loss.item_cast::<f32>() as f64;
-        assert!((got - expect).abs() < 1e-5 * expect.abs(), "{scope:?}: {got} vs {expect}");
+        assert!(
+            (got - expect).abs() < 1e-5 * expect.abs(),
+            "{scope:?}: {got} vs {expect}"
+        );
         let or = terms.or.item_cast::<f32>() as f64;
         assert!((or - or_sum / n).abs() < 1e-5, "{or} vs {}", or_sum / n);
     }
@@ -340,6 +365,9 @@ fn log1mexp_is_accurate_and_has_finite_gradients() {
         let x = *xi as f64;
         let expect = -x.exp() / -x.exp_m1();
         assert!(gi.is_finite(), "gradient at {xi} is {gi}");
-        assert!(((*gi as f64) - expect).abs() <= 1e-3 * expect.abs() + 1e-6, "{gi} vs {expect} at {xi}");
+        assert!(
+            ((*gi as f64) - expect).abs() <= 1e-3 * expect.abs() + 1e-6,
+            "{gi} vs {expect} at {xi}"
+        );
     }
 }

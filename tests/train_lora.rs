@@ -123,7 +123,14 @@ fn sft_losses_match_mlx_lm_and_adapters_load_both_ways() {
         .arg(&init)
         .arg("--adapter-path")
         .arg(&theirs)
-        .args(["--iters", "2", "--batch-size", "2", "--num-layers", NUM_LAYERS])
+        .args([
+            "--iters",
+            "2",
+            "--batch-size",
+            "2",
+            "--num-layers",
+            NUM_LAYERS,
+        ])
         .args(["--learning-rate", "1e-4", "--eval-adapters"])
         .arg(&ours)
         .env("HF_HUB_OFFLINE", "1")
@@ -148,16 +155,27 @@ fn sft_losses_match_mlx_lm_and_adapters_load_both_ways() {
     // per-element step ~lr·sign(g) can amplify float reassociation noise.
     for (i, (a, b)) in our_losses.iter().zip(&their_losses).enumerate() {
         let tol = if i == 0 { 1e-5 } else { 1e-4 } * b.abs();
-        assert!((a - b).abs() <= tol, "step {}: ours {a} vs mlx-lm {b}", i + 1);
+        assert!(
+            (a - b).abs() <= tol,
+            "step {}: ours {a} vs mlx-lm {b}",
+            i + 1
+        );
     }
-    assert!(our_losses[1] < our_losses[0], "training did not lower the loss");
+    assert!(
+        our_losses[1] < our_losses[0],
+        "training did not lower the loss"
+    );
 
     // mlx-lm loaded our adapter; we load mlx-lm's. Both evaluate the same.
     let tok = Tokenizer::load(&dir).unwrap();
     let rows = data.join("train.jsonl");
     let evals = &reference["eval"];
-    let mlx_on_ours = evals[ours.to_str().unwrap()].as_f64().expect("mlx-lm eval of ours");
-    let mlx_on_theirs = evals[theirs.to_str().unwrap()].as_f64().expect("mlx-lm eval of theirs");
+    let mlx_on_ours = evals[ours.to_str().unwrap()]
+        .as_f64()
+        .expect("mlx-lm eval of ours");
+    let mlx_on_theirs = evals[theirs.to_str().unwrap()]
+        .as_f64()
+        .expect("mlx-lm eval of theirs");
     let ours_on_ours = mean_loss(&adapted(&dir, &ours), &tok, &rows);
     let ours_on_theirs = mean_loss(&adapted(&dir, &theirs), &tok, &rows);
     eprintln!(
@@ -200,7 +218,10 @@ fn fused_weights_reproduce_the_adapted_model() {
     let rows = repo_root().join("tests/data/sft-parity/train.jsonl");
     let with_adapter = mean_loss(&adapted(&dir, &adapter), &tok, &rows);
     let base_loss = mean_loss(&base, &tok, &rows);
-    assert!((with_adapter - base_loss).abs() > 1e-2, "the adapter must matter");
+    assert!(
+        (with_adapter - base_loss).abs() > 1e-2,
+        "the adapter must matter"
+    );
 
     let dense = work.path().join("dense");
     let requant = work.path().join("requant");
@@ -254,7 +275,11 @@ fn fused_weights_reproduce_the_adapted_model() {
         .env("HF_HUB_OFFLINE", "1")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let ours_t = Array::load_safetensors(requant.join("model.safetensors")).unwrap();
     let theirs_t = Array::load_safetensors(theirs.join("model.safetensors")).unwrap();
     assert_eq!(ours_t.len(), theirs_t.len());
@@ -264,7 +289,12 @@ fn fused_weights_reproduce_the_adapted_model() {
         assert_eq!(a.dtype(), b.dtype(), "{name}");
         let a32 = a.as_dtype(mlx_rs::Dtype::Float32).unwrap();
         let b32 = b.as_dtype(mlx_rs::Dtype::Float32).unwrap();
-        let diff = (&a32 - &b32).abs().unwrap().max(None).unwrap().item_cast::<f32>();
+        let diff = (&a32 - &b32)
+            .abs()
+            .unwrap()
+            .max(None)
+            .unwrap()
+            .item_cast::<f32>();
         let scale = b32.abs().unwrap().max(None).unwrap().item_cast::<f32>();
         // Packed weights are identical; scales and biases may differ by an ulp.
         let tol = if a.dtype() == mlx_rs::Dtype::Uint32 {

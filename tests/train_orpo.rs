@@ -47,7 +47,9 @@ fn reference(data_file: &Path) -> Option<Value> {
 }
 
 fn close(ours: f64, theirs: &Value, what: &str) {
-    let theirs = theirs.as_f64().unwrap_or_else(|| panic!("reference lacks {what}"));
+    let theirs = theirs
+        .as_f64()
+        .unwrap_or_else(|| panic!("reference lacks {what}"));
     // Same MLX kernels in float32 on both sides; the paths differ (shared
     // prompt + chunked head here, two full forwards there).
     let tol = 2e-5 * theirs.abs().max(1.0);
@@ -90,7 +92,14 @@ fn step_zero_matches_the_reference_in_both_scopes() {
         .iter()
         .find(|l| l["event"] == "step")
         .expect("a step line");
-    for key in ["loss", "nll", "or", "log_odds", "chosen_logp", "rejected_logp"] {
+    for key in [
+        "loss",
+        "nll",
+        "or",
+        "log_odds",
+        "chosen_logp",
+        "rejected_logp",
+    ] {
         close(step[key].as_f64().unwrap(), &batch["full"][key], key);
     }
     assert_eq!(step["lambda"].as_f64(), Some(0.1));
@@ -106,9 +115,18 @@ fn step_zero_matches_the_reference_in_both_scopes() {
         panic!("preference rows expected");
     };
     for (ours, theirs) in pairs.iter().zip(reference["pairs"].as_array().unwrap()) {
-        assert_eq!(ours.prompt.len() as u64, theirs["prompt_tokens"].as_u64().unwrap());
-        assert_eq!(ours.chosen.len() as u64, theirs["chosen_tokens"].as_u64().unwrap());
-        assert_eq!(ours.rejected.len() as u64, theirs["rejected_tokens"].as_u64().unwrap());
+        assert_eq!(
+            ours.prompt.len() as u64,
+            theirs["prompt_tokens"].as_u64().unwrap()
+        );
+        assert_eq!(
+            ours.chosen.len() as u64,
+            theirs["chosen_tokens"].as_u64().unwrap()
+        );
+        assert_eq!(
+            ours.rejected.len() as u64,
+            theirs["rejected_tokens"].as_u64().unwrap()
+        );
     }
     let refs: Vec<_> = pairs.iter().collect();
     let fwd = TrainForward {
@@ -117,8 +135,16 @@ fn step_zero_matches_the_reference_in_both_scopes() {
     };
     let (terms, _) = orpo_loss(&fwd, &refs, 0.1, SftScope::Response, 512, false).unwrap();
     let r = &batch["response"];
-    close(terms.loss.item_cast::<f32>() as f64, &r["loss"], "response loss");
-    close(terms.nll.item_cast::<f32>() as f64, &r["nll"], "response nll");
+    close(
+        terms.loss.item_cast::<f32>() as f64,
+        &r["loss"],
+        "response loss",
+    );
+    close(
+        terms.nll.item_cast::<f32>() as f64,
+        &r["nll"],
+        "response nll",
+    );
     close(terms.or.item_cast::<f32>() as f64, &r["or"], "response or");
 }
 
@@ -157,7 +183,8 @@ fn a_short_orpo_run_prefers_the_chosen_style_on_held_out_pairs() {
     let lines = json_lines(&out.stdout);
     let evals: Vec<&Value> = lines.iter().filter(|l| l["event"] == "eval").collect();
     assert_eq!(evals.len(), 2, "{lines:?}");
-    let margin = |e: &Value| e["chosen_logp"].as_f64().unwrap() - e["rejected_logp"].as_f64().unwrap();
+    let margin =
+        |e: &Value| e["chosen_logp"].as_f64().unwrap() - e["rejected_logp"].as_f64().unwrap();
     let (before, after) = (margin(evals[0]), margin(evals[1]));
     eprintln!("held-out chosen - rejected mean log-prob: {before:.3} -> {after:.3}");
     assert!(after > before + 1.0, "margin {before} -> {after}");
@@ -174,7 +201,9 @@ fn a_short_orpo_run_prefers_the_chosen_style_on_held_out_pairs() {
     assert_eq!(config["iters"], 4);
     let steps = db.steps(run).unwrap();
     assert_eq!(steps.len(), 4);
-    assert!(steps.iter().all(|s| s.metrics["or"].is_number() && s.tokens > 0));
+    assert!(steps
+        .iter()
+        .all(|s| s.metrics["or"].is_number() && s.tokens > 0));
 
     // And generation with the adapter shows the preferred style.
     let gen = |adapter: bool| -> String {
@@ -192,12 +221,19 @@ fn a_short_orpo_run_prefers_the_chosen_style_on_held_out_pairs() {
             cmd.arg("--adapter-path").arg(&adapters);
         }
         let out = cmd.output().unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).to_string()
     };
     let tuned = gen(true);
     let base = gen(false);
     eprintln!("base: {base:?}\ntuned: {tuned:?}");
-    assert!(tuned.trim_start().starts_with("Ahoy"), "tuned output {tuned:?}");
+    assert!(
+        tuned.trim_start().starts_with("Ahoy"),
+        "tuned output {tuned:?}"
+    );
     assert!(!base.contains("Ahoy"), "base output {base:?}");
 }

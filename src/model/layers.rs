@@ -68,8 +68,12 @@ impl Linear {
                 },
                 bias,
             ) => {
-                let y =
-                    quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?;
+                let y = if dense_path_for(x) {
+                    let w = dequantize(weight, scales, biases, spec.group_size, spec.bits)?;
+                    matmul(x, w.t())?
+                } else {
+                    quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+                };
                 match bias {
                     Some(b) => &y + b,
                     None => y,
@@ -118,6 +122,29 @@ impl Linear {
             )?),
         }
     }
+}
+
+/// Rows from which a quantized layer is dequantized and run as a dense BLAS
+/// matmul on the CPU: MLX's CPU quantized kernel costs the same per row at
+/// any batch size, while a float32 GEMM reads the weights once for all rows.
+/// `MLX_BUN_DENSE_ROWS=0` turns this off.
+fn dense_rows_threshold() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        if crate::mlx_ext::on_gpu() {
+            return 0;
+        }
+        std::env::var("MLX_BUN_DENSE_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16)
+    })
+}
+
+fn dense_path_for(x: &Array) -> bool {
+    let threshold = dense_rows_threshold();
+    let rows: i64 = x.shape()[..x.ndim() - 1].iter().map(|&d| d as i64).product();
+    threshold > 0 && rows >= threshold as i64
 }
 
 fn load_weight(w: &mut Weights, prefix: &str) -> Result<LinearWeight> {

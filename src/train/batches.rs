@@ -96,10 +96,7 @@ impl BatchOrder {
         }
         let mut idx: Vec<usize> = (0..lengths.len()).collect();
         idx.sort_by_key(|&i| lengths[i]);
-        let batches: Vec<Vec<usize>> = idx
-            .chunks_exact(batch_size)
-            .map(|c| c.to_vec())
-            .collect();
+        let batches: Vec<Vec<usize>> = idx.chunks_exact(batch_size).map(|c| c.to_vec()).collect();
         let mut me = Self {
             order: Vec::new(),
             pos: 0,

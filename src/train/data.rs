@@ -102,8 +102,8 @@ pub fn load_file(path: &Path, tok: &Tokenizer, kind: RowKind) -> Result<Examples
             file: path.to_path_buf(),
             line: i + 1,
         };
-        let row: Value = serde_json::from_str(line)
-            .map_err(|e| anyhow!("{at}: invalid JSON: {e}"))?;
+        let row: Value =
+            serde_json::from_str(line).map_err(|e| anyhow!("{at}: invalid JSON: {e}"))?;
         if !row.is_object() {
             bail!("{at}: each line must be a JSON object");
         }
@@ -183,7 +183,9 @@ fn sft_row(row: &Value, tok: &Tokenizer, mask_prompt: bool) -> Result<SftExample
         return finish_sft(tokens, 0);
     }
     if row.get("chosen").is_some() || row.get("rejected").is_some() {
-        bail!("this is a preference row ({{prompt, chosen, rejected}}); train it with --method orpo");
+        bail!(
+            "this is a preference row ({{prompt, chosen, rejected}}); train it with --method orpo"
+        );
     }
     bail!(
         "unsupported row: expected {{\"messages\"}}, {{\"prompt\", \"completion\"}} or {{\"text\"}}"
@@ -202,9 +204,9 @@ fn finish_sft(tokens: Vec<u32>, offset: usize) -> Result<SftExample> {
 
 fn preference_row(row: &Value, tok: &Tokenizer) -> Result<PreferenceExample> {
     let field = |name: &str| -> Result<&Value> {
-        row.get(name)
-            .filter(|v| !v.is_null())
-            .ok_or_else(|| anyhow!("missing \"{name}\" (preference rows need prompt, chosen and rejected)"))
+        row.get(name).filter(|v| !v.is_null()).ok_or_else(|| {
+            anyhow!("missing \"{name}\" (preference rows need prompt, chosen and rejected)")
+        })
     };
     let (prompt, chosen, rejected) = (field("prompt")?, field("chosen")?, field("rejected")?);
     let (prompt_ids, chosen_ids, rejected_ids) = match &tok.chat_template {
@@ -242,7 +244,9 @@ fn preference_row(row: &Value, tok: &Tokenizer) -> Result<PreferenceExample> {
             )
         }
         None => {
-            let plain = |v: &Value, name: &str| -> Result<String> { Ok(string_field(v, name)?.to_string()) };
+            let plain = |v: &Value, name: &str| -> Result<String> {
+                Ok(string_field(v, name)?.to_string())
+            };
             let with_eos = |text: String| -> Result<Vec<u32>> {
                 let mut ids = tok.encode(&text)?;
                 if let Some(eos) = eos_id(tok) {
@@ -285,7 +289,11 @@ fn parse_messages(v: &Value, name: &str) -> Result<Vec<Message>> {
     Ok(msgs)
 }
 
-fn render_text(tok: &Tokenizer, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+fn render_text(
+    tok: &Tokenizer,
+    messages: &[Message],
+    add_generation_prompt: bool,
+) -> Result<String> {
     let Some(template) = &tok.chat_template else {
         bail!("the model has no chat template; use {{\"text\"}} rows");
     };

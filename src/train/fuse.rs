@@ -22,7 +22,12 @@ pub struct FuseReport {
 
 /// Fuses the adapter in `adapter_dir` into the model in `model_dir` and
 /// writes a complete model directory to `out`.
-pub fn fuse(model_dir: &Path, adapter_dir: &Path, out: &Path, dequantize_all: bool) -> Result<FuseReport> {
+pub fn fuse(
+    model_dir: &Path,
+    adapter_dir: &Path,
+    out: &Path,
+    dequantize_all: bool,
+) -> Result<FuseReport> {
     if out.exists() && out.canonicalize().ok() == model_dir.canonicalize().ok() {
         bail!("the output directory must differ from the model directory");
     }
@@ -47,9 +52,12 @@ pub fn fuse(model_dir: &Path, adapter_dir: &Path, out: &Path, dequantize_all: bo
             .ok_or_else(|| anyhow!("the model has no tensor {wkey}"))?;
         let quant = tensors.contains_key(&format!("{prefix}.scales"));
         let (dense, dtype, spec) = if quant {
-            let spec = quant_spec(quantization.as_ref(), &prefix)
-                .ok_or_else(|| anyhow!("{prefix} is quantized but config.json has no quantization"))?;
-            let scales = tensors.remove(&format!("{prefix}.scales")).expect("checked");
+            let spec = quant_spec(quantization.as_ref(), &prefix).ok_or_else(|| {
+                anyhow!("{prefix} is quantized but config.json has no quantization")
+            })?;
+            let scales = tensors
+                .remove(&format!("{prefix}.scales"))
+                .expect("checked");
             let biases = tensors
                 .remove(&format!("{prefix}.biases"))
                 .ok_or_else(|| anyhow!("{prefix} has scales but no biases"))?;
@@ -141,7 +149,10 @@ fn read_tensors(dir: &Path) -> Result<HashMap<String, Array>> {
     let mut tensors = HashMap::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
         let path = entry?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
         if name.ends_with(".safetensors") && !name.starts_with("adapters") {
             let loaded = Array::load_safetensors(&path)
                 .map_err(|e| anyhow!("loading {}: {e}", path.display()))?;
@@ -181,8 +192,12 @@ fn write_model_dir(
     let file = out.join("model.safetensors");
     let mut names: Vec<&String> = tensors.keys().collect();
     names.sort();
-    Array::save_safetensors(names.iter().map(|n| (n.as_str(), &tensors[*n])), &metadata, &file)
-        .map_err(|e| anyhow!("writing {}: {e}", file.display()))?;
+    Array::save_safetensors(
+        names.iter().map(|n| (n.as_str(), &tensors[*n])),
+        &metadata,
+        &file,
+    )
+    .map_err(|e| anyhow!("writing {}: {e}", file.display()))?;
     let text = serde_json::to_string_pretty(config)?;
     std::fs::write(out.join("config.json"), text)
         .with_context(|| format!("writing {}", out.join("config.json").display()))

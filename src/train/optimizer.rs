@@ -13,9 +13,17 @@ use super::config::{LrScheduleConfig, OptimizerKind, OptimizerSettings};
 pub enum Schedule {
     Constant(f64),
     /// `end + (init - end) * (1 + cos(pi * min(step, steps) / steps)) / 2`
-    Cosine { init: f64, steps: usize, end: f64 },
+    Cosine {
+        init: f64,
+        steps: usize,
+        end: f64,
+    },
     /// Linear from `init` to `end` over `steps`, then `end`.
-    Linear { init: f64, end: f64, steps: usize },
+    Linear {
+        init: f64,
+        end: f64,
+        steps: usize,
+    },
     /// `warmup` linear steps from `from` to the start of `then`, then `then`
     /// (counted from the end of the warmup), as mlx-lm joins them.
     Warmup {
@@ -164,7 +172,12 @@ impl Optimizer {
         if self.state.is_empty() {
             self.state = params
                 .iter()
-                .map(|p| Ok((Array::zeros::<f32>(p.shape())?, Array::zeros::<f32>(p.shape())?)))
+                .map(|p| {
+                    Ok((
+                        Array::zeros::<f32>(p.shape())?,
+                        Array::zeros::<f32>(p.shape())?,
+                    ))
+                })
                 .collect::<Result<_>>()?;
         }
         let lr = self.learning_rate() as f32;

@@ -106,7 +106,10 @@ pub fn orpo_loss(
         rejected_means.push(&s.rejected / p.rejected.len() as f32);
     }
     let stack = |v: &[Array]| -> Result<Array> {
-        let parts: Vec<Array> = v.iter().map(|a| a.reshape(&[1])).collect::<Result<_, _>>()?;
+        let parts: Vec<Array> = v
+            .iter()
+            .map(|a| a.reshape(&[1]))
+            .collect::<Result<_, _>>()?;
         Ok(concatenate(&parts, 0)?)
     };
     let lw = stack(&chosen_means)?;

@@ -259,7 +259,10 @@ impl Trainer {
             batches += 1;
         }
         if batches == 0 {
-            bail!("no complete batch to evaluate (batch_size {})", self.cfg.batch_size);
+            bail!(
+                "no complete batch to evaluate (batch_size {})",
+                self.cfg.batch_size
+            );
         }
         let mean = (loss_sum / weight_sum) as f32;
         let orpo = orpo_sum.map(|sum| {
@@ -310,7 +313,12 @@ impl Trainer {
     }
 }
 
-fn batch_order(examples: &Examples, batch_size: usize, seed: u64, looping: bool) -> Result<BatchOrder> {
+fn batch_order(
+    examples: &Examples,
+    batch_size: usize,
+    seed: u64,
+    looping: bool,
+) -> Result<BatchOrder> {
     let lengths: Vec<usize> = match examples {
         Examples::Sft(v) => v.iter().map(|e| e.tokens.len()).collect(),
         Examples::Preference(v) => v
@@ -456,14 +464,18 @@ pub fn train(
         on_event(Event::Step(&report))?;
 
         if it % cfg.save_every == 0 {
-            trainer.layout.set_params(&mut trainer.model, &trainer.params)?;
+            trainer
+                .layout
+                .set_params(&mut trainer.model, &trainer.params)?;
             trainer.save(&adapter_file)?;
             let numbered = dir.join(format!("{it:07}_adapters.safetensors"));
             trainer.save(&numbered)?;
             on_event(Event::Saved(&numbered))?;
         }
     }
-    trainer.layout.set_params(&mut trainer.model, &trainer.params)?;
+    trainer
+        .layout
+        .set_params(&mut trainer.model, &trainer.params)?;
     trainer.save(&adapter_file)?;
     on_event(Event::Saved(&adapter_file))?;
 
