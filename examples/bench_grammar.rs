@@ -87,6 +87,41 @@ fn mean(xs: &[f64]) -> f64 {
     xs.iter().sum::<f64>() / xs.len().max(1) as f64
 }
 
+/// The constraint alone, without the model: the tokens of a constrained
+/// output fed again through fresh matchers (mask, then commit, per token).
+fn replay(
+    engine: &GrammarEngine,
+    spec: &ConstraintSpec,
+    ids: &[u32],
+    vocab: usize,
+) -> Result<Value> {
+    const RUNS: usize = 50;
+    let mut mask = Vec::new();
+    let mut commit = Vec::new();
+    for _ in 0..RUNS {
+        let mut c = engine.matcher(spec)?;
+        for &t in ids {
+            c.mask(vocab)?;
+            c.commit(t)?;
+        }
+        mask.extend(c.mask_times().iter().map(|&d| ms(d)));
+        commit.extend(c.commit_times().iter().map(|&d| ms(d)));
+    }
+    println!(
+        "replay without the model ({RUNS} x {} tokens): mask median {:.3} ms (p99 {:.3}), commit median {:.3} ms (p99 {:.3})",
+        ids.len(),
+        quantile(&mask, 0.5),
+        quantile(&mask, 0.99),
+        quantile(&commit, 0.5),
+        quantile(&commit, 0.99)
+    );
+    Ok(json!({
+        "runs": RUNS, "tokens": ids.len(),
+        "mask_ms": {"median": quantile(&mask, 0.5), "p99": quantile(&mask, 0.99)},
+        "commit_ms": {"median": quantile(&commit, 0.5), "p99": quantile(&commit, 0.99)},
+    }))
+}
+
 fn bench_compile(engine: &GrammarEngine, cases: &[(String, Value)]) -> Result<Value> {
     let mut cold = Vec::new();
     let mut cached = Vec::new();
@@ -141,7 +176,7 @@ impl Run {
         prompt: &[u32],
         opts: &GenerateOptions,
         constraint: Option<&mut GrammarConstraint>,
-    ) -> Result<String> {
+    ) -> Result<(String, Vec<u32>)> {
         let mut caches = clone_all(base);
         let mut stamps = Vec::new();
         let result = generate(
@@ -166,7 +201,7 @@ impl Run {
             .extend(steady.windows(2).map(|w| ms(w[1] - w[0])));
         self.tps.push(result.generation_tps);
         self.tokens.push(result.generation_tokens);
-        Ok(result.text)
+        Ok((result.text, result.token_ids))
     }
 }
 
@@ -212,6 +247,7 @@ fn main() -> Result<()> {
     let mut mask_ms = Vec::new();
     let mut compute_ms = Vec::new();
     let mut commit_ms = Vec::new();
+    let mut replay_ids = Vec::new();
     // Same options for both kinds: the only difference is the schema.
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
@@ -242,7 +278,7 @@ fn main() -> Result<()> {
             without.run(&model, &tokenizer, &base, &prompt, &free_opts, None)?;
         }
         let mut constraint = engine.matcher(&spec)?;
-        let text = with.run(
+        let (text, ids) = with.run(
             &model,
             &tokenizer,
             &base,
@@ -252,6 +288,7 @@ fn main() -> Result<()> {
         )?;
         serde_json::from_str::<Value>(&text)
             .with_context(|| format!("constrained output is not JSON: {text}"))?;
+        replay_ids = ids;
         mask_ms.extend(constraint.mask_times().iter().map(|&d| ms(d)));
         compute_ms.extend(constraint.compute_times().iter().map(|&d| ms(d)));
         commit_ms.extend(constraint.commit_times().iter().map(|&d| ms(d)));
@@ -308,7 +345,9 @@ fn main() -> Result<()> {
         args.rounds,
         (1.0 - ratio) * 100.0
     );
+    let replay = replay(&engine, &spec, &replay_ids, model.vocab_size())?;
     let report = json!({
+        "replay": replay,
         "model": dir.display().to_string(),
         "token_env_ms": env_ms,
         "compile": compile,

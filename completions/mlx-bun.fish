@@ -1,0 +1,162 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_mlx_bun_global_optspecs
+    string join \n h/help V/version
+end
+
+function __fish_mlx_bun_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_mlx_bun_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_mlx_bun_using_subcommand
+    set -l cmd (__fish_mlx_bun_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -s V -l version -d 'Print version'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s p -l prompt -d 'Prompt text; `-` reads standard input' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l prompt-file -d 'Read the prompt text from a file' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l messages-file -d 'An OpenAI-style JSON array of chat messages' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l system -d 'System message put before the prompt' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s n -l max-tokens -d 'Maximum number of tokens to generate' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l temp -d 'Sampling temperature; 0 is greedy' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l top-p -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l top-k -d '0 disables top-k' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l min-p -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l repetition-penalty -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l repetition-context-size -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l logit-bias -d 'Logit bias as JSON, e.g. \'{"1234": -100}\'' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l seed -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l stop -d 'Stop when this text appears (repeatable)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l prefill-step-size -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l draft-model -d 'Draft model for speculative decoding (a directory, a repo id, or `ngram` for prompt-lookup drafting without a model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l num-draft-tokens -d 'Tokens the draft proposes per verification step' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l adapter-path -d 'LoRA adapter directory (adapters.safetensors + adapter_config.json)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json-schema -d 'Constrain the output to a JSON schema (a file or inline JSON)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l regex -d 'Constrain the output to a regular expression' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l choice -d 'Constrain the output to one of these comma-separated choices' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l grammar -d 'Constrain the output to a Lark grammar file' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l ignore-chat-template -d 'Use the prompt as is, without the chat template'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json -d 'Print one JSON object with the text and statistics instead of streaming'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s v -l verbose -d 'Print prompt/decode speed and peak memory to stderr'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json-object -d 'Constrain the output to any JSON object'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l host -d 'Address to listen on; anything but loopback exposes the server to the network' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l port -d 'Port to listen on; 0 picks a free one (the ready line shows it)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l api-key -d 'Require `Authorization: Bearer <KEY>` on every route but /health' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l max-tokens-default -d 'max_tokens for requests that give none (cut to fit the context)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l prompt-cache -d 'RAM prompt cache size in GiB; 0 disables it' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l max-queue -d 'Requests that may wait while one runs; more get 503 with Retry-After' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l max-body-bytes -d 'Largest accepted request body in bytes; larger ones get 413' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l log-level -d 'Log level: error, warn, info, debug or trace' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l adapter-path -d 'LoRA adapter directory to apply to the model' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l draft-model -d 'Draft model for speculative decoding' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l num-draft-tokens -d 'Tokens the draft model proposes per step' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l gguf -d 'A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l model -d 'An mlx-lm model directory to quantize (-q) or cast (--dtype)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s o -l output -l mlx-path -d 'The directory to create; it must not exist yet' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l dtype -d 'Dtype of norms, scales, biases and dense weights: float32, bfloat16 or float16' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l q-bits -d 'Bits per weight for -q' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l q-group-size -d 'Weights per quantization group for -q' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s d -l dequantize -d 'Store every quantized layer as a dense weight in --dtype'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s q -l quantize -d 'Quantize every linear layer and the embedding (quantized ones are dequantized first)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s c -l config -d 'YAML file with training options (mlx-lm\'s `lora` config keys)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l data -d 'Directory with train.jsonl, valid.jsonl and optionally test.jsonl' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l method -d 'Training objective: sft (LoRA fine-tuning) or orpo (preference pairs)' -r -f -a "sft\t''
+lora\t''
+orpo\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l adapter-path -d 'Where adapters.safetensors and adapter_config.json are written' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l resume-adapter-file -d 'Start from these adapter weights' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l num-layers -d 'Adapt the last N blocks (-1: all). Default 16' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-rank -d 'LoRA rank. Default 8' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-scale -d 'LoRA scale (the update is scale·x·A·B). Default 20' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-alpha -d 'LoRA alpha; sets scale = alpha / rank' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-dropout -d 'Dropout on the adapter input' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-keys -d 'Linear layers to adapt, comma-separated (e.g. self_attn.q_proj,self_attn.v_proj). Default: every linear layer of the block' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l batch-size -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l iters -d 'Training iterations' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l learning-rate -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l optimizer -d 'adam, adamw or sgd' -r -f -a "adam\t''
+adamw\t''
+sgd\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l weight-decay -d 'Weight decay of adamw / sgd' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lr-schedule -d 'Learning-rate schedule after warmup: constant, cosine or linear (decays to --min-lr over the run)' -r -f -a "constant\t''
+cosine\t''
+linear\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l warmup -d 'Linear warmup steps' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l warmup-init -d 'Learning rate at the start of the warmup' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l min-lr -d 'Final learning rate of a cosine or linear schedule' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l grad-accumulation-steps -d 'Accumulate gradients over this many batches per update' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l grad-clip -d 'Clip the global gradient norm to this value' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l seed -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l max-seq-length -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l steps-per-eval -d 'Validate every N steps' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l val-batches -d 'Validation batches per evaluation (-1: the whole set)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l save-every -d 'Save a checkpoint every N steps' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l test-batches -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l orpo-lambda -d 'ORPO: weight λ of the odds-ratio term. Default 0.1' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l sft-scope -d 'ORPO: NLL over prompt+chosen (full, default) or the chosen response only' -r -f -a "full\t''
+response\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l loss-chunk-tokens -d 'Token rows per output-head chunk in the loss' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l db -d 'Eval database (default: <cache>/eval.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l grad-checkpoint -d 'Recompute each adapted layer\'s activations in the backward pass'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l mask-prompt -d 'SFT: supervise only the completion (the last message)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l test -d 'Evaluate on test.jsonl after training'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l no-db -d 'Do not record the run in the eval database'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l json -d 'Print one JSON object per step (and per evaluation) on stdout'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s m -l model -d 'Base model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -l adapter-path -d 'Adapter directory (adapters.safetensors + adapter_config.json)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s o -l output -l save-path -d 'Where to write the fused model' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -l dequantize -d 'Write dense weights (dequantize every quantized layer)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from forward help" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s m -l model -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l lengths -d 'Comma-separated numbers of new tokens per forward pass' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l context -d 'Context already in the cache' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l runs -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l json -d 'Print JSON lines instead of a table'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand completions" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from train" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
