@@ -21,8 +21,15 @@ fn main() {
 }
 
 fn link_openblas(required: bool) {
-    let dirs = ["/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"];
-    let found = dirs.iter().find(|d| Path::new(d).join("libopenblas.so.0").exists());
+    let dirs = [
+        "/usr/lib/x86_64-linux-gnu",
+        "/usr/lib/aarch64-linux-gnu",
+        "/usr/lib64",
+        "/usr/lib",
+    ];
+    let found = dirs
+        .iter()
+        .find(|d| Path::new(d).join("libopenblas.so.0").exists());
     match found {
         Some(dir) => {
             println!("cargo:rustc-link-search=native={dir}");

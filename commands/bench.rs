@@ -45,7 +45,13 @@ pub fn run(args: Args) -> Result<()> {
     }
 }
 
-fn forward(model: Option<&str>, lengths: &[usize], context: usize, runs: usize, json: bool) -> Result<()> {
+fn forward(
+    model: Option<&str>,
+    lengths: &[usize],
+    context: usize,
+    runs: usize,
+    json: bool,
+) -> Result<()> {
     let dir = crate::model_arg::resolve(model)?;
     let model = Model::load(&dir)?;
     let ctx: Vec<u32> = (0..context as u32).map(|i| 100 + i % 1000).collect();

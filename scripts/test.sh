@@ -8,6 +8,8 @@ bash scripts/bootstrap.sh
 if [[ -x scripts/oracle/setup.sh ]]; then
   bash scripts/oracle/setup.sh >/dev/null
 fi
+cargo fmt --check
+cargo clippy --release --all-targets --quiet -- -D warnings
 cargo build --release --all-targets --quiet
 # Prepare the default model once, before tests run in parallel.
 ./target/release/mlx-bun generate --prompt "Hi" --max-tokens 1 >/dev/null

@@ -259,8 +259,16 @@ pub fn generate_speculative(
     while sink.finish.is_none() {
         let remaining = opts.max_tokens - sink.tokens.len();
         let trimmable = caches.iter().all(|c| c.is_trimmable());
-        let want = if trimmable { num_draft.min(remaining) } else { 0 };
-        let drafts = if want > 0 { drafter.draft(&history, want)? } else { None };
+        let want = if trimmable {
+            num_draft.min(remaining)
+        } else {
+            0
+        };
+        let drafts = if want > 0 {
+            drafter.draft(&history, want)?
+        } else {
+            None
+        };
         let n = drafts.as_ref().map_or(0, |d| d.shape()[0] as usize);
 
         let head = Array::from_slice(&[pending], &[1]);
@@ -367,7 +375,11 @@ pub fn generate_speculative(
         cached_tokens: cached,
         generation_tokens: n,
         prompt_tps: (prompt.len() - cached) as f64 / prompt_secs,
-        generation_tps: if n > 1 && gen_secs > 0.0 { (n - 1) as f64 / gen_secs } else { 0.0 },
+        generation_tps: if n > 1 && gen_secs > 0.0 {
+            (n - 1) as f64 / gen_secs
+        } else {
+            0.0
+        },
         ttft_s: prompt_secs,
         peak_memory_bytes: crate::mlx_ext::peak_memory_bytes(),
         finish_reason: finish,

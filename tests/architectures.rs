@@ -65,12 +65,23 @@ fn unknown_architecture_is_a_clear_error() {
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
     config["model_type"] = "mamba".into();
     std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
-    std::fs::copy(src.join("model.safetensors"), tmp.path().join("model.safetensors")).unwrap();
-    let err = Model::load(tmp.path()).err().expect("mamba must be refused");
-    assert!(format!("{err:#}").contains("unsupported architecture \"mamba\""), "{err:#}");
+    std::fs::copy(
+        src.join("model.safetensors"),
+        tmp.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let err = Model::load(tmp.path())
+        .err()
+        .expect("mamba must be refused");
+    assert!(
+        format!("{err:#}").contains("unsupported architecture \"mamba\""),
+        "{err:#}"
+    );
 
     std::fs::write(tmp.path().join("config.json"), "{not json").unwrap();
-    let err = Model::load(tmp.path()).err().expect("bad config must be refused");
+    let err = Model::load(tmp.path())
+        .err()
+        .expect("bad config must be refused");
     assert!(format!("{err:#}").contains("config.json"), "{err:#}");
 
     let err = Model::load(&tmp.path().join("missing")).err().unwrap();

@@ -36,9 +36,17 @@ fn float32_target() -> PathBuf {
     dir
 }
 
-fn plain(model: &Model, tok: &Tokenizer, prompt: &[u32], opts: &GenerateOptions) -> GenerationResult {
+fn plain(
+    model: &Model,
+    tok: &Tokenizer,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+) -> GenerationResult {
     let mut caches = model.make_caches();
-    generate(model, tok, &mut caches, prompt, 0, opts, None, &mut |_| true).unwrap()
+    generate(model, tok, &mut caches, prompt, 0, opts, None, &mut |_| {
+        true
+    })
+    .unwrap()
 }
 
 #[test]
@@ -63,7 +71,16 @@ fn two_model_speculation_matches_mlx_lm() {
         let mut drafter = ModelDrafter::new(&draft, &opts.sampling).unwrap();
         let mut caches = target.make_caches();
         let out = generate_speculative(
-            &target, &tok, &mut caches, &ids, 0, &opts, &mut drafter, k, None, &mut |_| true,
+            &target,
+            &tok,
+            &mut caches,
+            &ids,
+            0,
+            &opts,
+            &mut drafter,
+            k,
+            None,
+            &mut |_| true,
         )
         .unwrap();
         assert_eq!(out.token_ids, expected, "tokens differ from mlx-lm (k={k})");
@@ -73,7 +90,10 @@ fn two_model_speculation_matches_mlx_lm() {
             case["accepted"].as_u64().unwrap() as usize,
             "accepted draft tokens differ from mlx-lm (k={k})"
         );
-        assert!(stats.target_calls < out.token_ids.len(), "no verification saved a call");
+        assert!(
+            stats.target_calls < out.token_ids.len(),
+            "no verification saved a call"
+        );
     }
 }
 
@@ -111,10 +131,16 @@ fn ngram_drafting_equals_plain_greedy() {
             &mut |_| true,
         )
         .unwrap();
-        assert_eq!(out.token_ids, reference.token_ids, "n-gram speculation changed the output (k={k})");
+        assert_eq!(
+            out.token_ids, reference.token_ids,
+            "n-gram speculation changed the output (k={k})"
+        );
         assert_eq!(out.text, reference.text);
         let stats = out.speculation.unwrap();
-        assert!(stats.drafted > 0 && stats.accepted > 0, "n-gram drafter never helped: {stats:?}");
+        assert!(
+            stats.drafted > 0 && stats.accepted > 0,
+            "n-gram drafter never helped: {stats:?}"
+        );
     }
 }
 
@@ -166,31 +192,51 @@ fn grammar_with_speculation_equals_grammar_alone() {
             &mut |_| true,
         )
         .unwrap();
-        for (name, drafter) in [
-            ("model", None),
-            ("ngram", Some(NgramDrafter::default())),
-        ] {
+        for (name, drafter) in [("model", None), ("ngram", Some(NgramDrafter::default()))] {
             let mut constraint = engine.constraint(&spec).unwrap();
             let mut caches = model.make_caches();
             let out = match drafter {
                 Some(mut ngram) => generate_speculative(
-                    &model, &tok, &mut caches, &prompt, 0, &opts, &mut ngram, 3,
-                    Some(constraint.as_mut()), &mut |_| true,
+                    &model,
+                    &tok,
+                    &mut caches,
+                    &prompt,
+                    0,
+                    &opts,
+                    &mut ngram,
+                    3,
+                    Some(constraint.as_mut()),
+                    &mut |_| true,
                 ),
                 None => {
                     let mut drafter = ModelDrafter::new(&model, &opts.sampling).unwrap();
                     generate_speculative(
-                        &model, &tok, &mut caches, &prompt, 0, &opts, &mut drafter, 3,
-                        Some(constraint.as_mut()), &mut |_| true,
+                        &model,
+                        &tok,
+                        &mut caches,
+                        &prompt,
+                        0,
+                        &opts,
+                        &mut drafter,
+                        3,
+                        Some(constraint.as_mut()),
+                        &mut |_| true,
                     )
                 }
             }
             .unwrap();
-            assert_eq!(out.token_ids, alone.token_ids, "{name} drafter: grammar+spec differs from grammar alone");
+            assert_eq!(
+                out.token_ids, alone.token_ids,
+                "{name} drafter: grammar+spec differs from grammar alone"
+            );
             assert_eq!(out.finish_reason, alone.finish_reason);
             let value: Value = serde_json::from_str(&out.text)
                 .unwrap_or_else(|e| panic!("{name}: not JSON ({e}): {}", out.text));
-            assert!(validator.is_valid(&value), "{name}: output violates the schema: {}", out.text);
+            assert!(
+                validator.is_valid(&value),
+                "{name}: output violates the schema: {}",
+                out.text
+            );
         }
     }
 }
@@ -224,7 +270,8 @@ fn cli_reports_speculation_and_refuses_foreign_tokenizers() {
         let path = entry.unwrap().path();
         let name = path.file_name().unwrap().to_owned();
         if name == "tokenizer.json" {
-            let mut json: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            let mut json: Value =
+                serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
             let vocab = json["model"]["vocab"].as_object_mut().unwrap();
             let quick = vocab["\u{120}quick"].clone();
             let brown = vocab["\u{120}brown"].clone();
@@ -242,6 +289,9 @@ fn cli_reports_speculation_and_refuses_foreign_tokenizers() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("different tokenizer"), "unexpected error: {err}");
+    assert!(
+        err.contains("different tokenizer"),
+        "unexpected error: {err}"
+    );
     assert!(!err.contains("panicked"));
 }

@@ -143,7 +143,10 @@ fn dense_rows_threshold() -> usize {
 
 fn dense_path_for(x: &Array) -> bool {
     let threshold = dense_rows_threshold();
-    let rows: i64 = x.shape()[..x.ndim() - 1].iter().map(|&d| d as i64).product();
+    let rows: i64 = x.shape()[..x.ndim() - 1]
+        .iter()
+        .map(|&d| d as i64)
+        .product();
     threshold > 0 && rows >= threshold as i64
 }
 
