@@ -351,6 +351,15 @@ fn a_forked_matcher_checks_drafts_and_rolls_back() {
     assert!(c.allows(beta[0]).unwrap());
     let eos = *tokenizer.eos_ids.iter().next().unwrap();
     assert!(!c.allows(eos).unwrap(), "eos before a complete value");
+    let padded = tokenizer.vocab_size() as u32 + 5;
+    assert!(
+        !c.allows(padded).unwrap(),
+        "ids past the tokenizer are never allowed"
+    );
+    assert!(
+        c.allows(alpha[0]).unwrap(),
+        "and asking does not break the matcher"
+    );
 
     // A draft walks a fork; the original does not move.
     let mut draft = c.fork().unwrap();

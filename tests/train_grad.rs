@@ -371,3 +371,30 @@ fn log1mexp_is_accurate_and_has_finite_gradients() {
         );
     }
 }
+
+#[test]
+fn dropout_is_active_only_while_training() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let mut layout = layout(&model);
+    layout.dropout = 0.5;
+    let params = random_params(&model, &layout, 5);
+    let ex = sft_examples();
+    let batch = pad_sft(&ex.iter().collect::<Vec<_>>(), 2048);
+    let loss = |training: bool| -> f32 {
+        let mut m = model.clone();
+        if training {
+            layout.set_training_params(&mut m, &params).unwrap();
+        } else {
+            layout.set_params(&mut m, &params).unwrap();
+        }
+        sft_loss(&fwd(&m, false), &batch, 512, false)
+            .unwrap()
+            .0
+            .item_cast::<f32>()
+    };
+    let (a, b) = (loss(false), loss(false));
+    assert_eq!(a, b, "inference must be deterministic");
+    let (c, d) = (loss(true), loss(true));
+    assert!(c != d && c != a, "dropout masks should differ: {a} {c} {d}");
+}

@@ -173,6 +173,11 @@ impl TokenConstraint for GrammarConstraint {
             self.check_error()?;
             return Ok(false);
         }
+        if token as usize >= self.env.vocab_size() {
+            // Beyond the tokenizer (a padded model vocabulary): never allowed,
+            // and asking the matcher would put it in an error state.
+            return Ok(false);
+        }
         let n = self
             .matcher
             .validate_tokens(&[token])

@@ -29,6 +29,37 @@ pub struct PreferenceExample {
     pub rejected: Vec<u32>,
 }
 
+impl PreferenceExample {
+    /// Tokens of the prompt and the longer response.
+    pub fn longest(&self) -> usize {
+        self.prompt.len() + self.chosen.len().max(self.rejected.len())
+    }
+
+    /// The pair cut to at most `max_len` tokens of prompt + longer response:
+    /// the prompt loses its oldest tokens (down to half the budget), then the
+    /// responses lose their last ones.
+    pub fn fit(&self, max_len: usize) -> Self {
+        let max_len = max_len.max(2);
+        if self.longest() <= max_len {
+            return self.clone();
+        }
+        let reply = self.chosen.len().max(self.rejected.len());
+        let keep_prompt = self
+            .prompt
+            .len()
+            .min(max_len.saturating_sub(reply).max(max_len / 2))
+            .max(1);
+        let prompt = self.prompt[self.prompt.len() - keep_prompt..].to_vec();
+        let room = (max_len - keep_prompt).max(1);
+        let cut = |r: &Vec<u32>| r[..r.len().min(room)].to_vec();
+        Self {
+            prompt,
+            chosen: cut(&self.chosen),
+            rejected: cut(&self.rejected),
+        }
+    }
+}
+
 /// The examples of one split file.
 #[derive(Clone, Debug)]
 pub enum Examples {
@@ -309,4 +340,27 @@ fn eos_id(tok: &Tokenizer) -> Option<u32> {
         .as_deref()
         .and_then(|t| tok.token_to_id(t))
         .or_else(|| tok.eos_ids.iter().next().copied())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_pairs_are_cut_to_the_budget() {
+        let pair = PreferenceExample {
+            prompt: (0..10).collect(),
+            chosen: (100..106).collect(),
+            rejected: (200..203).collect(),
+        };
+        assert_eq!(pair.fit(16), pair);
+        let cut = pair.fit(12);
+        assert_eq!(cut.prompt, (4..10).collect::<Vec<u32>>());
+        assert_eq!(cut.chosen, (100..106).collect::<Vec<u32>>());
+        let tight = pair.fit(8);
+        assert_eq!(tight.prompt, (6..10).collect::<Vec<u32>>());
+        assert_eq!(tight.chosen, (100..104).collect::<Vec<u32>>());
+        assert_eq!(tight.rejected, (200..203).collect::<Vec<u32>>());
+        assert!(tight.longest() <= 8);
+    }
 }

@@ -105,9 +105,9 @@ pub struct TrainSummary {
 }
 
 /// One step's batch.
-enum Batch<'a> {
+enum Batch {
     Sft(super::batches::SftBatch),
-    Pairs(Vec<&'a PreferenceExample>),
+    Pairs(Vec<PreferenceExample>),
 }
 
 /// Model with adapters and everything needed to compute losses.
@@ -134,7 +134,10 @@ impl Trainer {
                 .with_context(|| format!("resuming from {}", file.display()))?;
         }
         if cfg.grad_checkpoint && layout.dropout > 0.0 {
-            bail!("LoRA dropout cannot be combined with --grad-checkpoint (the recomputed pass would draw other masks)");
+            bail!(
+                "LoRA dropout cannot be combined with --grad-checkpoint \
+                 (the recomputed pass would draw other masks)"
+            );
         }
         mlx_rs::random::seed(cfg.seed)?;
         let checkpoint_from = cfg
@@ -187,9 +190,10 @@ impl Trainer {
                     .map(|p| p.prompt.len() + p.chosen.len() + p.rejected.len())
                     .max()
                     .unwrap_or(0);
+                let refs: Vec<&PreferenceExample> = pairs.iter().collect();
                 let (terms, tokens) = orpo_loss(
                     &fwd,
-                    pairs,
+                    &refs,
                     self.cfg.orpo_lambda as f32,
                     self.cfg.sft_scope,
                     chunk,
@@ -273,7 +277,7 @@ impl Trainer {
         Ok((mean, orpo, batches))
     }
 
-    /// Writes the adapters (tensors and config) into `dir`.
+    /// Writes the current adapter tensors to `file`.
     pub fn save(&self, file: &Path) -> Result<()> {
         adapters::save_params(&self.layout, &self.params, file)
     }
@@ -321,21 +325,27 @@ fn batch_order(
 ) -> Result<BatchOrder> {
     let lengths: Vec<usize> = match examples {
         Examples::Sft(v) => v.iter().map(|e| e.tokens.len()).collect(),
-        Examples::Preference(v) => v
-            .iter()
-            .map(|e| e.prompt.len() + e.chosen.len().max(e.rejected.len()))
-            .collect(),
+        Examples::Preference(v) => v.iter().map(PreferenceExample::longest).collect(),
     };
     BatchOrder::new(&lengths, batch_size, seed, looping)
 }
 
-fn make_batch<'a>(examples: &'a Examples, idx: &[usize], max_seq_length: usize) -> Batch<'a> {
+fn make_batch(examples: &Examples, idx: &[usize], max_seq_length: usize) -> Batch {
     match examples {
         Examples::Sft(v) => {
             let rows: Vec<&SftExample> = idx.iter().map(|&i| &v[i]).collect();
             Batch::Sft(pad_sft(&rows, max_seq_length))
         }
-        Examples::Preference(v) => Batch::Pairs(idx.iter().map(|&i| &v[i]).collect()),
+        Examples::Preference(v) => {
+            let pairs: Vec<PreferenceExample> =
+                idx.iter().map(|&i| v[i].fit(max_seq_length)).collect();
+            if idx.iter().any(|&i| v[i].longest() > max_seq_length) {
+                tracing::warn!(
+                    "some preference pairs are longer than {max_seq_length} tokens and are truncated"
+                );
+            }
+            Batch::Pairs(pairs)
+        }
     }
 }
 
