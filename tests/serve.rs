@@ -1021,6 +1021,12 @@ fn speculative_lane_with_a_draft_model() {
         .json()
         .unwrap();
     assert_eq!(v["choices"][0]["token_ids"], cli["token_ids"], "{v}");
+    let spec = &v["usage"]["speculation"];
+    assert!(spec["target_calls"].as_u64().unwrap() >= 1, "{v}");
+    assert!(
+        spec["drafted"].as_u64().unwrap() >= spec["accepted"].as_u64().unwrap(),
+        "{v}"
+    );
     // Log-probabilities are the serial lane's: such a request still gets them.
     let v: Value = client()
         .post(s.url("/v1/completions"))

@@ -62,12 +62,20 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
 }
 
 pub fn usage(result: &GenerationResult) -> Value {
-    json!({
+    let mut usage = json!({
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.generation_tokens,
         "total_tokens": result.prompt_tokens + result.generation_tokens,
         "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
-    })
+    });
+    if let Some(spec) = &result.speculation {
+        usage["speculation"] = json!({
+            "drafted": spec.drafted,
+            "accepted": spec.accepted,
+            "target_calls": spec.target_calls,
+        });
+    }
+    usage
 }
 
 impl Reply {
