@@ -174,6 +174,43 @@ impl<'a> OutputSink<'a> {
         Ok(self.finish.is_none())
     }
 
+    /// Closes the sink and assembles the result with timings and counts.
+    pub fn into_result(
+        mut self,
+        prompt: &[u32],
+        cached: usize,
+        start: Instant,
+        first_token_at: Option<Instant>,
+        cache_tokens: Vec<u32>,
+        speculation: Option<SpeculationStats>,
+    ) -> Result<GenerationResult> {
+        let finish = self.close()?;
+        let end = Instant::now();
+        let first = first_token_at.unwrap_or(end);
+        let prompt_secs = (first - start).as_secs_f64().max(1e-9);
+        let n = self.tokens.len();
+        let gen_secs = (end - first).as_secs_f64();
+        Ok(GenerationResult {
+            text: self.text,
+            token_ids: self.tokens,
+            prompt_tokens: prompt.len(),
+            cached_tokens: cached,
+            generation_tokens: n,
+            prompt_tps: (prompt.len() - cached) as f64 / prompt_secs,
+            generation_tps: if n > 1 && gen_secs > 0.0 {
+                (n - 1) as f64 / gen_secs
+            } else {
+                0.0
+            },
+            ttft_s: prompt_secs,
+            peak_memory_bytes: crate::mlx_ext::peak_memory_bytes(),
+            finish_reason: finish,
+            speculation,
+            cache_tokens,
+            logprobs: self.logprobs,
+        })
+    }
+
     /// Ends generation for a reason found outside the sink (grammar complete).
     pub fn finish_with(&mut self, reason: FinishReason) {
         if self.finish.is_none() {
@@ -358,29 +395,5 @@ pub fn generate(
             sample(logits, &generated, constraint.as_deref_mut(), &mut sampler)?;
         async_eval([&pending, &pending_lp])?;
     }
-    let finish = sink.close()?;
-    let end = Instant::now();
-    let first = first_token_at.unwrap_or(end);
-    let prompt_secs = (first - start).as_secs_f64().max(1e-9);
-    let n = sink.tokens.len();
-    let gen_secs = (end - first).as_secs_f64();
-    Ok(GenerationResult {
-        text: std::mem::take(&mut sink.text),
-        token_ids: std::mem::take(&mut sink.tokens),
-        prompt_tokens: prompt.len(),
-        cached_tokens: cached,
-        generation_tokens: n,
-        prompt_tps: (prompt.len() - cached) as f64 / prompt_secs,
-        generation_tps: if n > 1 && gen_secs > 0.0 {
-            (n - 1) as f64 / gen_secs
-        } else {
-            0.0
-        },
-        ttft_s: prompt_secs,
-        peak_memory_bytes: crate::mlx_ext::peak_memory_bytes(),
-        finish_reason: finish,
-        speculation: None,
-        cache_tokens,
-        logprobs: std::mem::take(&mut sink.logprobs),
-    })
+    sink.into_result(prompt, cached, start, first_token_at, cache_tokens, None)
 }

@@ -360,31 +360,14 @@ pub fn generate_speculative(
         }
         pending = *emitted.last().context("verification produced no token")?;
     }
-    let finish = sink.close()?;
-    let end = Instant::now();
-    let first = first_token_at.unwrap_or(end);
-    let prompt_secs = (first - start).as_secs_f64().max(1e-9);
-    let n = sink.tokens.len();
-    let gen_secs = (end - first).as_secs_f64();
     let mut cache_tokens = history;
     cache_tokens.truncate(cache_len.min(cache_tokens.len()));
-    Ok(GenerationResult {
-        text: std::mem::take(&mut sink.text),
-        token_ids: std::mem::take(&mut sink.tokens),
-        prompt_tokens: prompt.len(),
-        cached_tokens: cached,
-        generation_tokens: n,
-        prompt_tps: (prompt.len() - cached) as f64 / prompt_secs,
-        generation_tps: if n > 1 && gen_secs > 0.0 {
-            (n - 1) as f64 / gen_secs
-        } else {
-            0.0
-        },
-        ttft_s: prompt_secs,
-        peak_memory_bytes: crate::mlx_ext::peak_memory_bytes(),
-        finish_reason: finish,
-        speculation: Some(stats),
+    sink.into_result(
+        prompt,
+        cached,
+        start,
+        first_token_at,
         cache_tokens,
-        logprobs: Vec::new(),
-    })
+        Some(stats),
+    )
 }
