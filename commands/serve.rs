@@ -49,6 +49,18 @@ pub struct Args {
     /// Tokens the draft model proposes per step.
     #[arg(long, default_value_t = 3)]
     num_draft_tokens: usize,
+    /// Rows decoded together in one batch (continuous batching); 1 turns
+    /// batching off. Requests with a draft model run speculatively instead.
+    #[arg(long, default_value_t = 8)]
+    decode_concurrency: usize,
+    /// Prompts prefilled at once while the batch keeps decoding.
+    #[arg(long, default_value_t = 4)]
+    prompt_concurrency: usize,
+    /// KV cache budget in GiB for admitted requests (default: half the memory
+    /// available after loading). Requests wait while the batch would exceed
+    /// it; one that can never fit gets a 400.
+    #[arg(long)]
+    kv_budget: Option<f64>,
     /// Seconds to let running requests finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
@@ -79,6 +91,15 @@ fn check(args: &Args) -> Result<()> {
     }
     if args.max_body_bytes < 1024 {
         bail!("--max-body-bytes must be at least 1024");
+    }
+    if args.decode_concurrency == 0 {
+        bail!("--decode-concurrency must be at least 1");
+    }
+    if args.prompt_concurrency == 0 {
+        bail!("--prompt-concurrency must be at least 1");
+    }
+    if matches!(args.kv_budget, Some(b) if !(b.is_finite() && b > 0.0)) {
+        bail!("--kv-budget must be a size in GiB above 0");
     }
     if args.num_draft_tokens == 0 {
         bail!("--num-draft-tokens must be at least 1");
@@ -172,6 +193,9 @@ pub fn run(args: Args) -> Result<()> {
             max_queue: args.max_queue,
             prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
             num_draft_tokens: args.num_draft_tokens,
+            decode_concurrency: args.decode_concurrency,
+            prompt_concurrency: args.prompt_concurrency,
+            kv_budget_bytes: args.kv_budget.map(|g| (g * (1u64 << 30) as f64) as usize),
         },
     )?);
 

@@ -14,8 +14,9 @@ use serde::Serialize;
 
 use crate::cache::KvCache;
 use crate::constraint::TokenConstraint;
+use crate::decode::{ConstraintSlot, Row};
 use crate::model::Model;
-use crate::sampling::{log_softmax, Sampler, SamplingParams};
+use crate::sampling::SamplingParams;
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::{StreamingDetokenizer, Tokenizer};
 
@@ -116,7 +117,7 @@ pub struct OutputSink<'a> {
     pub logprobs: Vec<TokenLogprob>,
     pub finish: Option<FinishReason>,
     stopped_by_string: bool,
-    on_token: &'a mut dyn FnMut(&TokenEvent) -> bool,
+    on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,
 }
 
 impl<'a> OutputSink<'a> {
@@ -124,6 +125,15 @@ impl<'a> OutputSink<'a> {
         tokenizer: &'a Tokenizer,
         opts: &GenerateOptions,
         on_token: &'a mut dyn FnMut(&TokenEvent) -> bool,
+    ) -> Self {
+        Self::boxed(tokenizer, opts, Box::new(on_token))
+    }
+
+    /// A sink whose callback it owns (rows of a batch outlive any one call).
+    pub fn boxed(
+        tokenizer: &'a Tokenizer,
+        opts: &GenerateOptions,
+        on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,
     ) -> Self {
         Self {
             tokenizer,
@@ -275,7 +285,7 @@ pub fn prefill(
     Ok(())
 }
 
-fn token_logprob(logprobs: &Array, token: u32, k: usize) -> Result<TokenLogprob> {
+pub(crate) fn token_logprob(logprobs: &Array, token: u32, k: usize) -> Result<TokenLogprob> {
     let row = logprobs.index((0, ..));
     let logprob = row.index(token as i32).item_cast::<f32>();
     let mut top = Vec::new();
@@ -309,7 +319,7 @@ pub fn generate(
     prompt: &[u32],
     cached: usize,
     opts: &GenerateOptions,
-    mut constraint: Option<&mut (dyn TokenConstraint + 'static)>,
+    constraint: Option<&mut (dyn TokenConstraint + 'static)>,
     on_token: &mut dyn FnMut(&TokenEvent) -> bool,
 ) -> Result<GenerationResult> {
     if prompt.is_empty() {
@@ -318,82 +328,90 @@ pub fn generate(
     if cached >= prompt.len() {
         bail!("at least one prompt token must be left to process");
     }
-    let start = Instant::now();
     crate::mlx_ext::reset_peak_memory();
-    let mut sampler = Sampler::new(opts.sampling.clone())?;
-    let vocab = model.vocab_size();
-
+    let slot = constraint.map(ConstraintSlot::Borrowed);
+    let row = Row::new(
+        model,
+        tokenizer,
+        prompt.to_vec(),
+        cached,
+        opts,
+        slot,
+        Box::new(on_token),
+    )?;
     let (last, rest) = prompt[cached..].split_last().unwrap();
     prefill(model, caches, rest, opts.prefill_step)?;
-    let mut cache_tokens: Vec<u32> = prompt.to_vec();
+    let mut decoder = SerialDecoder::start(model, caches, row, *last)?;
+    while decoder.step()? {}
+    decoder.into_result()
+}
 
-    let mut sink = OutputSink::new(tokenizer, opts, on_token);
-    // Samples a token from logits given everything emitted so far.
-    let sample = |logits: Array,
-                  generated: &[u32],
-                  constraint: Option<&mut (dyn TokenConstraint + 'static)>,
-                  sampler: &mut Sampler|
-     -> Result<(Array, Array)> {
-        let mut logits = sampler.process(logits, prompt, generated)?;
-        if let Some(c) = constraint {
-            if let Some(mask) = c.mask(vocab)? {
-                logits = apply_mask(&logits, &mask)?;
-            }
+/// One sequence decoded one token per step, the next forward pass queued
+/// before the current token is read.
+pub struct SerialDecoder<'m, 'a> {
+    model: &'m Model,
+    caches: &'m mut [Box<dyn KvCache>],
+    row: Row<'a>,
+    pending: Array,
+    pending_logprobs: Array,
+}
+
+impl<'m, 'a> SerialDecoder<'m, 'a> {
+    /// Forwards the last prompt token and samples the first new one.
+    pub fn start(
+        model: &'m Model,
+        caches: &'m mut [Box<dyn KvCache>],
+        mut row: Row<'a>,
+        last: u32,
+    ) -> Result<Self> {
+        let input = Array::from_slice(&[last as i32], &[1, 1]);
+        let logits = model.forward_last(&input, caches)?;
+        row.fed.push(last);
+        let (pending, pending_logprobs) = row.sample(logits)?;
+        async_eval([&pending, &pending_logprobs])?;
+        if row.max_tokens() == 0 {
+            row.finish_with(FinishReason::Length);
         }
-        let logprobs = log_softmax(&logits)?;
-        let token = sampler.sample(&logprobs)?;
-        Ok((token, logprobs))
-    };
-
-    let input = Array::from_slice(&[*last as i32], &[1, 1]);
-    let logits = model.forward_last(&input, caches)?;
-    let (mut pending, mut pending_lp) =
-        sample(logits, &[], constraint.as_deref_mut(), &mut sampler)?;
-    async_eval([&pending, &pending_lp])?;
-    let mut first_token_at = None;
-    if opts.max_tokens == 0 {
-        sink.finish_with(FinishReason::Length);
+        Ok(Self {
+            model,
+            caches,
+            row,
+            pending,
+            pending_logprobs,
+        })
     }
 
-    while sink.finish.is_none() {
-        // Queue the next forward pass on the not-yet-read token.
-        let room = sink.tokens.len() + 1 < opts.max_tokens;
+    /// Emits the pending token and queues the next; false once finished.
+    pub fn step(&mut self) -> Result<bool> {
+        if self.row.is_finished() {
+            return Ok(false);
+        }
+        let room = self.row.generated() + 1 < self.row.max_tokens();
         let next_logits = if room {
-            let logits = model.forward_last(&pending.reshape(&[1, 1])?, caches)?;
+            let input = self.pending.reshape(&[1, 1])?;
+            let logits = self.model.forward_last(&input, self.caches)?;
             async_eval([&logits])?;
             Some(logits)
         } else {
             None
         };
-        let token = pending.item_cast::<u32>();
-        if first_token_at.is_none() {
-            first_token_at = Some(Instant::now());
-        }
+        let token = self.pending.item_cast::<u32>();
         if next_logits.is_some() {
-            cache_tokens.push(token);
+            self.row.fed.push(token);
         }
-        let logprob = match opts.logprobs {
-            Some(k) => Some(token_logprob(&pending_lp, token, k)?),
-            None => None,
-        };
-        if !sink.emit(token, logprob)? {
-            break;
-        }
-        if let Some(c) = constraint.as_deref_mut() {
-            c.commit(token)?;
-            if c.is_finished() {
-                sink.finish_with(FinishReason::Stop);
-                break;
-            }
+        if !self.row.emit(token, Some(&self.pending_logprobs))? {
+            return Ok(false);
         }
         let Some(logits) = next_logits else {
-            sink.finish_with(FinishReason::Length);
-            break;
+            self.row.finish_with(FinishReason::Length);
+            return Ok(false);
         };
-        let generated = sink.tokens.clone();
-        (pending, pending_lp) =
-            sample(logits, &generated, constraint.as_deref_mut(), &mut sampler)?;
-        async_eval([&pending, &pending_lp])?;
+        (self.pending, self.pending_logprobs) = self.row.sample(logits)?;
+        async_eval([&self.pending, &self.pending_logprobs])?;
+        Ok(true)
     }
-    sink.into_result(prompt, cached, start, first_token_at, cache_tokens, None)
+
+    pub fn into_result(self) -> Result<GenerationResult> {
+        self.row.into_result(None)
+    }
 }

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod chat_template;
 pub mod constraint;
 pub mod convert;
+pub mod decode;
 pub mod default_model;
 pub mod evaldb;
 pub mod gateway;

@@ -5,13 +5,13 @@
 use anyhow::Result;
 use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{arange, expand_dims, ge, gt, logical_and, sigmoid, subtract};
+use mlx_rs::ops::sigmoid;
 use mlx_rs::Array;
 
 use super::config::ModelArgs;
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
 use super::weights::Weights;
-use crate::cache::{KvCache, RotatingCache, StandardCache};
+use crate::cache::{KvCache, Mask, RotatingCache, StandardCache};
 
 /// What differs between the families.
 #[derive(Clone, Debug, Default)]
@@ -90,11 +90,11 @@ impl Attention {
         let q = heads(&self.q_proj, self.n_heads, &self.q_norm)?;
         let k = heads(&self.k_proj, self.n_kv_heads, &self.k_norm)?;
         let v = heads(&self.v_proj, self.n_kv_heads, &None)?;
-        let offset = cache.offset() as i32;
-        let q = self.rope.forward(&q, offset)?;
-        let k = self.rope.forward(&k, offset)?;
+        let positions = cache.positions();
+        let q = self.rope.forward_at(&q, &positions)?;
+        let k = self.rope.forward_at(&k, &positions)?;
         let (k, v) = cache.update_and_fetch(&k, &v)?;
-        let out = match attention_mask(l, offset, k.shape()[2], cache.max_size())? {
+        let out = match cache.mask(l, k.shape()[2])? {
             Mask::None => scaled_dot_product_attention(&q, &k, &v, self.scale, None, None)?,
             Mask::Causal => scaled_dot_product_attention(
                 &q,
@@ -109,30 +109,6 @@ impl Attention {
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)
     }
-}
-
-enum Mask {
-    None,
-    Causal,
-    Array(Array),
-}
-
-/// The attention mask for `l` new queries at `offset` over `kv_len` keys.
-fn attention_mask(l: i32, offset: i32, kv_len: i32, window: Option<usize>) -> Result<Mask> {
-    if l == 1 {
-        return Ok(Mask::None);
-    }
-    let Some(window) = window else {
-        return Ok(Mask::Causal);
-    };
-    // Sliding window: key j (absolute position) is visible to query i iff
-    // i - window < j <= i. Keys are the last `kv_len` positions ending at offset + l.
-    let first_key = offset + l - kv_len;
-    let q = expand_dims(&arange::<_, i32>(offset, offset + l, None)?, 1)?;
-    let k = expand_dims(&arange::<_, i32>(first_key, first_key + kv_len, None)?, 0)?;
-    let causal = ge(&q, &k)?;
-    let in_window = gt(&k, &subtract(&q, Array::from_int(window as i32))?)?;
-    Ok(Mask::Array(logical_and(&causal, &in_window)?))
 }
 
 #[derive(Clone)]

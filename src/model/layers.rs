@@ -295,6 +295,30 @@ impl Rope {
         Ok(rope)
     }
 
+    /// Rotates `x` `[B, H, L, D]` for tokens at `positions`.
+    pub fn forward_at(&self, x: &Array, positions: &crate::cache::Positions) -> Result<Array> {
+        match positions {
+            crate::cache::Positions::Shared(offset) => self.forward(x, *offset),
+            crate::cache::Positions::PerRow(offsets) => {
+                let base = if self.freqs.is_some() {
+                    None
+                } else {
+                    Some(self.base)
+                };
+                fast::rope_dynamic(
+                    x,
+                    self.dims,
+                    self.traditional,
+                    base,
+                    self.scale,
+                    offsets,
+                    self.freqs.as_ref(),
+                )
+                .context("rope with per-row offsets")
+            }
+        }
+    }
+
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
         let base = if self.freqs.is_some() {
             None

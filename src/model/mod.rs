@@ -126,6 +126,17 @@ impl Model {
         self.decoder.embed_tokens.vocab_size() as usize
     }
 
+    /// Whether rows of this model can share a batch cache. Sliding-window
+    /// (rotating) caches cannot be right-aligned across rows, so those
+    /// models decode one request at a time.
+    pub fn supports_batching(&self) -> bool {
+        self.decoder
+            .options
+            .layer_windows
+            .iter()
+            .all(Option::is_none)
+    }
+
     /// KV bytes one position costs across all layers.
     pub fn kv_bytes_per_token(&self) -> usize {
         let item = match self.dtype {

@@ -123,6 +123,18 @@ impl From<SubmitError> for ApiError {
                 err.retry_after_secs = Some(retry_after_secs);
                 err
             }
+            SubmitError::TooLarge {
+                tokens,
+                needed_bytes,
+                budget_bytes,
+            } => ApiError::bad_request(format!(
+                "the request needs {tokens} positions of KV cache ({:.1} MiB: prompt plus \
+                 max_tokens), more than the server's KV budget of {:.1} MiB; shorten the \
+                 prompt or lower max_tokens",
+                needed_bytes as f64 / (1u64 << 20) as f64,
+                budget_bytes as f64 / (1u64 << 20) as f64
+            ))
+            .with_code("context_length_exceeded"),
             SubmitError::ShuttingDown => {
                 ApiError::unavailable("the server is shutting down", "shutting_down")
             }

@@ -84,6 +84,15 @@ pub fn stats_json(model: &str, ready: bool, http: &HttpMetrics, g: &GatewayStats
             "max": g.max_queue,
             "active": g.active,
         },
+        "batch": {
+            "decode_concurrency": g.decode_concurrency,
+            "active_rows": g.batch_rows,
+            "prefilling_rows": g.prefilling_rows,
+            "waiting_rows": g.queue_depth,
+            "kv_bytes": g.kv_bytes,
+            "kv_projected_bytes": g.kv_projected_bytes,
+            "kv_budget_bytes": g.kv_budget_bytes,
+        },
         "prompt_cache": {
             "hits": g.prompt_cache.hits,
             "misses": g.prompt_cache.misses,
@@ -195,6 +204,28 @@ pub fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
         "gauge",
         "Requests being generated.",
         &[("", g.active as f64)],
+    );
+    metric(
+        &mut out,
+        "batch_rows",
+        "gauge",
+        "Batch lane rows by stage (waiting counts every queued request).",
+        &[
+            ("{stage=\"decoding\"}", g.batch_rows as f64),
+            ("{stage=\"prefilling\"}", g.prefilling_rows as f64),
+            ("{stage=\"waiting\"}", g.queue_depth as f64),
+        ],
+    );
+    metric(
+        &mut out,
+        "kv_bytes",
+        "gauge",
+        "KV cache bytes: in use by running requests, projected for admitted ones, and the budget.",
+        &[
+            ("{kind=\"in_use\"}", g.kv_bytes as f64),
+            ("{kind=\"projected\"}", g.kv_projected_bytes as f64),
+            ("{kind=\"budget\"}", g.kv_budget_bytes as f64),
+        ],
     );
     metric(
         &mut out,

@@ -2,12 +2,55 @@
 //!
 //! Every cache stores keys and values shaped `[batch, kv_heads, seq, head_dim]`.
 //! `KvCache` is the one interface the models, speculation (trim), the prompt
-//! cache (clone, trim) and persistence (state) work through.
+//! cache (clone, trim), batching and persistence (state) work through. A
+//! cache also says where the next tokens sit (their RoPE positions) and which
+//! keys they may see (the attention mask), so the decoder is the same for one
+//! sequence and for a batch of rows of different lengths.
+
+mod batch;
+
+pub use batch::BatchKvCache;
 
 use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
-use mlx_rs::ops::{concatenate, zeros_dtype};
+use mlx_rs::ops::{arange, concatenate, expand_dims, ge, gt, logical_and, subtract, zeros_dtype};
 use mlx_rs::Array;
+
+/// The RoPE positions of the next tokens: one offset for every row, or one
+/// offset per row (`[batch]` int32).
+pub enum Positions {
+    Shared(i32),
+    PerRow(Array),
+}
+
+/// Which keys each query may attend to.
+pub enum Mask {
+    /// Every key (a single query over a full cache).
+    None,
+    /// Causal over the new queries, every earlier key visible.
+    Causal,
+    /// An explicit boolean mask broadcastable to `[batch, heads, queries, keys]`.
+    Array(Array),
+}
+
+/// The attention mask for `l` new queries at `offset` over `kv_len` keys of a
+/// single sequence, with an optional sliding window.
+pub fn attention_mask(l: i32, offset: i32, kv_len: i32, window: Option<usize>) -> Result<Mask> {
+    if l == 1 {
+        return Ok(Mask::None);
+    }
+    let Some(window) = window else {
+        return Ok(Mask::Causal);
+    };
+    // Sliding window: key j (absolute position) is visible to query i iff
+    // i - window < j <= i. Keys are the last `kv_len` positions ending at offset + l.
+    let first_key = offset + l - kv_len;
+    let q = expand_dims(&arange::<_, i32>(offset, offset + l, None)?, 1)?;
+    let k = expand_dims(&arange::<_, i32>(first_key, first_key + kv_len, None)?, 0)?;
+    let causal = ge(&q, &k)?;
+    let in_window = gt(&k, &subtract(&q, Array::from_int(window as i32))?)?;
+    Ok(Mask::Array(logical_and(&causal, &in_window)?))
+}
 
 /// How many positions a standard cache grows by at a time.
 const STEP: i32 = 256;
@@ -33,6 +76,19 @@ pub trait KvCache: Send {
     fn kind(&self) -> &'static str;
     /// The window size of a sliding-window cache.
     fn max_size(&self) -> Option<usize> {
+        None
+    }
+    /// RoPE positions of the next tokens (read before `update_and_fetch`).
+    fn positions(&self) -> Positions {
+        Positions::Shared(self.offset() as i32)
+    }
+    /// The mask for the `l` queries just added over the `kv_len` keys that
+    /// `update_and_fetch` returned (read after it).
+    fn mask(&self, l: i32, kv_len: i32) -> Result<Mask> {
+        attention_mask(l, self.offset() as i32 - l, kv_len, self.max_size())
+    }
+    /// The batch cache behind this layer, when it is one.
+    fn as_batch_mut(&mut self) -> Option<&mut BatchKvCache> {
         None
     }
 }

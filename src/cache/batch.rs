@@ -1,0 +1,323 @@
+//! The batch cache: one layer's keys and values for several rows of
+//! different lengths, as mlx-lm's `BatchKVCache` lays them out.
+//!
+//! Rows are right-aligned: every row's last key sits at `idx - 1`, and row `r`
+//! holds its keys in `left_padding[r]..idx`. The padding is masked out of
+//! attention, and each row keeps its own RoPE offset (its token count), so a
+//! row's attention is the same computation it would be alone. Rows join by
+//! [`BatchKvCache::extend`] (already running rows are never re-merged or
+//! re-prefilled) and leave by [`BatchKvCache::filter`], which also drops
+//! padding no remaining row needs.
+
+use anyhow::{bail, Result};
+use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::{arange, concatenate, expand_dims, ge, logical_and, zeros_dtype};
+use mlx_rs::Array;
+
+use super::{KvCache, Mask, Positions, StandardCache, STEP};
+
+#[derive(Clone, Default)]
+pub struct BatchKvCache {
+    keys: Option<Array>,
+    values: Option<Array>,
+    /// Per row: index of its first live key.
+    left_padding: Vec<i32>,
+    /// Per row: tokens it holds, which is also the RoPE offset of its next token.
+    lengths: Vec<i32>,
+    /// Keys in use: every row ends here.
+    idx: i32,
+}
+
+impl BatchKvCache {
+    /// A cache with no rows.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A one-row batch from a single sequence's keys and values `[1, H, len, D]`.
+    pub fn from_single(state: Option<(Array, Array)>) -> Self {
+        match state {
+            Some((k, v)) => {
+                let len = k.shape()[2];
+                Self {
+                    keys: Some(k),
+                    values: Some(v),
+                    left_padding: vec![0],
+                    lengths: vec![len],
+                    idx: len,
+                }
+            }
+            None => Self {
+                left_padding: vec![0],
+                lengths: vec![0],
+                ..Self::default()
+            },
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.lengths.len()
+    }
+
+    /// Tokens held by each row.
+    pub fn lengths(&self) -> &[i32] {
+        &self.lengths
+    }
+
+    /// Keeps only the rows at `keep` (in that order), then drops the leading
+    /// positions that are padding for every remaining row.
+    pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        if keep.is_empty() {
+            *self = Self::default();
+            return Ok(());
+        }
+        self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
+        self.lengths = keep.iter().map(|&i| self.lengths[i]).collect();
+        let identity = keep.len() == self.rows_before_filter()
+            && keep.iter().enumerate().all(|(a, &b)| a == b);
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            let (mut k, mut v) = (k.clone(), v.clone());
+            if !identity {
+                let ids: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+                let ids = Array::from_slice(&ids, &[ids.len() as i32]);
+                k = k.take_axis(&ids, 0)?;
+                v = v.take_axis(&ids, 0)?;
+            }
+            let shift = *self.left_padding.iter().min().unwrap_or(&0);
+            if shift > 0 {
+                k = k.index((.., .., shift.., ..));
+                v = v.index((.., .., shift.., ..));
+                self.idx -= shift;
+                self.left_padding.iter_mut().for_each(|p| *p -= shift);
+            }
+            self.keys = Some(k);
+            self.values = Some(v);
+        }
+        Ok(())
+    }
+
+    fn rows_before_filter(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.shape()[0] as usize)
+    }
+
+    /// Appends the rows of `other` after this cache's rows.
+    pub fn extend(&mut self, other: BatchKvCache) -> Result<()> {
+        if other.rows() == 0 {
+            return Ok(());
+        }
+        if self.rows() == 0 {
+            *self = other;
+            return Ok(());
+        }
+        let like = match (&self.keys, &other.keys) {
+            (Some(k), _) | (None, Some(k)) => k.clone(),
+            (None, None) => {
+                self.left_padding.extend(other.left_padding);
+                self.lengths.extend(other.lengths);
+                return Ok(());
+            }
+        };
+        let like_v = self
+            .values
+            .as_ref()
+            .or(other.values.as_ref())
+            .unwrap()
+            .clone();
+        let idx = self.idx.max(other.idx);
+        let (k_a, v_a, pad_a) = self.right_aligned(idx, &like, &like_v)?;
+        let (k_b, v_b, pad_b) = other.right_aligned(idx, &like, &like_v)?;
+        self.keys = Some(concatenate(&[k_a, k_b], 0)?);
+        self.values = Some(concatenate(&[v_a, v_b], 0)?);
+        self.left_padding = pad_a.into_iter().chain(pad_b).collect();
+        self.lengths.extend(other.lengths);
+        self.idx = idx;
+        Ok(())
+    }
+
+    /// This cache's live keys and values padded on the left to `idx` positions.
+    fn right_aligned(
+        &self,
+        idx: i32,
+        like_k: &Array,
+        like_v: &Array,
+    ) -> Result<(Array, Array, Vec<i32>)> {
+        let b = self.rows() as i32;
+        let extra = idx - self.idx;
+        let pad = |live: Option<&Array>, like: &Array| -> Result<Array> {
+            let s = like.shape();
+            let (h, d) = (s[1], s[3]);
+            let zeros = |n: i32| zeros_dtype(&[b, h, n, d], like.dtype());
+            Ok(match live {
+                Some(a) => {
+                    let a = a.index((.., .., ..self.idx, ..));
+                    if extra > 0 {
+                        concatenate(&[zeros(extra)?, a], 2)?
+                    } else {
+                        a
+                    }
+                }
+                None => zeros(idx)?,
+            })
+        };
+        let k = pad(self.keys.as_ref(), like_k)?;
+        let v = pad(self.values.as_ref(), like_v)?;
+        let padding = self.left_padding.iter().map(|p| p + extra).collect();
+        Ok((k, v, padding))
+    }
+
+    /// Row `row`'s keys and values as a single-sequence cache.
+    pub fn extract(&self, row: usize) -> Result<StandardCache> {
+        let mut cache = StandardCache::new();
+        if let (Some(k), Some(v)) = (&self.keys, &self.values) {
+            let r = row as i32;
+            let start = self.left_padding[row];
+            let k = k.index((r..r + 1, .., start..self.idx, ..)).contiguous()?;
+            let v = v.index((r..r + 1, .., start..self.idx, ..)).contiguous()?;
+            let n = (self.idx - start) as usize;
+            if n > 0 {
+                cache.set_state(k, v, n)?;
+            }
+        }
+        Ok(cache)
+    }
+}
+
+impl KvCache for BatchKvCache {
+    fn offset(&self) -> usize {
+        self.idx as usize
+    }
+
+    fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
+        let prev = self.idx;
+        let n = keys.shape()[2];
+        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        if self.keys.is_none() || prev + n > capacity {
+            let grow = |buf: Option<Array>, like: &Array| -> Result<Array> {
+                let s = like.shape();
+                let steps = (n + STEP - 1) / STEP;
+                let fresh = zeros_dtype(&[s[0], s[1], steps * STEP, s[3]], like.dtype())?;
+                Ok(match buf {
+                    Some(old) => concatenate(&[old.index((.., .., ..prev, ..)), fresh], 2)?,
+                    None => fresh,
+                })
+            };
+            self.keys = Some(grow(self.keys.take(), keys)?);
+            self.values = Some(grow(self.values.take(), values)?);
+        }
+        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        k.try_index_mut((.., .., prev..prev + n, ..), keys)?;
+        v.try_index_mut((.., .., prev..prev + n, ..), values)?;
+        self.idx += n;
+        self.lengths.iter_mut().for_each(|l| *l += n);
+        let end = self.idx;
+        Ok((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
+    }
+
+    fn is_trimmable(&self) -> bool {
+        false
+    }
+
+    fn trim(&mut self, _n: usize) -> usize {
+        0
+    }
+
+    fn state(&self) -> Option<(Array, Array)> {
+        match (&self.keys, &self.values) {
+            (Some(k), Some(v)) if self.idx > 0 => Some((
+                k.index((.., .., ..self.idx, ..)),
+                v.index((.., .., ..self.idx, ..)),
+            )),
+            _ => None,
+        }
+    }
+
+    fn set_state(&mut self, _keys: Array, _values: Array, _offset: usize) -> Result<()> {
+        bail!("a batch cache is built from rows, not restored from a state")
+    }
+
+    fn nbytes(&self) -> usize {
+        self.keys.as_ref().map_or(0, |k| k.nbytes())
+            + self.values.as_ref().map_or(0, |v| v.nbytes())
+    }
+
+    fn boxed_clone(&self) -> Box<dyn KvCache> {
+        Box::new(self.clone())
+    }
+
+    fn kind(&self) -> &'static str {
+        "BatchKVCache"
+    }
+
+    fn positions(&self) -> Positions {
+        Positions::PerRow(Array::from_slice(
+            &self.lengths,
+            &[self.lengths.len() as i32],
+        ))
+    }
+
+    fn mask(&self, l: i32, kv_len: i32) -> Result<Mask> {
+        let b = self.rows() as i32;
+        let keys = expand_dims(&arange::<_, i32>(0, kv_len, None)?, 0)?; // [1, K]
+        let pad = Array::from_slice(&self.left_padding, &[b, 1, 1, 1]);
+        let live = ge(&keys, &pad)?; // [B, 1, 1, K]
+        if l == 1 {
+            return Ok(Mask::Array(live));
+        }
+        let queries = expand_dims(&arange::<_, i32>(kv_len - l, kv_len, None)?, 1)?; // [L, 1]
+        let causal = ge(&queries, &keys)?; // [L, K]
+        Ok(Mask::Array(logical_and(&live, &causal)?))
+    }
+
+    fn as_batch_mut(&mut self) -> Option<&mut BatchKvCache> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(len: usize, fill: f32) -> BatchKvCache {
+        let kv = Array::from_slice(&vec![fill; len * 2], &[1, 1, len as i32, 2]);
+        BatchKvCache::from_single(Some((kv.clone(), kv)))
+    }
+
+    fn live_keys(c: &BatchKvCache, r: usize) -> Vec<f32> {
+        let (k, _) = c.extract(r).unwrap().state().unwrap();
+        k.as_slice::<f32>().to_vec()
+    }
+
+    #[test]
+    fn extend_right_aligns_and_extract_recovers_rows() {
+        let mut c = row(3, 1.0);
+        c.extend(row(5, 2.0)).unwrap();
+        assert_eq!(c.offset(), 5);
+        assert_eq!(c.left_padding, vec![2, 0]);
+        assert_eq!(c.lengths(), &[3, 5]);
+        assert_eq!(live_keys(&c, 0), vec![1.0; 6]);
+        assert_eq!(live_keys(&c, 1), vec![2.0; 10]);
+    }
+
+    #[test]
+    fn update_grows_every_row_and_filter_drops_shared_padding() {
+        let mut c = row(2, 1.0);
+        c.extend(row(6, 2.0)).unwrap();
+        let step = Array::from_slice(&[9f32; 4], &[2, 1, 1, 2]);
+        c.update_and_fetch(&step, &step).unwrap();
+        assert_eq!(c.lengths(), &[3, 7]);
+        c.filter(&[0]).unwrap();
+        assert_eq!((c.offset(), c.left_padding.clone()), (3, vec![0]));
+        assert_eq!(live_keys(&c, 0), vec![1.0, 1.0, 1.0, 1.0, 9.0, 9.0]);
+    }
+
+    #[test]
+    fn mask_hides_left_padding() {
+        let mut c = row(1, 1.0);
+        c.extend(row(3, 2.0)).unwrap();
+        let Mask::Array(m) = c.mask(1, 3).unwrap() else {
+            panic!("expected an array mask");
+        };
+        let m = m.as_dtype(mlx_rs::Dtype::Int32).unwrap();
+        assert_eq!(m.as_slice::<i32>(), &[0, 0, 1, 1, 1, 1]);
+    }
+}

@@ -1,0 +1,206 @@
+//! Many rows decoded together, one token per row per step, as mlx-lm's
+//! `GenerationBatch`: one forward pass over `[rows, 1]` with a batch cache,
+//! then per-row sampling (a single argmax when every row is plain greedy).
+//! The next forward pass is queued before the tokens are read, so host work
+//! (detokenizing, stop strings, grammar masks, streaming) overlaps compute.
+//! Rows join with their own prefilled cache and leave the step they finish.
+
+use anyhow::{ensure, Result};
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
+use mlx_rs::transforms::async_eval;
+use mlx_rs::{Array, Dtype};
+
+use super::row::Row;
+use crate::cache::{BatchKvCache, KvCache};
+use crate::generate::GenerationResult;
+use crate::model::Model;
+
+/// A row that left the batch: its result and its cache (which holds
+/// `result.cache_tokens`), for the prompt cache.
+pub struct Finished {
+    pub id: u64,
+    pub result: GenerationResult,
+    pub caches: Vec<Box<dyn KvCache>>,
+}
+
+struct Member<'a> {
+    id: u64,
+    row: Row<'a>,
+    /// The row's input this step is its last prompt token, not a sampled one.
+    joining: bool,
+    /// Log-probabilities of the distribution its pending token was drawn from.
+    logprobs: Option<Array>,
+}
+
+pub struct DecodeBatch<'a> {
+    model: &'a Model,
+    members: Vec<Member<'a>>,
+    caches: Vec<Box<dyn KvCache>>,
+    /// `[rows]` int32: each row's next input token (lazy).
+    inputs: Option<Array>,
+}
+
+impl<'a> DecodeBatch<'a> {
+    pub fn new(model: &'a Model) -> Self {
+        Self {
+            model,
+            members: Vec::new(),
+            caches: Vec::new(),
+            inputs: None,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.members.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.members.is_empty()
+    }
+
+    pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
+        self.members.iter().map(|m| m.id)
+    }
+
+    /// Device bytes of the batch's keys and values.
+    pub fn kv_bytes(&self) -> usize {
+        crate::cache::total_bytes(&self.caches)
+    }
+
+    /// Adds a row whose `caches` hold all of its prompt but the last token,
+    /// `last`, which becomes its input at the next step.
+    pub fn join(
+        &mut self,
+        id: u64,
+        row: Row<'a>,
+        caches: Vec<Box<dyn KvCache>>,
+        last: u32,
+    ) -> Result<()> {
+        ensure!(
+            caches.len() == self.model.num_layers(),
+            "a joining row has {} cache layers, the model {}",
+            caches.len(),
+            self.model.num_layers()
+        );
+        if self.caches.is_empty() {
+            self.caches = (0..self.model.num_layers())
+                .map(|_| Box::new(BatchKvCache::new()) as Box<dyn KvCache>)
+                .collect();
+        }
+        for (batch, single) in self.caches.iter_mut().zip(caches) {
+            let batch = batch
+                .as_batch_mut()
+                .expect("batch layers hold batch caches");
+            batch.extend(BatchKvCache::from_single(single.state()))?;
+        }
+        let token = Array::from_slice(&[last as i32], &[1]);
+        self.inputs = Some(match self.inputs.take() {
+            Some(inputs) => concatenate(&[inputs, token], 0)?,
+            None => token,
+        });
+        self.members.push(Member {
+            id,
+            row,
+            joining: true,
+            logprobs: None,
+        });
+        Ok(())
+    }
+
+    /// One step: forward every row's input, emit the tokens drawn at the
+    /// previous step, sample the next ones, and let finished rows go.
+    pub fn step(&mut self) -> Result<Vec<Finished>> {
+        let Some(inputs) = self.inputs.take() else {
+            return Ok(Vec::new());
+        };
+        let rows = self.members.len() as i32;
+        let logits = self
+            .model
+            .forward_last(&inputs.reshape(&[rows, 1])?, &mut self.caches)?;
+        async_eval([&logits])?;
+        let tokens: Vec<i32> = inputs.as_slice::<i32>().to_vec();
+
+        let mut keep = Vec::with_capacity(self.members.len());
+        for (i, m) in self.members.iter_mut().enumerate() {
+            let token = tokens[i] as u32;
+            m.row.fed.push(token);
+            let alive = if m.joining {
+                m.joining = false;
+                m.row.is_alive()
+            } else {
+                m.row.emit(token, m.logprobs.as_ref())? && m.row.is_alive()
+            };
+            if alive {
+                keep.push(i);
+            } else if !m.row.is_finished() {
+                m.row.finish_with(crate::generate::FinishReason::Cancelled);
+            }
+        }
+        let finished = self.release(&keep)?;
+        if keep.is_empty() {
+            return Ok(finished);
+        }
+
+        let logits = if keep.len() == tokens.len() {
+            logits
+        } else {
+            let ids: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
+            logits.take_axis(&Array::from_slice(&ids, &[ids.len() as i32]), 0)?
+        };
+        let next = if self.members.iter().all(|m| m.row.is_plain_greedy()) {
+            self.members.iter_mut().for_each(|m| m.logprobs = None);
+            argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Int32)?
+        } else {
+            let mut drawn = Vec::with_capacity(self.members.len());
+            for (j, m) in self.members.iter_mut().enumerate() {
+                let j = j as i32;
+                let (token, logprobs) = m.row.sample(logits.index(j..j + 1))?;
+                drawn.push(token.as_dtype(Dtype::Int32)?);
+                m.logprobs = Some(logprobs);
+            }
+            concatenate(&drawn, 0)?
+        };
+        async_eval([&next])?;
+        self.inputs = Some(next);
+        Ok(finished)
+    }
+
+    /// Removes every row not in `keep` (indices into the current members),
+    /// handing back its result and its cache.
+    fn release(&mut self, keep: &[usize]) -> Result<Vec<Finished>> {
+        if keep.len() == self.members.len() {
+            return Ok(Vec::new());
+        }
+        let mut finished = Vec::new();
+        let members = std::mem::take(&mut self.members);
+        for (i, m) in members.into_iter().enumerate() {
+            if keep.contains(&i) {
+                self.members.push(m);
+                continue;
+            }
+            let caches = self
+                .caches
+                .iter_mut()
+                .map(|c| -> Result<Box<dyn KvCache>> {
+                    let batch = c.as_batch_mut().expect("batch layers hold batch caches");
+                    Ok(Box::new(batch.extract(i)?))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            finished.push(Finished {
+                id: m.id,
+                result: m.row.into_result(None)?,
+                caches,
+            });
+        }
+        for c in self.caches.iter_mut() {
+            c.as_batch_mut()
+                .expect("batch layers hold batch caches")
+                .filter(keep)?;
+        }
+        if self.members.is_empty() {
+            self.caches.clear();
+        }
+        Ok(finished)
+    }
+}

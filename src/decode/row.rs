@@ -1,0 +1,177 @@
+//! One sequence's decoding state, whatever produces its logits: sampling
+//! (penalties, grammar mask, sampler with its own key), emitting (the
+//! [`OutputSink`]), the tokens in its cache and its timings. The serial,
+//! speculative and batch producers all decode through a `Row`.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use mlx_rs::Array;
+
+use crate::constraint::TokenConstraint;
+use crate::generate::{
+    apply_mask, token_logprob, FinishReason, GenerateOptions, GenerationResult, OutputSink,
+    SpeculationStats, TokenEvent,
+};
+use crate::model::Model;
+use crate::sampling::{log_softmax, Sampler};
+use crate::tokenizer::Tokenizer;
+
+/// A row's grammar constraint: borrowed from the caller (one call decodes
+/// one sequence) or owned (a row that lives in a batch).
+pub enum ConstraintSlot<'a> {
+    Borrowed(&'a mut (dyn TokenConstraint + 'static)),
+    Owned(Box<dyn TokenConstraint>),
+}
+
+impl ConstraintSlot<'_> {
+    fn get(&mut self) -> &mut dyn TokenConstraint {
+        match self {
+            ConstraintSlot::Borrowed(c) => &mut **c,
+            ConstraintSlot::Owned(c) => c.as_mut(),
+        }
+    }
+}
+
+pub struct Row<'a> {
+    prompt: Vec<u32>,
+    cached: usize,
+    sampler: Sampler,
+    constraint: Option<ConstraintSlot<'a>>,
+    logprobs_k: Option<usize>,
+    max_tokens: usize,
+    sink: OutputSink<'a>,
+    /// Tokens whose keys and values are in this row's cache, in order.
+    pub(crate) fed: Vec<u32>,
+    start: Instant,
+    first_token_at: Option<Instant>,
+    vocab: usize,
+    /// Polled between steps: false once the consumer is gone.
+    alive: Option<Box<dyn Fn() -> bool + 'a>>,
+}
+
+impl<'a> Row<'a> {
+    pub fn new(
+        model: &Model,
+        tokenizer: &'a Tokenizer,
+        prompt: Vec<u32>,
+        cached: usize,
+        opts: &GenerateOptions,
+        constraint: Option<ConstraintSlot<'a>>,
+        on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,
+    ) -> Result<Self> {
+        let fed = prompt[..prompt.len().saturating_sub(1)].to_vec();
+        Ok(Self {
+            sampler: Sampler::new(opts.sampling.clone())?,
+            constraint,
+            logprobs_k: opts.logprobs,
+            max_tokens: opts.max_tokens,
+            sink: OutputSink::boxed(tokenizer, opts, on_token),
+            fed,
+            prompt,
+            cached,
+            start: Instant::now(),
+            first_token_at: None,
+            vocab: model.vocab_size(),
+            alive: None,
+        })
+    }
+
+    /// Adds a check the batch polls between steps (client still connected).
+    pub fn with_liveness(mut self, alive: Box<dyn Fn() -> bool + 'a>) -> Self {
+        self.alive = Some(alive);
+        self
+    }
+
+    pub fn prompt(&self) -> &[u32] {
+        &self.prompt
+    }
+
+    pub fn cached(&self) -> usize {
+        self.cached
+    }
+
+    pub fn max_tokens(&self) -> usize {
+        self.max_tokens
+    }
+
+    /// Tokens emitted so far.
+    pub fn generated(&self) -> usize {
+        self.sink.tokens.len()
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.sink.finish.is_some()
+    }
+
+    /// Whether the consumer still wants this row.
+    pub fn is_alive(&self) -> bool {
+        self.alive.as_ref().is_none_or(|f| f())
+    }
+
+    /// Greedy with nothing that needs per-row logits work: a batch of such
+    /// rows samples with one argmax.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.sampler.params.is_greedy()
+            && !self.sampler.params.has_processors()
+            && self.constraint.is_none()
+            && self.logprobs_k.is_none()
+    }
+
+    /// Samples the next token from `logits` `[1, vocab]`: penalties and bias,
+    /// the grammar mask, log-softmax, then the sampler. Returns the token
+    /// `[1]` and the log-probabilities `[1, vocab]`, both still lazy.
+    pub fn sample(&mut self, logits: Array) -> Result<(Array, Array)> {
+        let mut logits = self
+            .sampler
+            .process(logits, &self.prompt, &self.sink.tokens)?;
+        if let Some(c) = self.constraint.as_mut() {
+            if let Some(mask) = c.get().mask(self.vocab)? {
+                logits = apply_mask(&logits, &mask)?;
+            }
+        }
+        let logprobs = log_softmax(&logits)?;
+        let token = self.sampler.sample(&logprobs)?;
+        Ok((token, logprobs))
+    }
+
+    /// Emits a sampled token (its log-probabilities from the step that drew
+    /// it) and advances the grammar; false once the row is finished.
+    pub fn emit(&mut self, token: u32, logprobs: Option<&Array>) -> Result<bool> {
+        self.first_token_at.get_or_insert_with(Instant::now);
+        let logprob = match (self.logprobs_k, logprobs) {
+            (Some(k), Some(lp)) => Some(token_logprob(lp, token, k)?),
+            _ => None,
+        };
+        if !self.sink.emit(token, logprob)? {
+            return Ok(false);
+        }
+        if let Some(c) = self.constraint.as_mut() {
+            let c = c.get();
+            c.commit(token)?;
+            if c.is_finished() {
+                self.sink.finish_with(FinishReason::Stop);
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    pub fn finish_with(&mut self, reason: FinishReason) {
+        self.sink.finish_with(reason);
+    }
+
+    /// Closes the row: held-back text, timings, counts.
+    pub fn into_result(self, speculation: Option<SpeculationStats>) -> Result<GenerationResult> {
+        let Row {
+            prompt,
+            cached,
+            sink,
+            fed,
+            start,
+            first_token_at,
+            ..
+        } = self;
+        sink.into_result(&prompt, cached, start, first_token_at, fed, speculation)
+    }
+}

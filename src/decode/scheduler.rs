@@ -1,0 +1,231 @@
+//! Continuous batching, as mlx-lm's `BatchGenerator`: rows wait, prefill in
+//! chunks (up to `prompt_concurrency` at once) interleaved with decode steps
+//! of the running batch (up to `decode_concurrency` rows), join it when their
+//! prompt is in, and leave as soon as they finish. The server's batch lane
+//! and `generate --batch-file` both run on it.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use anyhow::Result;
+
+use super::batch::{DecodeBatch, Finished};
+use super::row::Row;
+use crate::cache::KvCache;
+use crate::generate::{prefill, FinishReason};
+use crate::model::Model;
+
+#[derive(Clone, Copy, Debug)]
+pub struct BatchLimits {
+    /// Rows decoding at once.
+    pub decode_concurrency: usize,
+    /// Prompts prefilling at once.
+    pub prompt_concurrency: usize,
+    /// Largest prefill chunk per row and step.
+    pub prefill_step: usize,
+    /// While rows decode, a step spends about this long on prefill, so
+    /// running rows keep streaming while a long prompt comes in.
+    pub interleave_budget: Duration,
+}
+
+impl Default for BatchLimits {
+    fn default() -> Self {
+        Self {
+            decode_concurrency: 8,
+            prompt_concurrency: 4,
+            prefill_step: crate::generate::DEFAULT_PREFILL_STEP,
+            interleave_budget: Duration::from_millis(500),
+        }
+    }
+}
+
+/// The smallest prefill chunk while rows are decoding.
+const MIN_INTERLEAVED_CHUNK: usize = 16;
+
+struct Prefilling<'a> {
+    id: u64,
+    row: Row<'a>,
+    caches: Vec<Box<dyn KvCache>>,
+    /// Prompt tokens already in `caches`.
+    done: usize,
+}
+
+pub struct BatchScheduler<'a> {
+    model: &'a Model,
+    limits: BatchLimits,
+    waiting: VecDeque<Prefilling<'a>>,
+    prefilling: Vec<Prefilling<'a>>,
+    batch: DecodeBatch<'a>,
+    /// Tokens per second of recent prefill chunks, to size interleaved chunks.
+    prefill_rate: f64,
+}
+
+impl<'a> BatchScheduler<'a> {
+    pub fn new(model: &'a Model, limits: BatchLimits) -> Self {
+        Self {
+            model,
+            limits: BatchLimits {
+                decode_concurrency: limits.decode_concurrency.max(1),
+                prompt_concurrency: limits.prompt_concurrency.max(1),
+                prefill_step: limits.prefill_step.max(1),
+                ..limits
+            },
+            waiting: VecDeque::new(),
+            prefilling: Vec::new(),
+            batch: DecodeBatch::new(model),
+            prefill_rate: 0.0,
+        }
+    }
+
+    /// Queues a row. `caches` hold its first `row.cached()` prompt tokens
+    /// (a prompt-cache hit) or nothing.
+    pub fn insert(&mut self, id: u64, row: Row<'a>, caches: Vec<Box<dyn KvCache>>) {
+        let done = row.cached();
+        let caches = if caches.is_empty() {
+            self.model.make_caches()
+        } else {
+            caches
+        };
+        self.waiting.push_back(Prefilling {
+            id,
+            row,
+            caches,
+            done,
+        });
+    }
+
+    /// Rows decoding.
+    pub fn decoding(&self) -> usize {
+        self.batch.len()
+    }
+
+    /// Rows prefilling or waiting to.
+    pub fn pending(&self) -> usize {
+        self.waiting.len() + self.prefilling.len()
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.batch.is_empty() && self.pending() == 0
+    }
+
+    /// Whether another row could start prefilling or decoding soon.
+    pub fn has_room(&self) -> bool {
+        self.batch.len() + self.pending() < self.limits.decode_concurrency
+    }
+
+    /// Device bytes of the running batch's keys and values.
+    pub fn kv_bytes(&self) -> usize {
+        self.batch.kv_bytes()
+            + self
+                .prefilling
+                .iter()
+                .map(|p| crate::cache::total_bytes(&p.caches))
+                .sum::<usize>()
+    }
+
+    /// One decode step of the running batch, then one prefill chunk for each
+    /// prefilling row; rows whose prompt is in join the batch. Returns the
+    /// rows that finished (or were dropped) during the step.
+    pub fn step(&mut self) -> Result<Vec<Finished>> {
+        let mut finished = self.batch.step()?;
+        self.drop_abandoned(&mut finished)?;
+        self.admit();
+        self.prefill_chunks(&mut finished)?;
+        Ok(finished)
+    }
+
+    /// Moves waiting rows into prefill while both limits allow.
+    fn admit(&mut self) {
+        while self.prefilling.len() < self.limits.prompt_concurrency
+            && self.batch.len() + self.prefilling.len() < self.limits.decode_concurrency
+        {
+            match self.waiting.pop_front() {
+                Some(p) => self.prefilling.push(p),
+                None => break,
+            }
+        }
+    }
+
+    /// Rows whose consumer left before they decoded: out, with what they prefilled.
+    fn drop_abandoned(&mut self, finished: &mut Vec<Finished>) -> Result<()> {
+        let mut i = 0;
+        while i < self.waiting.len() {
+            if self.waiting[i].row.is_alive() {
+                i += 1;
+            } else {
+                let p = self.waiting.remove(i).unwrap();
+                finished.push(close(p, FinishReason::Cancelled)?);
+            }
+        }
+        let mut i = 0;
+        while i < self.prefilling.len() {
+            if self.prefilling[i].row.is_alive() {
+                i += 1;
+            } else {
+                let p = self.prefilling.remove(i);
+                finished.push(close(p, FinishReason::Cancelled)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn chunk_size(&self) -> usize {
+        if self.batch.is_empty() || self.prefill_rate <= 0.0 {
+            return self.limits.prefill_step;
+        }
+        let rows = self.prefilling.len().max(1) as f64;
+        let tokens = self.prefill_rate * self.limits.interleave_budget.as_secs_f64() / rows;
+        (tokens as usize).clamp(MIN_INTERLEAVED_CHUNK, self.limits.prefill_step)
+    }
+
+    fn prefill_chunks(&mut self, finished: &mut Vec<Finished>) -> Result<()> {
+        let chunk = self.chunk_size();
+        let mut still = Vec::with_capacity(self.prefilling.len());
+        for mut p in std::mem::take(&mut self.prefilling) {
+            if p.row.max_tokens() == 0 {
+                finished.push(close(p, FinishReason::Length)?);
+                continue;
+            }
+            let target = p.row.prompt().len() - 1;
+            if p.done < target {
+                let end = (p.done + chunk).min(target);
+                let started = Instant::now();
+                prefill(
+                    self.model,
+                    &mut p.caches,
+                    &p.row.prompt()[p.done..end],
+                    chunk,
+                )?;
+                let secs = started.elapsed().as_secs_f64().max(1e-6);
+                let rate = (end - p.done) as f64 / secs;
+                self.prefill_rate = if self.prefill_rate == 0.0 {
+                    rate
+                } else {
+                    0.7 * self.prefill_rate + 0.3 * rate
+                };
+                p.done = end;
+            }
+            if p.done < target {
+                still.push(p);
+                continue;
+            }
+            let last = p.row.prompt()[target];
+            self.batch.join(p.id, p.row, p.caches, last)?;
+        }
+        self.prefilling = still;
+        Ok(())
+    }
+}
+
+fn close(p: Prefilling<'_>, reason: FinishReason) -> Result<Finished> {
+    let mut row = p.row;
+    row.finish_with(reason);
+    let mut result = row.into_result(None)?;
+    // The caches hold only the prompt tokens prefilled so far.
+    result.cache_tokens.truncate(p.done);
+    Ok(Finished {
+        id: p.id,
+        result,
+        caches: p.caches,
+    })
+}

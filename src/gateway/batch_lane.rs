@@ -1,0 +1,195 @@
+//! The batch lane: requests become rows of the continuous batch
+//! ([`BatchScheduler`]), each with its own sampler, grammar, stop strings and
+//! stream, admitted while the KV budget allows.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::admission::{Admitted, KvBudget};
+use super::job::{Client, Job};
+use super::worker::Shared;
+use super::{GatewayError, GatewayEvent};
+use crate::decode::{BatchLimits, BatchScheduler, ConstraintSlot, Finished, Row};
+use crate::model::Model;
+use crate::tokenizer::Tokenizer;
+
+struct RowInfo {
+    client: Client,
+    first_token: Rc<Cell<Option<Instant>>>,
+}
+
+pub(crate) struct BatchLane<'a> {
+    model: &'a Model,
+    tokenizer: &'a Tokenizer,
+    limits: BatchLimits,
+    scheduler: BatchScheduler<'a>,
+    rows: HashMap<u64, RowInfo>,
+    budget: KvBudget,
+    admitted: Admitted,
+    next_id: u64,
+}
+
+impl<'a> BatchLane<'a> {
+    pub fn new(
+        model: &'a Model,
+        tokenizer: &'a Tokenizer,
+        limits: BatchLimits,
+        budget: KvBudget,
+    ) -> Self {
+        Self {
+            model,
+            tokenizer,
+            limits,
+            scheduler: BatchScheduler::new(model, limits),
+            rows: HashMap::new(),
+            budget,
+            admitted: Admitted::default(),
+            next_id: 0,
+        }
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    fn tokens_of(job: &Job) -> usize {
+        job.request.prompt.len() + job.request.options.max_tokens
+    }
+
+    /// Whether `job` can join now (room in the batch and in the KV budget).
+    pub fn can_admit(&self, job: &Job) -> bool {
+        self.scheduler.has_room() && self.admitted.can_admit(&self.budget, Self::tokens_of(job))
+    }
+
+    /// Makes `job` a row: compile its grammar, reuse what the prompt cache
+    /// holds, and queue it for prefill.
+    pub fn admit(&mut self, shared: &mut Shared, job: Job) {
+        let reporter = shared.reporter.clone();
+        let constraint = match &job.request.constraint {
+            Some(spec) => match shared.constraint(spec) {
+                Ok(c) => Some(ConstraintSlot::Owned(c)),
+                Err(e) => return reporter.fail(&job.client, e),
+            },
+            None => None,
+        };
+        let (caches, cached) = shared.cached_prefix(self.model, &job.request.prompt);
+        let sent = job.client.send(GatewayEvent::Started {
+            prompt_tokens: job.request.prompt.len(),
+            cached_tokens: cached,
+        });
+        if !sent {
+            return reporter.dropped(&job.client);
+        }
+        let first_token = Rc::new(Cell::new(None));
+        let on_token = {
+            let client = job.client.clone();
+            let abort = reporter.abort.clone();
+            let first_token = first_token.clone();
+            Box::new(move |ev: &crate::generate::TokenEvent| {
+                if first_token.get().is_none() {
+                    first_token.set(Some(Instant::now()));
+                }
+                client.send_token(ev, &abort)
+            })
+        };
+        let alive = {
+            let client = job.client.clone();
+            let abort = reporter.abort.clone();
+            Box::new(move || !client.abandoned() && !abort.load(Ordering::Relaxed))
+        };
+        let row = match Row::new(
+            self.model,
+            self.tokenizer,
+            job.request.prompt.clone(),
+            cached,
+            &job.request.options,
+            constraint,
+            on_token,
+        ) {
+            Ok(row) => row.with_liveness(alive),
+            Err(e) => return reporter.fail(&job.client, GatewayError::Internal(format!("{e:#}"))),
+        };
+        let id = self.next_id;
+        self.next_id += 1;
+        self.admitted.add(id, Self::tokens_of(&job));
+        self.scheduler.insert(id, row, caches);
+        self.rows.insert(
+            id,
+            RowInfo {
+                client: job.client,
+                first_token,
+            },
+        );
+        reporter.counters.active.fetch_add(1, Ordering::SeqCst);
+        self.publish(shared);
+    }
+
+    /// One step of the batch; finished rows get their results.
+    pub fn step(&mut self, shared: &mut Shared) {
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.scheduler.step()));
+        match outcome {
+            Ok(Ok(finished)) => {
+                for f in finished {
+                    self.close(shared, f);
+                }
+            }
+            Ok(Err(e)) => self.fail_all(shared, format!("{e:#}")),
+            Err(panic) => {
+                let what = super::worker::panic_message(&panic);
+                tracing::error!("batch step panicked: {what}");
+                self.fail_all(shared, format!("the engine panicked: {what}"));
+            }
+        }
+        self.publish(shared);
+    }
+
+    fn close(&mut self, shared: &mut Shared, f: Finished) {
+        let Some(info) = self.rows.remove(&f.id) else {
+            return;
+        };
+        self.admitted.remove(f.id);
+        shared
+            .reporter
+            .counters
+            .active
+            .fetch_sub(1, Ordering::SeqCst);
+        let mut result = f.result;
+        let tokens = std::mem::take(&mut result.cache_tokens);
+        shared.store(tokens, f.caches);
+        shared
+            .reporter
+            .finish(&info.client, result, info.first_token.get());
+    }
+
+    /// The engine failed mid-step: every row fails, and the batch starts over.
+    fn fail_all(&mut self, shared: &mut Shared, message: String) {
+        self.scheduler = BatchScheduler::new(self.model, self.limits);
+        for (_, info) in self.rows.drain() {
+            shared
+                .reporter
+                .counters
+                .active
+                .fetch_sub(1, Ordering::SeqCst);
+            shared
+                .reporter
+                .fail(&info.client, GatewayError::Internal(message.clone()));
+        }
+        self.admitted = Admitted::default();
+    }
+
+    fn publish(&self, shared: &Shared) {
+        let c = &shared.reporter.counters;
+        c.batch_rows
+            .store(self.scheduler.decoding(), Ordering::Relaxed);
+        c.prefilling_rows
+            .store(self.scheduler.pending(), Ordering::Relaxed);
+        c.kv_bytes
+            .store(self.scheduler.kv_bytes(), Ordering::Relaxed);
+        c.kv_projected
+            .store(self.admitted.projected(&self.budget), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,432 @@
+//! The gateway: the one place that decides how each generation request runs.
+//!
+//! Requests enter a bounded queue; a dedicated worker thread owns the models
+//! (MLX arrays may move between threads but must not be shared), admits each
+//! request to the lane [`route`] picks, and streams events back over a
+//! channel. Lanes: serial, speculative (with a draft model) and batch (rows
+//! of the continuous batch, admitted under a KV-memory budget).
+//!
+//! - `route`: the routing rule (the only match on request shape)
+//! - `worker`: the loop that admits and steps
+//! - `serial`, `batch_lane`: the lanes
+//! - `admission`: the KV budget
+//! - `job`: a request's events and how its end is reported and counted
+//! - `stats`: counters and the `/stats` snapshot
+
+mod admission;
+mod batch_lane;
+mod job;
+mod route;
+mod serial;
+mod stats;
+mod worker;
+
+pub use admission::{available_memory_bytes, default_kv_budget_bytes};
+pub use route::{route, Lane, RequestShape};
+pub use stats::{quantile, GatewayStats};
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context, Result};
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+
+use crate::decode::BatchLimits;
+use crate::generate::{GenerateOptions, GenerationResult, TokenLogprob};
+use crate::grammar::ConstraintSpec;
+use crate::model::Model;
+use crate::prompt_cache::PromptCache;
+use crate::tokenizer::Tokenizer;
+use admission::KvBudget;
+use job::{Client, Job, Reporter};
+use stats::Counters;
+use worker::{Shared, WorkerPlan};
+
+pub struct GatewayConfig {
+    /// Requests that may wait for the worker; more are refused.
+    pub max_queue: usize,
+    /// Byte cap of the RAM prompt cache; 0 disables it.
+    pub prompt_cache_bytes: usize,
+    /// Tokens the draft model proposes per round (speculative lane).
+    pub num_draft_tokens: usize,
+    /// Rows that decode together; 1 turns batching off.
+    pub decode_concurrency: usize,
+    /// Prompts that prefill at once in the batch lane.
+    pub prompt_concurrency: usize,
+    /// KV bytes admitted rows may reach; `None`: a share of free memory.
+    pub kv_budget_bytes: Option<usize>,
+}
+
+/// The models the worker serves: the target and an optional draft.
+pub struct LoadedModels {
+    pub model: Model,
+    pub draft: Option<Model>,
+}
+
+/// One generation request, already tokenized and validated.
+pub struct GatewayRequest {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    /// Structured-output constraint, compiled by the worker.
+    pub constraint: Option<ConstraintSpec>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum GatewayError {
+    /// The request cannot run as asked (e.g. its grammar does not compile).
+    InvalidRequest(String),
+    /// The server cannot run this kind of request.
+    Unsupported(String),
+    /// The server is stopping.
+    ShuttingDown,
+    /// The engine failed.
+    Internal(String),
+}
+
+impl std::fmt::Display for GatewayError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GatewayError::InvalidRequest(m) | GatewayError::Unsupported(m) => f.write_str(m),
+            GatewayError::ShuttingDown => f.write_str("the server is shutting down"),
+            GatewayError::Internal(m) => write!(f, "generation failed: {m}"),
+        }
+    }
+}
+
+/// What the worker reports about a request, in order: `Started`, any number
+/// of `Token`s, then `Done` or `Failed` (which may also come first).
+#[derive(Debug)]
+pub enum GatewayEvent {
+    Started {
+        prompt_tokens: usize,
+        cached_tokens: usize,
+    },
+    Token {
+        /// `None` for text released at the end that belongs to no new token.
+        token: Option<u32>,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
+    Done(Box<GenerationResult>),
+    Failed(GatewayError),
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub enum SubmitError {
+    QueueFull {
+        retry_after_secs: u64,
+    },
+    /// The request alone needs more KV memory than the budget.
+    TooLarge {
+        tokens: usize,
+        needed_bytes: usize,
+        budget_bytes: usize,
+    },
+    ShuttingDown,
+}
+
+/// A submitted request: its events, and cancellation when dropped.
+pub struct Ticket {
+    pub events: UnboundedReceiver<GatewayEvent>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Ticket {
+    pub fn cancel(&self) {
+        self.cancel.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Readiness {
+    pub state: Mutex<Option<Result<(), String>>>,
+    pub changed: Condvar,
+}
+
+pub struct Gateway {
+    queue: Mutex<Option<SyncSender<Job>>>,
+    accepting: AtomicBool,
+    abort: Arc<AtomicBool>,
+    counters: Arc<Counters>,
+    readiness: Arc<Readiness>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    has_draft: bool,
+    can_batch: bool,
+    max_queue: usize,
+    budget: KvBudget,
+    decode_concurrency: usize,
+}
+
+/// What the worker reports once the models are loaded.
+struct Loaded {
+    has_draft: bool,
+    can_batch: bool,
+    budget: KvBudget,
+}
+
+impl Gateway {
+    /// Starts the worker thread, which loads the models with `load` (MLX
+    /// streams belong to the thread that creates the arrays, so the worker
+    /// must be the one to load them), then warms them up before taking
+    /// requests. Returns once the models are loaded.
+    pub fn start<F>(load: F, tokenizer: Arc<Tokenizer>, config: GatewayConfig) -> Result<Self>
+    where
+        F: FnOnce() -> Result<LoadedModels> + Send + 'static,
+    {
+        let max_queue = config.max_queue.max(1);
+        let (tx, rx) = sync_channel::<Job>(max_queue);
+        let counters = Arc::new(Counters::default());
+        let readiness = Arc::new(Readiness::default());
+        let abort = Arc::new(AtomicBool::new(false));
+        let (loaded_tx, loaded_rx) = std::sync::mpsc::channel::<Result<Loaded, String>>();
+        let reporter = Reporter {
+            counters: counters.clone(),
+            abort: abort.clone(),
+        };
+        let ready = readiness.clone();
+        let decode_concurrency = config.decode_concurrency.max(1);
+        let handle = std::thread::Builder::new()
+            .name("mlx-bun-gateway".into())
+            .spawn(move || {
+                let models = match load() {
+                    Ok(m) => m,
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(format!("{e:#}")));
+                        return;
+                    }
+                };
+                let budget = KvBudget {
+                    budget_bytes: config
+                        .kv_budget_bytes
+                        .unwrap_or_else(admission::default_kv_budget_bytes),
+                    bytes_per_token: models.model.kv_bytes_per_token(),
+                };
+                let can_batch = decode_concurrency > 1 && models.model.supports_batching();
+                let _ = loaded_tx.send(Ok(Loaded {
+                    has_draft: models.draft.is_some(),
+                    can_batch,
+                    budget,
+                }));
+                let shared = Shared {
+                    tokenizer,
+                    grammar: None,
+                    prompt_cache: PromptCache::new(config.prompt_cache_bytes),
+                    reporter,
+                    num_draft_tokens: config.num_draft_tokens,
+                };
+                *shared.reporter.counters.prompt_cache.lock().unwrap() =
+                    shared.prompt_cache.stats();
+                let plan = WorkerPlan {
+                    limits: BatchLimits {
+                        decode_concurrency,
+                        prompt_concurrency: config.prompt_concurrency.max(1),
+                        ..BatchLimits::default()
+                    },
+                    budget,
+                };
+                worker::run(models, shared, plan, rx, &ready)
+            })
+            .context("starting the generation worker")?;
+        let loaded = match loaded_rx.recv() {
+            Ok(Ok(loaded)) => loaded,
+            Ok(Err(e)) => {
+                let _ = handle.join();
+                return Err(anyhow!(e));
+            }
+            Err(_) => {
+                let _ = handle.join();
+                return Err(anyhow!("the generation worker stopped while loading"));
+            }
+        };
+        Ok(Self {
+            queue: Mutex::new(Some(tx)),
+            accepting: AtomicBool::new(true),
+            abort,
+            counters,
+            readiness,
+            worker: Mutex::new(Some(handle)),
+            has_draft: loaded.has_draft,
+            can_batch: loaded.can_batch,
+            max_queue,
+            budget: loaded.budget,
+            decode_concurrency,
+        })
+    }
+
+    /// Blocks until the warm-up pass is done; its error if it failed.
+    pub fn wait_ready(&self) -> Result<()> {
+        let mut state = self.readiness.state.lock().unwrap();
+        while state.is_none() {
+            state = self.readiness.changed.wait(state).unwrap();
+        }
+        state.clone().unwrap().map_err(|e| anyhow!(e))
+    }
+
+    /// Warm and with a live worker.
+    pub fn is_ready(&self) -> bool {
+        let warm = matches!(*self.readiness.state.lock().unwrap(), Some(Ok(())));
+        let alive = self
+            .worker
+            .lock()
+            .unwrap()
+            .as_ref()
+            .is_some_and(|h| !h.is_finished());
+        warm && alive
+    }
+
+    pub fn shape_of(&self, request: &GatewayRequest) -> RequestShape {
+        RequestShape {
+            has_grammar: request.constraint.is_some(),
+            has_draft: self.has_draft,
+            wants_logprobs: request.options.logprobs.is_some(),
+            can_batch: self.can_batch,
+        }
+    }
+
+    /// Whether requests without a draft run as rows of the batch.
+    pub fn batches(&self) -> bool {
+        self.can_batch
+    }
+
+    /// Queues `request`; fails at once when the queue is full.
+    pub fn submit(&self, request: GatewayRequest) -> Result<Ticket, SubmitError> {
+        if !self.accepting.load(Ordering::Relaxed) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let tokens = request.prompt.len() + request.options.max_tokens;
+        if !self.budget.fits_alone(tokens) {
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(SubmitError::TooLarge {
+                tokens,
+                needed_bytes: self.budget.bytes_for(tokens),
+                budget_bytes: self.budget.budget_bytes,
+            });
+        }
+        let lane = route(self.shape_of(&request));
+        let (events, rx) = unbounded_channel();
+        let cancel = Arc::new(AtomicBool::new(false));
+        let job = Job {
+            request,
+            lane,
+            client: Client {
+                events,
+                cancel: cancel.clone(),
+                submitted: Instant::now(),
+            },
+        };
+        let queue = self.queue.lock().unwrap();
+        let Some(tx) = queue.as_ref() else {
+            return Err(SubmitError::ShuttingDown);
+        };
+        // Count before sending so the worker never sees a negative depth.
+        let depth = self.counters.queued.fetch_add(1, Ordering::SeqCst);
+        if depth >= self.max_queue {
+            self.counters.queued.fetch_sub(1, Ordering::SeqCst);
+            self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+            return Err(SubmitError::QueueFull {
+                retry_after_secs: self.retry_after_secs(),
+            });
+        }
+        match tx.try_send(job) {
+            Ok(()) => Ok(Ticket { events: rx, cancel }),
+            Err(err) => {
+                self.counters.queued.fetch_sub(1, Ordering::SeqCst);
+                match err {
+                    TrySendError::Full(_) => {
+                        self.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                        Err(SubmitError::QueueFull {
+                            retry_after_secs: self.retry_after_secs(),
+                        })
+                    }
+                    TrySendError::Disconnected(_) => Err(SubmitError::ShuttingDown),
+                }
+            }
+        }
+    }
+
+    /// A guess at when a queue slot frees up: the median service time.
+    fn retry_after_secs(&self) -> u64 {
+        let samples = self.counters.samples.lock().unwrap();
+        let v: Vec<f64> = samples.service_s.iter().copied().collect();
+        (quantile(&v, 0.5).ceil() as u64).clamp(1, 60)
+    }
+
+    pub fn stats(&self) -> GatewayStats {
+        let c = &self.counters;
+        let samples = c.samples.lock().unwrap();
+        let ttft: Vec<f64> = samples.ttft_s.iter().copied().collect();
+        let tps: Vec<f64> = samples.decode_tps.iter().copied().collect();
+        GatewayStats {
+            queue_depth: c.queued.load(Ordering::SeqCst),
+            max_queue: self.max_queue,
+            active: c.active.load(Ordering::SeqCst),
+            batch_rows: c.batch_rows.load(Ordering::Relaxed),
+            prefilling_rows: c.prefilling_rows.load(Ordering::Relaxed),
+            decode_concurrency: if self.can_batch {
+                self.decode_concurrency
+            } else {
+                1
+            },
+            kv_bytes: c.kv_bytes.load(Ordering::Relaxed),
+            kv_projected_bytes: c.kv_projected.load(Ordering::Relaxed),
+            kv_budget_bytes: self.budget.budget_bytes,
+            completed: c.completed.load(Ordering::Relaxed),
+            cancelled: c.cancelled.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            prompt_tokens: c.prompt_tokens.load(Ordering::Relaxed),
+            cached_tokens: c.cached_tokens.load(Ordering::Relaxed),
+            completion_tokens: c.completion_tokens.load(Ordering::Relaxed),
+            drafted_tokens: c.drafted_tokens.load(Ordering::Relaxed),
+            accepted_tokens: c.accepted_tokens.load(Ordering::Relaxed),
+            prompt_cache: *c.prompt_cache.lock().unwrap(),
+            ttft_p50_s: quantile(&ttft, 0.5),
+            ttft_p95_s: quantile(&ttft, 0.95),
+            decode_tps_p50: quantile(&tps, 0.5),
+            decode_tps_p95: quantile(&tps, 0.95),
+            samples: ttft.len(),
+        }
+    }
+
+    /// Refuses new requests; queued and running ones go on.
+    pub fn stop_accepting(&self) {
+        self.accepting.store(false, Ordering::Relaxed);
+    }
+
+    /// Ends the running request and fails the queued ones with
+    /// [`GatewayError::ShuttingDown`], then stops the worker.
+    pub fn abort(&self) {
+        self.stop_accepting();
+        self.abort.store(true, Ordering::Relaxed);
+        self.queue.lock().unwrap().take();
+    }
+
+    /// Whether the worker is idle with an empty queue.
+    pub fn is_idle(&self) -> bool {
+        self.counters.queued.load(Ordering::SeqCst) == 0
+            && self.counters.active.load(Ordering::SeqCst) == 0
+    }
+
+    /// Lets the queue drain for up to `grace`, then aborts what is left and
+    /// waits for the worker to exit.
+    pub fn shutdown(&self, grace: Duration) {
+        self.stop_accepting();
+        let deadline = Instant::now() + grace;
+        while !self.is_idle() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.abort();
+        if let Some(handle) = self.worker.lock().unwrap().take() {
+            let _ = handle.join();
+        }
+    }
+}

@@ -1,0 +1,214 @@
+//! The worker: the one thread that owns the models. It takes requests from
+//! the queue in order, admits each to its lane when the lane can take it
+//! (the batch lane: room and KV budget; the serial and speculative lanes:
+//! when the batch is empty, as they run a request to its end), and steps
+//! the batch between admissions.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use anyhow::Result;
+
+use super::admission::KvBudget;
+use super::batch_lane::BatchLane;
+use super::job::{Job, Reporter};
+use super::route::Lane;
+use super::{serial, GatewayError, LoadedModels, Readiness};
+use crate::cache::KvCache;
+use crate::constraint::TokenConstraint;
+use crate::decode::BatchLimits;
+use crate::grammar::{ConstraintSpec, GrammarEngine};
+use crate::model::Model;
+use crate::prompt_cache::PromptCache;
+use crate::tokenizer::Tokenizer;
+
+/// What every lane uses: the tokenizer, the grammar engine, the prompt
+/// cache, and the reporter.
+pub(crate) struct Shared {
+    pub tokenizer: Arc<Tokenizer>,
+    pub grammar: Option<GrammarEngine>,
+    pub prompt_cache: PromptCache,
+    pub reporter: Reporter,
+    pub num_draft_tokens: usize,
+}
+
+impl Shared {
+    pub fn constraint(
+        &mut self,
+        spec: &ConstraintSpec,
+    ) -> Result<Box<dyn TokenConstraint>, GatewayError> {
+        if self.grammar.is_none() {
+            let engine = GrammarEngine::new(&self.tokenizer)
+                .map_err(|e| GatewayError::Internal(format!("{e:#}")))?;
+            self.grammar = Some(engine);
+        }
+        let engine = self.grammar.as_ref().unwrap();
+        engine
+            .constraint(spec)
+            .map_err(|e| GatewayError::InvalidRequest(format!("{e:#}")))
+    }
+
+    /// Caches holding the longest cached prefix of `prompt`, and its length.
+    pub fn cached_prefix(
+        &mut self,
+        model: &Model,
+        prompt: &[u32],
+    ) -> (Vec<Box<dyn KvCache>>, usize) {
+        match self.prompt_cache.lookup(prompt) {
+            Some(hit) => (hit.caches, hit.cached),
+            None => (model.make_caches(), 0),
+        }
+    }
+
+    /// Keeps `caches` (which hold exactly `tokens`) in the prompt cache.
+    pub fn store(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) {
+        self.prompt_cache.insert(tokens, caches);
+        *self.reporter.counters.prompt_cache.lock().unwrap() = self.prompt_cache.stats();
+    }
+}
+
+pub(crate) struct WorkerPlan {
+    pub limits: BatchLimits,
+    pub budget: KvBudget,
+}
+
+pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    panic
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| panic.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic")
+        .to_string()
+}
+
+/// One forward pass on a single token, so the first request does not pay for
+/// first-use setup (and, on a GPU, kernel compilation).
+fn warm_up(model: &Model) -> Result<()> {
+    let mut caches = model.make_caches();
+    let input = mlx_rs::Array::from_slice(&[0i32], &[1, 1]);
+    let logits = model.forward_last(&input, &mut caches)?;
+    mlx_rs::transforms::eval([&logits])?;
+    Ok(())
+}
+
+pub(crate) fn run(
+    models: LoadedModels,
+    mut shared: Shared,
+    plan: WorkerPlan,
+    rx: Receiver<Job>,
+    readiness: &Readiness,
+) {
+    let warm = warm_up(&models.model).and_then(|()| match &models.draft {
+        Some(d) => warm_up(d),
+        None => Ok(()),
+    });
+    let failed = warm.is_err();
+    *readiness.state.lock().unwrap() = Some(warm.map_err(|e| format!("{e:#}")));
+    readiness.changed.notify_all();
+    if failed {
+        return;
+    }
+    let tokenizer = shared.tokenizer.clone();
+    let mut batch = BatchLane::new(&models.model, &tokenizer, plan.limits, plan.budget);
+    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut open = true;
+    loop {
+        if batch.is_idle() && waiting.is_empty() {
+            if !open {
+                break;
+            }
+            match rx.recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(_) => break,
+            }
+        }
+        loop {
+            match rx.try_recv() {
+                Ok(job) => waiting.push_back(job),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => {
+                    open = false;
+                    break;
+                }
+            }
+        }
+        if shared.reporter.aborting() {
+            for job in waiting.drain(..) {
+                shared
+                    .reporter
+                    .counters
+                    .queued
+                    .fetch_sub(1, Ordering::SeqCst);
+                job.client
+                    .send(super::GatewayEvent::Failed(GatewayError::ShuttingDown));
+            }
+        }
+        admit(&mut shared, &models, &mut batch, &mut waiting);
+        if !batch.is_idle() {
+            batch.step(&mut shared);
+        }
+    }
+}
+
+/// Admits waiting jobs in order while their lane can take them.
+fn admit(
+    shared: &mut Shared,
+    models: &LoadedModels,
+    batch: &mut BatchLane<'_>,
+    waiting: &mut VecDeque<Job>,
+) {
+    let counters = shared.reporter.counters.clone();
+    while let Some(front) = waiting.front() {
+        if front.client.abandoned() {
+            let job = waiting.pop_front().unwrap();
+            counters.queued.fetch_sub(1, Ordering::SeqCst);
+            shared.reporter.dropped(&job.client);
+            continue;
+        }
+        match front.lane {
+            Lane::Batch => {
+                if !batch.can_admit(front) {
+                    if batch.is_idle() {
+                        // Submission refuses what can never fit; this is a guard.
+                        let job = waiting.pop_front().unwrap();
+                        counters.queued.fetch_sub(1, Ordering::SeqCst);
+                        shared.reporter.fail(
+                            &job.client,
+                            GatewayError::InvalidRequest(
+                                "the request needs more KV memory than the budget".into(),
+                            ),
+                        );
+                        continue;
+                    }
+                    break;
+                }
+                let job = waiting.pop_front().unwrap();
+                counters.queued.fetch_sub(1, Ordering::SeqCst);
+                batch.admit(shared, job);
+            }
+            Lane::Serial | Lane::Speculative => {
+                if !batch.is_idle() {
+                    break;
+                }
+                let job = waiting.pop_front().unwrap();
+                counters.queued.fetch_sub(1, Ordering::SeqCst);
+                counters.active.fetch_add(1, Ordering::SeqCst);
+                // A panic in one request must not take the server down with it.
+                let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    serial::run(shared, models, &job)
+                }));
+                if let Err(panic) = outcome {
+                    let what = panic_message(&panic);
+                    tracing::error!("generation panicked: {what}");
+                    shared.reporter.fail(
+                        &job.client,
+                        GatewayError::Internal(format!("the engine panicked: {what}")),
+                    );
+                }
+                counters.active.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
