@@ -24,6 +24,18 @@ pub struct Args {
     /// Prompt text; `-` reads standard input.
     #[arg(long, short, conflicts_with_all = ["prompt_file", "messages_file"])]
     prompt: Option<String>,
+    /// Run every line of a JSONL file (a prompt string, a messages array, or
+    /// an object with "prompt"/"messages" and per-line "max_tokens",
+    /// "temperature", "seed", "stop", "json_schema"…) as one continuous batch;
+    /// results print in input order (one JSON object per line with --json).
+    #[arg(long, conflicts_with_all = ["prompt", "prompt_file", "messages_file", "draft_model"])]
+    batch_file: Option<PathBuf>,
+    /// With --batch-file: rows decoded together.
+    #[arg(long, default_value_t = 8)]
+    decode_concurrency: usize,
+    /// With --batch-file: prompts prefilled at once.
+    #[arg(long, default_value_t = 4)]
+    prompt_concurrency: usize,
     /// Read the prompt text from a file.
     #[arg(long, conflicts_with = "messages_file")]
     prompt_file: Option<PathBuf>,
@@ -202,6 +214,9 @@ fn sampling(args: &Args) -> Result<SamplingParams> {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if args.batch_file.is_some() {
+        return run_batch_file(args);
+    }
     let input = prompt_input(&args)?;
     let sampling = sampling(&args)?;
     let constraint_spec = args.constraint.spec()?;
@@ -295,4 +310,45 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn run_batch_file(args: Args) -> Result<()> {
+    if args.decode_concurrency == 0 || args.prompt_concurrency == 0 {
+        bail!("--decode-concurrency and --prompt-concurrency must be at least 1");
+    }
+    let path = args.batch_file.clone().unwrap();
+    let sampling = sampling(&args)?;
+    let constraint = args.constraint.spec()?;
+    let dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let mut model = Model::load(&dir)?;
+    if let Some(adapter) = &args.adapter_path {
+        mlx_bun::adapters::apply(&mut model, adapter)?;
+    }
+    let tokenizer = Tokenizer::load(&dir)?;
+    if !model.supports_batching() {
+        bail!(
+            "{} uses sliding-window attention, which does not batch yet; run its prompts one at a time",
+            dir.display()
+        );
+    }
+    let defaults = crate::batch_file::Defaults {
+        options: GenerateOptions {
+            max_tokens: args.max_tokens,
+            sampling,
+            stop: args.stop.clone(),
+            logprobs: None,
+            prefill_step: args.prefill_step_size,
+        },
+        system: args.system.clone(),
+        use_chat_template: !args.ignore_chat_template,
+        constraint,
+        limits: mlx_bun::decode::BatchLimits {
+            decode_concurrency: args.decode_concurrency,
+            prompt_concurrency: args.prompt_concurrency,
+            prefill_step: args.prefill_step_size,
+            ..Default::default()
+        },
+        json: args.json,
+    };
+    crate::batch_file::run(&path, &model, &tokenizer, defaults)
 }

@@ -1,6 +1,7 @@
 //! The `mlx-bun` command line: one module per subcommand, each a thin layer
 //! over the engine library.
 
+mod batch_file;
 mod bench;
 mod completions;
 mod convert;

@@ -10,4 +10,4 @@ mod scheduler;
 
 pub use batch::{DecodeBatch, Finished};
 pub use row::{ConstraintSlot, Row};
-pub use scheduler::{BatchLimits, BatchScheduler};
+pub use scheduler::{generate_batch, BatchItem, BatchLimits, BatchScheduler};

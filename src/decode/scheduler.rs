@@ -7,13 +7,15 @@
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-use anyhow::Result;
+use anyhow::{ensure, Result};
 
 use super::batch::{DecodeBatch, Finished};
-use super::row::Row;
+use super::row::{ConstraintSlot, Row};
 use crate::cache::KvCache;
-use crate::generate::{prefill, FinishReason};
+use crate::constraint::TokenConstraint;
+use crate::generate::{prefill, FinishReason, GenerateOptions, GenerationResult, TokenEvent};
 use crate::model::Model;
+use crate::tokenizer::Tokenizer;
 
 #[derive(Clone, Copy, Debug)]
 pub struct BatchLimits {
@@ -228,4 +230,49 @@ fn close(p: Prefilling<'_>, reason: FinishReason) -> Result<Finished> {
         result,
         caches: p.caches,
     })
+}
+
+/// One prompt of an offline batch.
+pub struct BatchItem<'a> {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// Sees every token the row emits; false cancels the row.
+    pub on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,
+}
+
+/// Runs `items` as rows of one continuous batch and returns their results in
+/// input order (`generate --batch-file`).
+pub fn generate_batch<'a>(
+    model: &'a Model,
+    tokenizer: &'a Tokenizer,
+    items: Vec<BatchItem<'a>>,
+    limits: BatchLimits,
+) -> Result<Vec<GenerationResult>> {
+    let n = items.len();
+    let mut scheduler = BatchScheduler::new(model, limits);
+    for (id, item) in items.into_iter().enumerate() {
+        ensure!(!item.prompt.is_empty(), "prompt {} is empty", id + 1);
+        let row = Row::new(
+            model,
+            tokenizer,
+            item.prompt,
+            0,
+            &item.options,
+            item.constraint.map(ConstraintSlot::Owned),
+            item.on_token,
+        )?;
+        scheduler.insert(id as u64, row, Vec::new());
+    }
+    let mut results: Vec<Option<GenerationResult>> = (0..n).map(|_| None).collect();
+    while !scheduler.is_idle() {
+        for f in scheduler.step()? {
+            results[f.id as usize] = Some(f.result);
+        }
+    }
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| r.ok_or_else(|| anyhow::anyhow!("row {} produced no result", i + 1)))
+        .collect()
 }
