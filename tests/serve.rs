@@ -428,7 +428,8 @@ fn bad_input_gets_clear_errors() {
         ("top_p", "1.5"),
         ("stream", r#""yes""#),
         ("stop", "5"),
-        ("n", "2"),
+        ("n", "0"),
+        ("n", "99"),
         ("logit_bias", r#"{"not-a-token": 1}"#),
         ("logit_bias", r#"{"1": 500}"#),
         ("top_logprobs", "2"),
@@ -464,7 +465,7 @@ fn bad_input_gets_clear_errors() {
     expect_error(comp, r#"{"max_tokens": 3}"#, 400, Some("prompt"));
     expect_error(comp, r#"{"prompt": ""}"#, 400, Some("prompt"));
     expect_error(comp, r#"{"prompt": []}"#, 400, Some("prompt"));
-    expect_error(comp, r#"{"prompt": ["a", "b"]}"#, 400, Some("prompt"));
+    expect_error(comp, r#"{"prompt": ["a", 5]}"#, 400, Some("prompt"));
     expect_error(comp, r#"{"prompt": [1, 99999999]}"#, 400, Some("prompt"));
     expect_error(comp, r#"{"prompt": [1, -3]}"#, 400, Some("prompt"));
     expect_error(comp, r#"{"prompt": {"text": "x"}}"#, 400, Some("prompt"));
@@ -556,42 +557,211 @@ fn structured_output_through_the_server() {
 
 #[test]
 fn sixteen_concurrent_clients() {
+    // Its own instance, so that the memory check at the end sees only these.
+    let s = Server::start(&["--decode-concurrency", "8"]);
+    let url = s.url("/v1/chat/completions");
+    let stats_url = s.url("/stats");
+    let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
+                        "required": ["color"], "additionalProperties": false});
+    let watching = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let watching = watching.clone();
+        let stats_url = stats_url.clone();
+        std::thread::spawn(move || {
+            let mut most = 0;
+            while watching.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(r) = client().get(&stats_url).send() {
+                    let v: Value = r.json().unwrap();
+                    most = most.max(v["batch"]["active_rows"].as_u64().unwrap_or(0));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            most
+        })
+    };
     let handles: Vec<_> = (0..16)
         .map(|i| {
+            let url = url.clone();
+            let schema = schema.clone();
             std::thread::spawn(move || {
-                let stream = i % 2 == 0;
-                let body = json!({
-                    "prompt": format!("Client {i} says"),
-                    "max_tokens": 2,
-                    "stream": stream,
-                    "logit_bias": no_eos(),
+                let mut body = json!({
+                    "messages": [{"role": "user", "content": format!("Client {i}: pick a color.")}],
+                    "max_tokens": 6,
+                    "stream": true,
                 });
-                let r = client()
-                    .post(server().url("/v1/completions"))
-                    .json(&body)
-                    .send()
-                    .unwrap();
-                let status = r.status().as_u16();
-                let text = r.text().unwrap();
-                (status, stream, text)
+                match i % 4 {
+                    1 => {
+                        body["temperature"] = json!(0.8);
+                        body["seed"] = json!(i);
+                    }
+                    2 => {
+                        body["max_tokens"] = json!(24);
+                        body["response_format"] = json!({"type": "json_schema",
+                            "json_schema": {"name": "c", "schema": schema}});
+                    }
+                    _ => {}
+                }
+                let mut r = client().post(url).json(&body).send().unwrap();
+                assert_eq!(r.status().as_u16(), 200);
+                if i % 4 == 3 {
+                    // Disconnect after the first chunk.
+                    let mut buf = [0u8; 1024];
+                    let _ = r.read(&mut buf).unwrap();
+                    return (i, None);
+                }
+                (i, Some(r.text().unwrap()))
             })
         })
         .collect();
     for h in handles {
-        let (status, streamed, text) = h.join().unwrap();
-        assert_eq!(status, 200, "{text}");
-        if streamed {
-            assert_eq!(sse_payloads(&text).last().unwrap(), "[DONE]");
-        } else {
-            let v: Value = serde_json::from_str(&text).unwrap();
-            assert_eq!(v["usage"]["completion_tokens"], 2);
+        let (i, text) = h.join().unwrap();
+        let Some(text) = text else { continue };
+        let payloads = sse_payloads(&text);
+        assert_eq!(payloads.last().unwrap(), "[DONE]", "client {i}: {text}");
+        let chunks: Vec<Value> = payloads[..payloads.len() - 1]
+            .iter()
+            .map(|p| serde_json::from_str(p).unwrap())
+            .collect();
+        let finish = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["finish_reason"].as_str())
+            .next();
+        assert!(
+            matches!(finish, Some("stop" | "length")),
+            "client {i} has no finish reason: {text}"
+        );
+        if i % 4 == 2 {
+            let content: String = chunks
+                .iter()
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+                .collect();
+            let value: Value = serde_json::from_str(&content)
+                .unwrap_or_else(|e| panic!("client {i}: not JSON ({e}): {content}"));
+            assert!(
+                jsonschema::is_valid(&schema, &value),
+                "client {i}: {content}"
+            );
         }
     }
-    let (status, _) = get("/health");
-    assert_eq!(status, 200);
-    let s = stats();
-    assert_eq!(s["queue"]["depth"], 0);
-    assert!(s["requests"]["generations_completed"].as_u64().unwrap() >= 16);
+    // Every row leaves: nothing waits, nothing decodes, no KV memory held.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v: Value = client().get(&stats_url).send().unwrap().json().unwrap();
+        let idle = v["queue"]["depth"] == 0
+            && v["queue"]["active"] == 0
+            && v["batch"]["active_rows"] == 0
+            && v["batch"]["prefilling_rows"] == 0
+            && v["batch"]["kv_bytes"] == 0;
+        if idle {
+            assert!(v["requests"]["generations_completed"].as_u64().unwrap() >= 12);
+            break;
+        }
+        assert!(Instant::now() < deadline, "rows are wedged: {v}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    watching.store(false, std::sync::atomic::Ordering::Relaxed);
+    let most = watcher.join().unwrap();
+    assert!(
+        most >= 2,
+        "requests never decoded together (at most {most} rows)"
+    );
+}
+
+/// `n` and several prompts run as rows of one batch; choices are indexed
+/// prompt-major as OpenAI does, usage sums the completions and counts each
+/// prompt once.
+#[test]
+fn several_prompts_and_n_choices() {
+    let v = post_ok(
+        "/v1/completions",
+        &json!({"prompt": ["The sky is", "Grass is"], "n": 2, "max_tokens": 3,
+                "logit_bias": no_eos()}),
+    );
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    for (i, c) in choices.iter().enumerate() {
+        assert_eq!(c["index"], i);
+    }
+    // Greedy: the choices of one prompt agree, the prompts differ.
+    assert_eq!(choices[0]["text"], choices[1]["text"]);
+    assert_eq!(choices[2]["text"], choices[3]["text"]);
+    assert_ne!(choices[0]["text"], choices[2]["text"]);
+    assert_eq!(v["usage"]["completion_tokens"], 12);
+    let one = post_ok(
+        "/v1/completions",
+        &json!({"prompt": "The sky is", "max_tokens": 3, "logit_bias": no_eos()}),
+    );
+    assert_eq!(one["choices"][0]["text"], choices[0]["text"]);
+    let two = post_ok(
+        "/v1/completions",
+        &json!({"prompt": "Grass is", "max_tokens": 3, "logit_bias": no_eos()}),
+    );
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64().unwrap(),
+        one["usage"]["prompt_tokens"].as_u64().unwrap()
+            + two["usage"]["prompt_tokens"].as_u64().unwrap()
+    );
+
+    // Streaming with n = 2: chunks of both choices, each closed, then [DONE].
+    let mut body = chat_body("Say hi.", 3);
+    body["n"] = json!(2);
+    body["stream"] = json!(true);
+    body["temperature"] = json!(0.9);
+    body["seed"] = json!(5);
+    let text = client()
+        .post(server().url("/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let payloads = sse_payloads(&text);
+    assert_eq!(payloads.last().unwrap(), "[DONE]");
+    let mut closed = [false; 2];
+    for p in &payloads[..payloads.len() - 1] {
+        let c: Value = serde_json::from_str(p).unwrap();
+        let choice = &c["choices"][0];
+        let index = choice["index"].as_u64().unwrap() as usize;
+        if choice["finish_reason"].is_string() {
+            closed[index] = true;
+        }
+    }
+    assert_eq!(closed, [true, true], "{text}");
+}
+
+/// A request whose KV cache could never fit the budget is refused with the
+/// numbers; one that fits runs.
+#[test]
+fn kv_budget_refuses_what_cannot_fit() {
+    let s = Server::start(&["--kv-budget", "0.001"]);
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": "Hi", "max_tokens": 5}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let r = client()
+        .post(s.url("/v1/completions"))
+        .json(&json!({"prompt": "Hi", "max_tokens": 500}))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+    let v: Value = r.json().unwrap();
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("KV budget"),
+        "{v}"
+    );
+    let stats: Value = client()
+        .get(s.url("/stats"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(stats["batch"]["kv_budget_bytes"], 1073741);
 }
 
 #[test]
@@ -821,7 +991,10 @@ fn official_openai_client() {
 /// graceful shutdown at the end.
 #[test]
 fn api_key_queue_limit_and_graceful_shutdown() {
+    // One request at a time (the serial lane) so that a queue forms.
     let mut s = Server::start(&[
+        "--decode-concurrency",
+        "1",
         "--api-key",
         "sekrit",
         "--max-queue",

@@ -25,9 +25,11 @@ pub struct BatchLimits {
     pub prompt_concurrency: usize,
     /// Largest prefill chunk per row and step.
     pub prefill_step: usize,
-    /// While rows decode, a step spends about this long on prefill, so
-    /// running rows keep streaming while a long prompt comes in.
-    pub interleave_budget: Duration,
+    /// `Some(t)`: size prefill chunks so that a step spends about `t` on
+    /// prefill, so that running rows keep streaming while a long prompt comes
+    /// in and a prompt whose client left is dropped soon (the server).
+    /// `None`: always `prefill_step` tokens, as mlx-lm (offline batches).
+    pub prefill_target: Option<Duration>,
 }
 
 impl Default for BatchLimits {
@@ -36,13 +38,15 @@ impl Default for BatchLimits {
             decode_concurrency: 8,
             prompt_concurrency: 4,
             prefill_step: crate::generate::DEFAULT_PREFILL_STEP,
-            interleave_budget: Duration::from_millis(500),
+            prefill_target: None,
         }
     }
 }
 
-/// The smallest prefill chunk while rows are decoding.
-const MIN_INTERLEAVED_CHUNK: usize = 16;
+/// Prefill chunks with a time target start at this many tokens and never
+/// go below the smaller one.
+const FIRST_TIMED_CHUNK: usize = 32;
+const MIN_TIMED_CHUNK: usize = 16;
 
 struct Prefilling<'a> {
     id: u64,
@@ -172,12 +176,16 @@ impl<'a> BatchScheduler<'a> {
     }
 
     fn chunk_size(&self) -> usize {
-        if self.batch.is_empty() || self.prefill_rate <= 0.0 {
-            return self.limits.prefill_step;
+        let step = self.limits.prefill_step;
+        let Some(target) = self.limits.prefill_target else {
+            return step;
+        };
+        if self.prefill_rate <= 0.0 {
+            return FIRST_TIMED_CHUNK.min(step);
         }
         let rows = self.prefilling.len().max(1) as f64;
-        let tokens = self.prefill_rate * self.limits.interleave_budget.as_secs_f64() / rows;
-        (tokens as usize).clamp(MIN_INTERLEAVED_CHUNK, self.limits.prefill_step)
+        let tokens = self.prefill_rate * target.as_secs_f64() / rows;
+        (tokens as usize).clamp(MIN_TIMED_CHUNK.min(step), step)
     }
 
     fn prefill_chunks(&mut self, finished: &mut Vec<Finished>) -> Result<()> {

@@ -35,6 +35,10 @@ use anyhow::{anyhow, Context, Result};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::decode::BatchLimits;
+
+/// A step of the batch spends about this long on prefill: decoding rows keep
+/// streaming, and a prompt whose client left is dropped within about this.
+const BATCH_PREFILL_TARGET: Duration = Duration::from_millis(500);
 use crate::generate::{GenerateOptions, GenerationResult, TokenLogprob};
 use crate::grammar::ConstraintSpec;
 use crate::model::Model;
@@ -229,6 +233,7 @@ impl Gateway {
                     limits: BatchLimits {
                         decode_concurrency,
                         prompt_concurrency: config.prompt_concurrency.max(1),
+                        prefill_target: Some(BATCH_PREFILL_TARGET),
                         ..BatchLimits::default()
                     },
                     budget,

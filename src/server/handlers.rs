@@ -16,7 +16,7 @@ use super::request::{self, completion_budget, Endpoint, ParsedRequest};
 use super::response::{new_id, unix_now, Reply};
 use super::{sse, AppState};
 use crate::gateway::{GatewayEvent, GatewayRequest, Ticket};
-use crate::generate::{GenerateOptions, DEFAULT_PREFILL_STEP};
+use crate::generate::{GenerateOptions, GenerationResult, DEFAULT_PREFILL_STEP};
 use crate::prompt::{build_prompt, PromptInput};
 
 fn read_json(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Value, ApiError> {
@@ -62,15 +62,21 @@ async fn wait_started(ticket: &mut Ticket) -> Result<(), ApiError> {
     }
 }
 
-async fn collect(reply: &Reply, ticket: &mut Ticket) -> Result<Value, ApiError> {
+async fn collect(ticket: &mut Ticket) -> Result<GenerationResult, ApiError> {
     loop {
         match ticket.events.recv().await {
-            Some(GatewayEvent::Done(result)) => return Ok(reply.complete(&result)),
+            Some(GatewayEvent::Done(result)) => return Ok(*result),
             Some(GatewayEvent::Failed(e)) => return Err(e.into()),
             Some(_) => {}
             None => return Err(ApiError::internal("the generation ended unexpectedly")),
         }
     }
+}
+
+/// The seed of choice `j` of a prompt: different draws for `n > 1`, the same
+/// draws for the same request.
+fn choice_seed(seed: Option<u64>, j: usize) -> Option<u64> {
+    seed.map(|s| s.wrapping_add(j as u64))
 }
 
 async fn run_generation(
@@ -80,7 +86,8 @@ async fn run_generation(
 ) -> Result<Response, ApiError> {
     let body = read_json(body, app.config.max_body_bytes)?;
     let ParsedRequest {
-        input,
+        inputs,
+        n,
         max_tokens,
         sampling,
         stop,
@@ -92,33 +99,49 @@ async fn run_generation(
         constraint_param,
         ..
     } = request::parse(endpoint, &body, app.config.vocab_size)?;
-    let prompt = tokenize(&app, endpoint, input).await?;
-    let max_tokens = completion_budget(
-        endpoint,
-        max_tokens,
-        prompt.len(),
-        app.config.context_length,
-        app.config.max_tokens_default,
-    )?;
-    let options = GenerateOptions {
-        max_tokens,
-        sampling,
-        stop,
-        logprobs,
-        prefill_step: DEFAULT_PREFILL_STEP,
-    };
-    let mut ticket = app.gateway.submit(GatewayRequest {
-        prompt: prompt.clone(),
-        options,
-        constraint,
-    })?;
-    wait_started(&mut ticket)
-        .await
-        .map_err(|e| match constraint_param {
-            // The worker compiles the constraint; its complaints are about that field.
-            Some(param) if e.status == StatusCode::BAD_REQUEST => e.with_param(param),
-            _ => e,
-        })?;
+    // Every choice is its own request to the gateway: with batching on,
+    // the choices of one request run as rows of the same batch.
+    let mut prompts = Vec::with_capacity(inputs.len() * n);
+    let mut requests = Vec::with_capacity(inputs.len() * n);
+    for input in inputs {
+        let prompt = tokenize(&app, endpoint, input).await?;
+        let max_tokens = completion_budget(
+            endpoint,
+            max_tokens,
+            prompt.len(),
+            app.config.context_length,
+            app.config.max_tokens_default,
+        )?;
+        for j in 0..n {
+            let mut sampling = sampling.clone();
+            sampling.seed = choice_seed(sampling.seed, j);
+            requests.push(GatewayRequest {
+                prompt: prompt.clone(),
+                options: GenerateOptions {
+                    max_tokens,
+                    sampling,
+                    stop: stop.clone(),
+                    logprobs,
+                    prefill_step: DEFAULT_PREFILL_STEP,
+                },
+                constraint: constraint.clone(),
+            });
+            prompts.push(prompt.clone());
+        }
+    }
+    let mut tickets = Vec::with_capacity(requests.len());
+    for request in requests {
+        tickets.push(app.gateway.submit(request)?);
+    }
+    for ticket in tickets.iter_mut() {
+        wait_started(ticket)
+            .await
+            .map_err(|e| match constraint_param {
+                // The worker compiles the constraint; its complaints are about that field.
+                Some(param) if e.status == StatusCode::BAD_REQUEST => e.with_param(param),
+                _ => e,
+            })?;
+    }
     let reply = Reply {
         endpoint,
         id: new_id(endpoint),
@@ -129,12 +152,17 @@ async fn run_generation(
         include_usage,
         return_token_ids,
         logprobs: logprobs.is_some(),
-        prompt,
+        prompts,
+        n,
     };
     if stream {
-        return Ok(sse::stream(reply, ticket).into_response());
+        return Ok(sse::stream(reply, tickets).into_response());
     }
-    Ok(Json(collect(&reply, &mut ticket).await?).into_response())
+    let mut results = Vec::with_capacity(tickets.len());
+    for ticket in tickets.iter_mut() {
+        results.push(collect(ticket).await?);
+    }
+    Ok(Json(reply.complete(&results)).into_response())
 }
 
 pub async fn chat_completions(

@@ -33,10 +33,15 @@ impl Endpoint {
 const MAX_STOPS: usize = 16;
 const MAX_TOP_LOGPROBS: i64 = 20;
 const MAX_COMPLETION_LOGPROBS: i64 = 20;
+/// Choices per prompt, and choices per request (prompts x n).
+const MAX_N: i64 = 16;
+const MAX_CHOICES: usize = 64;
 
 pub struct ParsedRequest {
     pub endpoint: Endpoint,
-    pub input: PromptInput,
+    /// One prompt, or (completions) a list of them; each gets `n` choices.
+    pub inputs: Vec<PromptInput>,
+    pub n: usize,
     /// As asked; `None` means the server's default.
     pub max_tokens: Option<usize>,
     pub sampling: SamplingParams,
@@ -107,36 +112,40 @@ fn token_ids(items: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
         .collect()
 }
 
-fn parse_prompt(value: Option<&Value>, vocab: usize) -> Result<PromptInput, ApiError> {
+/// The `prompt` of a completions request: a string, token ids, or a list of
+/// strings or token-id lists (one choice group per prompt).
+fn parse_prompts(value: Option<&Value>, vocab: usize) -> Result<Vec<PromptInput>, ApiError> {
     let text = |s: &str| PromptInput::Text {
         text: s.to_string(),
         system: None,
         use_chat_template: false,
     };
     let empty = || ApiError::invalid("prompt", "prompt must not be empty");
+    let shape = || {
+        ApiError::invalid(
+            "prompt",
+            "prompt must be a string, token ids, or a list of strings or token-id lists",
+        )
+    };
     match value {
         None => Err(ApiError::invalid("prompt", "prompt is required")),
         Some(Value::String(s)) if s.is_empty() => Err(empty()),
-        Some(Value::String(s)) => Ok(text(s)),
+        Some(Value::String(s)) => Ok(vec![text(s)]),
         Some(Value::Array(items)) => match items.as_slice() {
             [] => Err(empty()),
-            [Value::String(s)] if s.is_empty() => Err(empty()),
-            [Value::String(s)] => Ok(text(s)),
-            [Value::Array(ids)] if ids.is_empty() => Err(empty()),
-            [Value::Array(ids)] => Ok(PromptInput::Tokens(token_ids(ids, vocab)?)),
-            [Value::Number(_), ..] => Ok(PromptInput::Tokens(token_ids(items, vocab)?)),
-            [_, _, ..] if items.iter().all(|v| v.is_string() || v.is_array()) => Err(
-                ApiError::invalid("prompt", "only one prompt per request is supported"),
-            ),
-            _ => Err(ApiError::invalid(
-                "prompt",
-                "prompt must be a string, a list of one string, or token ids",
-            )),
+            [Value::Number(_), ..] => Ok(vec![PromptInput::Tokens(token_ids(items, vocab)?)]),
+            _ => items
+                .iter()
+                .map(|item| match item {
+                    Value::String(s) if s.is_empty() => Err(empty()),
+                    Value::String(s) => Ok(text(s)),
+                    Value::Array(ids) if ids.is_empty() => Err(empty()),
+                    Value::Array(ids) => Ok(PromptInput::Tokens(token_ids(ids, vocab)?)),
+                    _ => Err(shape()),
+                })
+                .collect(),
         },
-        Some(_) => Err(ApiError::invalid(
-            "prompt",
-            "prompt must be a string, a list of one string, or token ids",
-        )),
+        Some(_) => Err(shape()),
     }
 }
 
@@ -236,23 +245,26 @@ pub fn parse(endpoint: Endpoint, body: &Value, vocab: usize) -> Result<ParsedReq
     let f = Fields::of(body)?;
     f.string("model")?;
     f.string("user")?;
-    if let Some(n) = f.integer("n", i64::MIN, i64::MAX)? {
-        if n != 1 {
-            return Err(ApiError::invalid(
-                "n",
-                format!("only n = 1 is supported, got {n}"),
-            ));
-        }
-    }
-    let input = match endpoint {
-        Endpoint::Chat => PromptInput::Messages(parse_messages(f.get("messages"))?),
+    let n = f.integer("n", 1, MAX_N)?.unwrap_or(1) as usize;
+    let inputs = match endpoint {
+        Endpoint::Chat => vec![PromptInput::Messages(parse_messages(f.get("messages"))?)],
         Endpoint::Completions => {
             if f.bool("echo")?.unwrap_or(false) {
                 return Err(ApiError::invalid("echo", "echo is not supported"));
             }
-            parse_prompt(f.get("prompt"), vocab)?
+            parse_prompts(f.get("prompt"), vocab)?
         }
     };
+    if inputs.len() * n > MAX_CHOICES {
+        return Err(ApiError::invalid(
+            if inputs.len() > 1 { "prompt" } else { "n" },
+            format!(
+                "{} prompts x n = {n} asks for {} choices; at most {MAX_CHOICES} per request",
+                inputs.len(),
+                inputs.len() * n
+            ),
+        ));
+    }
     let stop: Vec<String> = f
         .strings("stop")?
         .into_iter()
@@ -280,7 +292,8 @@ pub fn parse(endpoint: Endpoint, body: &Value, vocab: usize) -> Result<ParsedReq
     })?;
     Ok(ParsedRequest {
         endpoint,
-        input,
+        inputs,
+        n,
         max_tokens: parse_max_tokens(&f)?,
         sampling: parse_sampling(&f, vocab)?,
         stop,
@@ -360,7 +373,9 @@ mod tests {
         assert_eq!(param_of(chat(json!({"max_tokens": 0}))), "max_tokens");
         assert_eq!(param_of(chat(json!({"max_tokens": "5"}))), "max_tokens");
         assert_eq!(param_of(chat(json!({"temperature": -0.5}))), "temperature");
-        assert_eq!(param_of(chat(json!({"n": 2}))), "n");
+        assert_eq!(param_of(chat(json!({"n": 0}))), "n");
+        assert_eq!(param_of(chat(json!({"n": 17}))), "n");
+        assert_eq!(chat(json!({"n": 3})).unwrap().n, 3);
         assert_eq!(param_of(chat(json!({"stop": [1]}))), "stop");
         assert_eq!(
             param_of(chat(json!({"logit_bias": {"500": 1}}))),
@@ -386,26 +401,25 @@ mod tests {
     #[test]
     fn prompt_shapes() {
         let p = |v: Value| parse(Endpoint::Completions, &json!({ "prompt": v }), 100);
-        assert!(matches!(
-            p(json!("hi")).unwrap().input,
-            PromptInput::Text { .. }
-        ));
-        assert!(matches!(
-            p(json!(["hi"])).unwrap().input,
-            PromptInput::Text { .. }
-        ));
-        assert!(matches!(
-            p(json!([1, 2])).unwrap().input,
-            PromptInput::Tokens(ref t) if t == &[1, 2]
-        ));
-        assert!(matches!(
-            p(json!([[3]])).unwrap().input,
-            PromptInput::Tokens(_)
-        ));
-        assert_eq!(param_of(p(json!(["a", "b"]))), "prompt");
+        let one = |v: Value| {
+            let mut inputs = p(v).unwrap().inputs;
+            assert_eq!(inputs.len(), 1);
+            inputs.remove(0)
+        };
+        assert!(matches!(one(json!("hi")), PromptInput::Text { .. }));
+        assert!(matches!(one(json!(["hi"])), PromptInput::Text { .. }));
+        assert!(matches!(one(json!([1, 2])), PromptInput::Tokens(ref t) if t == &[1, 2]));
+        assert!(matches!(one(json!([[3]])), PromptInput::Tokens(_)));
+        assert_eq!(p(json!(["a", "b"])).unwrap().inputs.len(), 2);
+        assert_eq!(p(json!([[1], [2, 3], "c"])).unwrap().inputs.len(), 3);
+        assert_eq!(param_of(p(json!(["a", ""]))), "prompt");
+        assert_eq!(param_of(p(json!(["a", 5]))), "prompt");
         assert_eq!(param_of(p(json!([1, 200]))), "prompt");
         assert_eq!(param_of(p(json!(""))), "prompt");
         assert_eq!(param_of(p(json!({}))), "prompt");
+        let many: Vec<String> = (0..9).map(|i| i.to_string()).collect();
+        let r = parse(Endpoint::Completions, &json!({"prompt": many, "n": 8}), 100);
+        assert_eq!(param_of(r), "prompt");
     }
 
     #[test]

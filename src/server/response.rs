@@ -20,7 +20,10 @@ pub struct Reply {
     pub include_usage: bool,
     pub return_token_ids: bool,
     pub logprobs: bool,
-    pub prompt: Vec<u32>,
+    /// Each choice's prompt ids (choices of one prompt repeat it).
+    pub prompts: Vec<Vec<u32>>,
+    /// Choices per prompt (`n`).
+    pub n: usize,
 }
 
 /// A random id such as `chatcmpl-3kT9...`.
@@ -61,18 +64,28 @@ pub fn finish_reason(reason: FinishReason) -> &'static str {
     }
 }
 
-pub fn usage(result: &GenerationResult) -> Value {
+/// Usage of the choices of one request: each prompt counted once, every
+/// choice's completion tokens summed (as OpenAI counts `n` and prompt lists).
+pub fn usage(results: &[&GenerationResult], n: usize) -> Value {
+    let n = n.max(1);
+    let prompt: usize = results.iter().step_by(n).map(|r| r.prompt_tokens).sum();
+    let cached: usize = results.iter().step_by(n).map(|r| r.cached_tokens).sum();
+    let completion: usize = results.iter().map(|r| r.generation_tokens).sum();
     let mut usage = json!({
-        "prompt_tokens": result.prompt_tokens,
-        "completion_tokens": result.generation_tokens,
-        "total_tokens": result.prompt_tokens + result.generation_tokens,
-        "prompt_tokens_details": {"cached_tokens": result.cached_tokens},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
     });
-    if let Some(spec) = &result.speculation {
+    let specs: Vec<_> = results
+        .iter()
+        .filter_map(|r| r.speculation.as_ref())
+        .collect();
+    if !specs.is_empty() {
         usage["speculation"] = json!({
-            "drafted": spec.drafted,
-            "accepted": spec.accepted,
-            "target_calls": spec.target_calls,
+            "drafted": specs.iter().map(|s| s.drafted).sum::<usize>(),
+            "accepted": specs.iter().map(|s| s.accepted).sum::<usize>(),
+            "target_calls": specs.iter().map(|s| s.target_calls).sum::<usize>(),
         });
     }
     usage
@@ -153,23 +166,31 @@ impl Reply {
         }
     }
 
-    /// The whole answer of a non-streaming request.
-    pub fn complete(&self, result: &GenerationResult) -> Value {
-        let mut choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": result.text},
-            }),
-            Endpoint::Completions => json!({"index": 0, "text": result.text}),
-        };
-        choice["logprobs"] = self.logprobs_value(&result.logprobs, 0);
-        choice["finish_reason"] = json!(finish_reason(result.finish_reason));
-        if self.return_token_ids {
-            choice["token_ids"] = json!(result.token_ids);
-            choice["prompt_token_ids"] = json!(self.prompt);
-        }
-        let mut body = self.envelope(false, json!([choice]));
-        body["usage"] = usage(result);
+    /// The whole answer of a non-streaming request: one choice per result,
+    /// in choice order.
+    pub fn complete(&self, results: &[GenerationResult]) -> Value {
+        let choices: Vec<Value> = results
+            .iter()
+            .enumerate()
+            .map(|(index, result)| {
+                let mut choice = match self.endpoint {
+                    Endpoint::Chat => json!({
+                        "index": index,
+                        "message": {"role": "assistant", "content": result.text},
+                    }),
+                    Endpoint::Completions => json!({"index": index, "text": result.text}),
+                };
+                choice["logprobs"] = self.logprobs_value(&result.logprobs, 0);
+                choice["finish_reason"] = json!(finish_reason(result.finish_reason));
+                if self.return_token_ids {
+                    choice["token_ids"] = json!(result.token_ids);
+                    choice["prompt_token_ids"] = json!(self.prompts[index]);
+                }
+                choice
+            })
+            .collect();
+        let mut body = self.envelope(false, Value::Array(choices));
+        body["usage"] = usage(&results.iter().collect::<Vec<_>>(), self.n);
         body
     }
 
@@ -181,11 +202,12 @@ impl Reply {
         body
     }
 
-    /// The chunk that opens a chat stream (the assistant role); none for completions.
-    pub fn opening_chunk(&self) -> Option<Value> {
+    /// The chunk that opens a chat choice's stream (the assistant role);
+    /// none for completions.
+    pub fn opening_chunk(&self, index: usize) -> Option<Value> {
         match self.endpoint {
             Endpoint::Chat => Some(self.chunk(json!({
-                "index": 0,
+                "index": index,
                 "delta": {"role": "assistant", "content": ""},
                 "logprobs": null,
                 "finish_reason": null,
@@ -195,20 +217,26 @@ impl Reply {
     }
 
     /// A chunk carrying new text (and the token's logprobs when asked).
-    pub fn text_chunk(&self, text: &str, logprob: Option<&TokenLogprob>, offset: usize) -> Value {
+    pub fn text_chunk(
+        &self,
+        index: usize,
+        text: &str,
+        logprob: Option<&TokenLogprob>,
+        offset: usize,
+    ) -> Value {
         let logprobs = match logprob {
             Some(lp) => self.logprobs_value(std::slice::from_ref(lp), offset),
             None => Value::Null,
         };
         match self.endpoint {
             Endpoint::Chat => self.chunk(json!({
-                "index": 0,
+                "index": index,
                 "delta": {"content": text},
                 "logprobs": logprobs,
                 "finish_reason": null,
             })),
             Endpoint::Completions => self.chunk(json!({
-                "index": 0,
+                "index": index,
                 "text": text,
                 "logprobs": logprobs,
                 "finish_reason": null,
@@ -217,24 +245,24 @@ impl Reply {
     }
 
     /// The chunk that ends the choice, with its finish reason.
-    pub fn closing_chunk(&self, result: &GenerationResult) -> Value {
+    pub fn closing_chunk(&self, index: usize, result: &GenerationResult) -> Value {
         let reason = finish_reason(result.finish_reason);
         let mut choice = match self.endpoint {
-            Endpoint::Chat => json!({"index": 0, "delta": {}, "logprobs": null}),
-            Endpoint::Completions => json!({"index": 0, "text": "", "logprobs": null}),
+            Endpoint::Chat => json!({"index": index, "delta": {}, "logprobs": null}),
+            Endpoint::Completions => json!({"index": index, "text": "", "logprobs": null}),
         };
         choice["finish_reason"] = json!(reason);
         if self.return_token_ids {
             choice["token_ids"] = json!(result.token_ids);
-            choice["prompt_token_ids"] = json!(self.prompt);
+            choice["prompt_token_ids"] = json!(self.prompts[index]);
         }
         self.chunk(choice)
     }
 
     /// The extra last chunk of `stream_options.include_usage`.
-    pub fn usage_chunk(&self, result: &GenerationResult) -> Value {
+    pub fn usage_chunk(&self, results: &[&GenerationResult]) -> Value {
         let mut body = self.envelope(true, json!([]));
-        body["usage"] = usage(result);
+        body["usage"] = usage(results, self.n);
         body
     }
 }

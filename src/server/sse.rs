@@ -12,6 +12,7 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::response::Reply;
 use crate::gateway::{GatewayEvent, Ticket};
+use crate::generate::GenerationResult;
 
 /// SSE comments keep idle streams (a long prefill) alive through proxies.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
@@ -25,32 +26,42 @@ fn done() -> Event {
 }
 
 struct StreamState {
-    ticket: Ticket,
     reply: Reply,
-    /// Characters of completion text sent so far (completions' `text_offset`).
-    offset: usize,
+    /// Per choice: characters of completion text sent so far (completions'
+    /// `text_offset`), and its result once done.
+    offsets: Vec<usize>,
+    results: Vec<Option<GenerationResult>>,
     finished: bool,
 }
 
 impl StreamState {
-    fn on_event(&mut self, event: Option<GatewayEvent>) -> Vec<Event> {
+    fn on_event(&mut self, event: Option<(usize, Option<GatewayEvent>)>) -> Vec<Event> {
+        let Some((index, event)) = event else {
+            return self.fail(ApiError::internal("the generation ended unexpectedly"));
+        };
         match event {
             Some(GatewayEvent::Started { .. }) => Vec::new(),
             Some(GatewayEvent::Token { text, logprob, .. }) => {
                 if text.is_empty() && logprob.is_none() {
                     return Vec::new();
                 }
-                let chunk = self.reply.text_chunk(&text, logprob.as_ref(), self.offset);
-                self.offset += text.chars().count();
+                let chunk =
+                    self.reply
+                        .text_chunk(index, &text, logprob.as_ref(), self.offsets[index]);
+                self.offsets[index] += text.chars().count();
                 vec![data(&chunk)]
             }
             Some(GatewayEvent::Done(result)) => {
-                self.finished = true;
-                let mut events = vec![data(&self.reply.closing_chunk(&result))];
-                if self.reply.include_usage {
-                    events.push(data(&self.reply.usage_chunk(&result)));
+                let mut events = vec![data(&self.reply.closing_chunk(index, &result))];
+                self.results[index] = Some(*result);
+                if self.results.iter().all(Option::is_some) {
+                    self.finished = true;
+                    if self.reply.include_usage {
+                        let all: Vec<&GenerationResult> = self.results.iter().flatten().collect();
+                        events.push(data(&self.reply.usage_chunk(&all)));
+                    }
+                    events.push(done());
                 }
-                events.push(done());
                 events
             }
             Some(GatewayEvent::Failed(e)) => self.fail(ApiError::from(e)),
@@ -64,22 +75,53 @@ impl StreamState {
     }
 }
 
-/// The SSE response for a request whose generation has started.
-pub fn stream(reply: Reply, ticket: Ticket) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
-    let opening: Vec<Event> = reply.opening_chunk().iter().map(data).collect();
+/// One choice's events, tagged with its index; the stream ends after the
+/// choice's last event (a closed channel shows up as one `None`).
+fn choice_events(
+    index: usize,
+    ticket: Ticket,
+) -> impl Stream<Item = (usize, Option<GatewayEvent>)> {
+    stream::unfold(Some(ticket), move |ticket| async move {
+        let mut ticket = ticket?;
+        let event = ticket.events.recv().await;
+        let last = matches!(
+            event,
+            None | Some(GatewayEvent::Done(_)) | Some(GatewayEvent::Failed(_))
+        );
+        Some(((index, event), (!last).then_some(ticket)))
+    })
+}
+
+/// The SSE response for a request whose choices have all started, one
+/// ticket per choice in choice order. Dropping it cancels every choice.
+pub fn stream(
+    reply: Reply,
+    tickets: Vec<Ticket>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let opening: Vec<Event> = (0..tickets.len())
+        .filter_map(|i| reply.opening_chunk(i))
+        .map(|c| data(&c))
+        .collect();
+    let choices = tickets.len();
+    let merged = stream::select_all(
+        tickets
+            .into_iter()
+            .enumerate()
+            .map(|(i, t)| choice_events(i, t).boxed()),
+    );
     let state = StreamState {
-        ticket,
         reply,
-        offset: 0,
+        offsets: vec![0; choices],
+        results: (0..choices).map(|_| None).collect(),
         finished: false,
     };
-    let body = stream::unfold(state, |mut state| async move {
+    let body = stream::unfold((state, merged), |(mut state, mut merged)| async move {
         if state.finished {
             return None;
         }
-        let event = state.ticket.events.recv().await;
+        let event = merged.next().await;
         let out = state.on_event(event);
-        Some((stream::iter(out), state))
+        Some((stream::iter(out), (state, merged)))
     })
     .flatten();
     let events = stream::iter(opening).chain(body).map(Ok);
