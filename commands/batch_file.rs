@@ -22,7 +22,7 @@ use serde::Deserialize;
 enum Line {
     Text(String),
     Messages(Vec<Message>),
-    Request(Request),
+    Request(Box<Request>),
 }
 
 #[derive(Deserialize)]

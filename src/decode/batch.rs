@@ -146,7 +146,7 @@ impl<'a> DecodeBatch<'a> {
             logits
         } else {
             let ids: Vec<i32> = keep.iter().map(|&i| i as i32).collect();
-            logits.take_axis(&Array::from_slice(&ids, &[ids.len() as i32]), 0)?
+            logits.take_axis(Array::from_slice(&ids, &[ids.len() as i32]), 0)?
         };
         let next = if self.members.iter().all(|m| m.row.is_plain_greedy()) {
             self.members.iter_mut().for_each(|m| m.logprobs = None);
