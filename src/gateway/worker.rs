@@ -84,12 +84,51 @@ pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// One forward pass on a single token, so the first request does not pay for
-/// first-use setup (and, on a GPU, kernel compilation).
+/// first-use setup.
 fn warm_up(model: &Model) -> Result<()> {
     let mut caches = model.make_caches();
     let input = mlx_rs::Array::from_slice(&[0i32], &[1, 1]);
     let logits = model.forward_last(&input, &mut caches)?;
     mlx_rs::transforms::eval([&logits])?;
+    Ok(())
+}
+
+/// On a GPU, MLX compiles each kernel the first time a shape class is used
+/// (tens of seconds in all). Before the server says it is ready, run what a
+/// request will: prefill chunks of the sizes the batch lane uses, decode
+/// steps at every batch size up to `decode_concurrency` (rows that finish
+/// one after another shrink the batch through each size), greedy and
+/// sampled rows with log-probabilities.
+fn warm_up_kernels(model: &Model, tokenizer: &Tokenizer, limits: BatchLimits) -> Result<()> {
+    use crate::decode::{BatchScheduler, Row};
+    use crate::generate::GenerateOptions;
+    use crate::sampling::SamplingParams;
+    let vocab = model.vocab_size().max(2) as u32;
+    let mut scheduler = BatchScheduler::new(model, limits);
+    let rows = limits.decode_concurrency.max(1);
+    for i in 0..rows {
+        let len = [40usize, 600][i % 2];
+        let prompt: Vec<u32> = (0..len as u32)
+            .map(|t| 1 + (t * 7 + i as u32) % (vocab - 1))
+            .collect();
+        let sampled = i % 2 == 1;
+        let opts = GenerateOptions {
+            max_tokens: 2 + i,
+            sampling: SamplingParams {
+                temperature: if sampled { 0.7 } else { 0.0 },
+                top_p: if sampled { 0.9 } else { 1.0 },
+                seed: sampled.then_some(i as u64),
+                ..SamplingParams::default()
+            },
+            logprobs: sampled.then_some(2),
+            ..GenerateOptions::default()
+        };
+        let row = Row::new(model, tokenizer, prompt, 0, &opts, None, Box::new(|_| true))?;
+        scheduler.insert(i as u64, row, Vec::new());
+    }
+    while !scheduler.is_idle() {
+        scheduler.step()?;
+    }
     Ok(())
 }
 
@@ -100,10 +139,21 @@ pub(crate) fn run(
     rx: Receiver<Job>,
     readiness: &Readiness,
 ) {
-    let warm = warm_up(&models.model).and_then(|()| match &models.draft {
-        Some(d) => warm_up(d),
-        None => Ok(()),
-    });
+    let started = std::time::Instant::now();
+    let warm = warm_up(&models.model)
+        .and_then(|()| match &models.draft {
+            Some(d) => warm_up(d),
+            None => Ok(()),
+        })
+        .and_then(|()| {
+            let full = std::env::var("MLX_BUN_WARMUP").is_ok_and(|v| v == "full");
+            if crate::mlx_ext::on_gpu() || full {
+                warm_up_kernels(&models.model, &shared.tokenizer, plan.limits)
+            } else {
+                Ok(())
+            }
+        });
+    tracing::info!("warm-up took {:.2} s", started.elapsed().as_secs_f64());
     let failed = warm.is_err();
     *readiness.state.lock().unwrap() = Some(warm.map_err(|e| format!("{e:#}")));
     readiness.changed.notify_all();
