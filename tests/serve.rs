@@ -1231,3 +1231,49 @@ fn speculative_lane_with_a_draft_model() {
         "{stats}"
     );
 }
+
+/// Browsers on loopback pages may call the API (CORS, preflight before
+/// authentication); other origins get no CORS headers. The paths without
+/// `/v1` work too.
+#[test]
+fn cors_and_path_aliases() {
+    let c = client();
+    let preflight = |origin: &str| {
+        c.request(
+            reqwest::Method::OPTIONS,
+            server().url("/v1/chat/completions"),
+        )
+        .header("origin", origin)
+        .header("access-control-request-method", "POST")
+        .send()
+        .unwrap()
+    };
+    let ok = preflight("http://localhost:5173");
+    assert_eq!(ok.status().as_u16(), 204);
+    assert_eq!(
+        ok.headers()["access-control-allow-origin"],
+        "http://localhost:5173"
+    );
+    assert!(ok.headers()["access-control-allow-methods"]
+        .to_str()
+        .unwrap()
+        .contains("POST"));
+    let evil = preflight("http://evil.example");
+    assert!(!evil.headers().contains_key("access-control-allow-origin"));
+
+    let r = c
+        .post(server().url("/chat/completions"))
+        .header("origin", "http://127.0.0.1:8000")
+        .json(&chat_body("Hi", 2))
+        .send()
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["access-control-allow-origin"],
+        "http://127.0.0.1:8000"
+    );
+    let v: Value = r.json().unwrap();
+    assert_eq!(v["object"], "chat.completion");
+    let (status, _) = get("/models");
+    assert_eq!(status, 200);
+}

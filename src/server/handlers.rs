@@ -98,7 +98,12 @@ async fn run_generation(
         constraint,
         constraint_param,
         ..
-    } = request::parse(endpoint, &body, app.config.vocab_size)?;
+    } = request::parse_with_defaults(
+        endpoint,
+        &body,
+        app.config.vocab_size,
+        &app.config.default_sampling,
+    )?;
     // Every choice is its own request to the gateway: with batching on,
     // the choices of one request run as rows of the same batch.
     let mut prompts = Vec::with_capacity(inputs.len() * n);

@@ -2,6 +2,7 @@
 //! response shapes, streaming, errors, authentication and metrics.
 
 pub mod auth;
+pub mod cors;
 pub mod error;
 pub mod fields;
 pub mod handlers;
@@ -38,6 +39,10 @@ pub struct ServerConfig {
     pub fingerprint: String,
     /// Unix time the model was loaded, for `/v1/models`.
     pub created: u64,
+    /// Sampling for fields a request leaves out (`--temp`, `--top-p`, …).
+    pub default_sampling: crate::sampling::SamplingParams,
+    /// Browser origins allowed to call the API.
+    pub cors: cors::AllowedOrigins,
 }
 
 pub struct AppState {
@@ -74,6 +79,10 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/models/{*id}", get(handlers::get_model))
         .route("/v1/chat/completions", post(handlers::chat_completions))
         .route("/v1/completions", post(handlers::completions))
+        // The paths without `/v1`, which some clients use.
+        .route("/models", get(handlers::list_models))
+        .route("/chat/completions", post(handlers::chat_completions))
+        .route("/completions", post(handlers::completions))
         .route("/health", get(handlers::health))
         .route("/stats", get(handlers::stats))
         .route("/metrics", get(handlers::metrics))
@@ -84,6 +93,7 @@ pub fn router(app: Arc<AppState>) -> Router {
             auth::require_api_key,
         ))
         .layer(middleware::from_fn_with_state(app.clone(), observe))
+        .layer(middleware::from_fn_with_state(app.clone(), cors::cors))
         .layer(DefaultBodyLimit::max(limit))
         .with_state(app)
 }

@@ -180,11 +180,21 @@ fn parse_logit_bias(f: &Fields, vocab: usize) -> Result<HashMap<u32, f32>, ApiEr
         .collect()
 }
 
-fn parse_sampling(f: &Fields, vocab: usize) -> Result<SamplingParams, ApiError> {
+fn parse_sampling(
+    f: &Fields,
+    vocab: usize,
+    defaults: &SamplingParams,
+) -> Result<SamplingParams, ApiError> {
     let mut p = SamplingParams {
-        temperature: f.number("temperature", 0.0, 2.0)?.unwrap_or(0.0) as f32,
-        top_p: f.number("top_p", 0.0, 1.0)?.unwrap_or(1.0) as f32,
-        min_p: f.number("min_p", 0.0, 1.0)?.unwrap_or(0.0) as f32,
+        temperature: f
+            .number("temperature", 0.0, 2.0)?
+            .map_or(defaults.temperature, |x| x as f32),
+        top_p: f
+            .number("top_p", 0.0, 1.0)?
+            .map_or(defaults.top_p, |x| x as f32),
+        min_p: f
+            .number("min_p", 0.0, 1.0)?
+            .map_or(defaults.min_p, |x| x as f32),
         presence_penalty: f.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
         frequency_penalty: f.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
         logit_bias: parse_logit_bias(f, vocab)?,
@@ -194,15 +204,15 @@ fn parse_sampling(f: &Fields, vocab: usize) -> Result<SamplingParams, ApiError> 
         return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
     }
     // -1 is the common spelling of "no top-k".
-    p.top_k = f.integer("top_k", -1, vocab as i64)?.unwrap_or(0).max(0) as usize;
+    p.top_k = match f.integer("top_k", -1, vocab as i64)? {
+        Some(k) => k.max(0) as usize,
+        None => defaults.top_k,
+    };
+    // mlx-lm's clients send 0 (and 1) for "no repetition penalty".
     if let Some(r) = f.number("repetition_penalty", 0.0, 10.0)? {
-        if r == 0.0 {
-            return Err(ApiError::invalid(
-                "repetition_penalty",
-                "repetition_penalty must be greater than 0",
-            ));
+        if r != 0.0 && r != 1.0 {
+            p.repetition_penalty = Some(r as f32);
         }
-        p.repetition_penalty = Some(r as f32);
     }
     if let Some(n) = f.integer("repetition_context_size", 1, 1 << 20)? {
         p.repetition_context_size = n as usize;
@@ -234,14 +244,28 @@ fn parse_logprobs(f: &Fields, endpoint: Endpoint) -> Result<Option<usize>, ApiEr
                 (true, top) => Ok(Some(top.unwrap_or(0) as usize)),
             }
         }
-        Endpoint::Completions => Ok(f
-            .integer("logprobs", 0, MAX_COMPLETION_LOGPROBS)?
-            .map(|k| k as usize)),
+        // OpenAI's completions take a count; mlx-lm's clients also send a bool.
+        Endpoint::Completions => match f.get("logprobs") {
+            Some(serde_json::Value::Bool(on)) => Ok(on.then_some(0)),
+            _ => Ok(f
+                .integer("logprobs", 0, MAX_COMPLETION_LOGPROBS)?
+                .map(|k| k as usize)),
+        },
     }
 }
 
 /// Reads a request body. `vocab` bounds token ids in prompts and biases.
 pub fn parse(endpoint: Endpoint, body: &Value, vocab: usize) -> Result<ParsedRequest, ApiError> {
+    parse_with_defaults(endpoint, body, vocab, &SamplingParams::default())
+}
+
+/// [`parse`], with the server's sampling defaults for fields a request omits.
+pub fn parse_with_defaults(
+    endpoint: Endpoint,
+    body: &Value,
+    vocab: usize,
+    defaults: &SamplingParams,
+) -> Result<ParsedRequest, ApiError> {
     let f = Fields::of(body)?;
     f.string("model")?;
     f.string("user")?;
@@ -295,7 +319,7 @@ pub fn parse(endpoint: Endpoint, body: &Value, vocab: usize) -> Result<ParsedReq
         inputs,
         n,
         max_tokens: parse_max_tokens(&f)?,
-        sampling: parse_sampling(&f, vocab)?,
+        sampling: parse_sampling(&f, vocab, defaults)?,
         stop,
         logprobs: parse_logprobs(&f, endpoint)?,
         stream,
@@ -389,6 +413,26 @@ mod tests {
             )),
             "messages"
         );
+    }
+
+    #[test]
+    fn mlx_lm_spellings_and_server_defaults() {
+        let r = chat(json!({"repetition_penalty": 0})).unwrap();
+        assert_eq!(r.sampling.repetition_penalty, None);
+        let c = |v: Value| parse(Endpoint::Completions, &v, 100).unwrap();
+        assert_eq!(
+            c(json!({"prompt": "x", "logprobs": true})).logprobs,
+            Some(0)
+        );
+        assert_eq!(c(json!({"prompt": "x", "logprobs": false})).logprobs, None);
+        let defaults = SamplingParams {
+            temperature: 0.7,
+            top_k: 5,
+            ..SamplingParams::default()
+        };
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "top_k": 2});
+        let r = parse_with_defaults(Endpoint::Chat, &body, 100, &defaults).unwrap();
+        assert_eq!((r.sampling.temperature, r.sampling.top_k), (0.7, 2));
     }
 
     #[test]
