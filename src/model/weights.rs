@@ -122,12 +122,16 @@ impl Weights {
         if groups < 1 {
             return None;
         }
+        let (packed, groups) = (packed as i64, groups as i64);
         for group_size in [64, 32, 128] {
             let cols = groups * group_size;
             if (packed * 32) % cols == 0 {
                 let bits = packed * 32 / cols;
                 if [2, 3, 4, 5, 6, 8].contains(&bits) {
-                    return Some(QuantSpec { group_size, bits });
+                    return Some(QuantSpec {
+                        group_size: group_size as i32,
+                        bits: bits as i32,
+                    });
                 }
             }
         }
