@@ -207,6 +207,16 @@ pub fn run(args: Args) -> Result<()> {
     let constraint_spec = args.constraint.spec()?;
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     let mut model = Model::load(&dir)?;
+    if let Some(id) = sampling
+        .logit_bias
+        .keys()
+        .find(|&&id| id as usize >= model.vocab_size())
+    {
+        bail!(
+            "--logit-bias names token {id}, beyond the vocabulary of {} tokens",
+            model.vocab_size()
+        );
+    }
     if let Some(adapter) = &args.adapter_path {
         mlx_bun::adapters::apply(&mut model, adapter)?;
     }

@@ -251,6 +251,10 @@ fn broken_configs_name_the_file_and_field() {
         1,
     );
     assert_mentions(&e, &["/nonexistent/model"]);
+
+    let bias = r#"{"99999999": 5}"#;
+    let e = fails(&["generate", "--prompt", "Hi", "--logit-bias", bias], 1);
+    assert_mentions(&e, &["--logit-bias names token 99999999", "49152"]);
 }
 
 #[test]
