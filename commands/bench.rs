@@ -1,5 +1,6 @@
 //! `mlx-bun bench`: micro-benchmarks of the engine on a real model.
 
+use std::io::Write;
 use std::time::Instant;
 
 use anyhow::Result;
@@ -20,12 +21,12 @@ enum What {
         #[arg(long, short)]
         model: Option<String>,
         /// Comma-separated numbers of new tokens per forward pass.
-        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8")]
+        #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = crate::validate::at_least_one)]
         lengths: Vec<usize>,
         /// Context already in the cache.
-        #[arg(long, default_value_t = 64)]
+        #[arg(long, default_value_t = 64, value_parser = crate::validate::count)]
         context: usize,
-        #[arg(long, default_value_t = 5)]
+        #[arg(long, default_value_t = 5, value_parser = crate::validate::at_least_one)]
         runs: usize,
         /// Print JSON lines instead of a table.
         #[arg(long)]
@@ -55,8 +56,13 @@ fn forward(
     let dir = crate::model_arg::resolve(model)?;
     let model = Model::load(&dir)?;
     let ctx: Vec<u32> = (0..context as u32).map(|i| 100 + i % 1000).collect();
+    let mut out = std::io::stdout();
     if !json {
-        println!("{:>6} {:>12} {:>14}", "tokens", "ms/forward", "ms/token");
+        writeln!(
+            out,
+            "{:>6} {:>12} {:>14}",
+            "tokens", "ms/forward", "ms/token"
+        )?;
     }
     for &len in lengths {
         let mut times = Vec::new();
@@ -72,15 +78,16 @@ fn forward(
                 times.push(t.elapsed().as_secs_f64() * 1e3);
             }
         }
-        times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        times.sort_by(f64::total_cmp);
         let median = times[times.len() / 2];
         if json {
-            println!(
+            writeln!(
+                out,
                 "{}",
                 serde_json::json!({"tokens": len, "ms_per_forward": median, "ms_per_token": median / len as f64})
-            );
+            )?;
         } else {
-            println!("{len:>6} {median:>12.2} {:>14.2}", median / len as f64);
+            writeln!(out, "{len:>6} {median:>12.2} {:>14.2}", median / len as f64)?;
         }
     }
     Ok(())

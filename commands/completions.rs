@@ -1,5 +1,7 @@
 //! `mlx-bun completions SHELL`: shell completion scripts.
 
+use std::io::Write;
+
 use anyhow::Result;
 use clap::CommandFactory;
 use clap_complete::Shell;
@@ -12,6 +14,9 @@ pub struct Args {
 
 pub fn run(args: Args) -> Result<()> {
     let mut cmd = crate::Cli::command();
-    clap_complete::generate(args.shell, &mut cmd, "mlx-bun", &mut std::io::stdout());
+    // Rendered into memory first: clap_complete panics on a failed write.
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut cmd, "mlx-bun", &mut script);
+    std::io::stdout().write_all(&script)?;
     Ok(())
 }

@@ -49,21 +49,21 @@ pub struct Args {
     #[arg(long)]
     ignore_chat_template: bool,
     /// Maximum number of tokens to generate.
-    #[arg(long, short = 'n', default_value_t = 256)]
+    #[arg(long, short = 'n', default_value_t = 256, value_parser = crate::validate::at_least_one)]
     max_tokens: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::validate::non_negative)]
     temp: f32,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = crate::validate::positive_fraction)]
     top_p: f32,
     /// 0 disables top-k.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = crate::validate::count)]
     top_k: usize,
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = crate::validate::fraction)]
     min_p: f32,
-    #[arg(long)]
+    #[arg(long, value_parser = crate::validate::positive)]
     repetition_penalty: Option<f32>,
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = crate::validate::at_least_one)]
     repetition_context_size: usize,
     /// Logit bias as JSON, e.g. '{"1234": -100}'.
     #[arg(long)]
@@ -79,14 +79,14 @@ pub struct Args {
     /// Print prompt/decode speed and peak memory to stderr.
     #[arg(long, short)]
     verbose: bool,
-    #[arg(long, default_value_t = DEFAULT_PREFILL_STEP)]
+    #[arg(long, default_value_t = DEFAULT_PREFILL_STEP, value_parser = crate::validate::at_least_one)]
     prefill_step_size: usize,
     /// Draft model for speculative decoding (a directory, a repo id, or `ngram`
     /// for prompt-lookup drafting without a model).
     #[arg(long)]
     draft_model: Option<String>,
     /// Tokens the draft proposes per verification step.
-    #[arg(long, default_value_t = mlx_bun::speculative::DEFAULT_NUM_DRAFT_TOKENS)]
+    #[arg(long, default_value_t = mlx_bun::speculative::DEFAULT_NUM_DRAFT_TOKENS, value_parser = crate::validate::at_least_one)]
     num_draft_tokens: usize,
     /// LoRA adapter directory (adapters.safetensors + adapter_config.json).
     #[arg(long)]
@@ -222,6 +222,16 @@ pub fn run(args: Args) -> Result<()> {
     let constraint_spec = args.constraint.spec()?;
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     let mut model = Model::load(&dir)?;
+    if let Some(id) = sampling
+        .logit_bias
+        .keys()
+        .find(|&&id| id as usize >= model.vocab_size())
+    {
+        bail!(
+            "--logit-bias names token {id}, beyond the vocabulary of {} tokens",
+            model.vocab_size()
+        );
+    }
     if let Some(adapter) = &args.adapter_path {
         mlx_bun::adapters::apply(&mut model, adapter)?;
     }
@@ -244,10 +254,18 @@ pub fn run(args: Args) -> Result<()> {
     let mut caches = model.make_caches();
     let stream = !args.json;
     let mut stdout = std::io::stdout();
+    // A failed write (the reader went away) stops generating; the error is
+    // returned after the loop (main ends quietly on a broken pipe).
+    let mut write_error = None;
     let mut on_token = |ev: &mlx_bun::generate::TokenEvent| {
         if stream && !ev.text.is_empty() {
-            let _ = stdout.write_all(ev.text.as_bytes());
-            let _ = stdout.flush();
+            if let Err(e) = stdout
+                .write_all(ev.text.as_bytes())
+                .and_then(|()| stdout.flush())
+            {
+                write_error = Some(e);
+                return false;
+            }
         }
         true
     };
@@ -289,10 +307,14 @@ pub fn run(args: Args) -> Result<()> {
             )?
         }
     };
+    if let Some(e) = write_error {
+        return Err(anyhow::Error::new(e).context("writing to standard output"));
+    }
+    let mut stdout = std::io::stdout();
     if args.json {
-        println!("{}", serde_json::to_string(&result)?);
+        writeln!(stdout, "{}", serde_json::to_string(&result)?)?;
     } else {
-        println!();
+        writeln!(stdout)?;
     }
     if args.verbose {
         eprintln!("==========");

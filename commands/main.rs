@@ -9,10 +9,11 @@ mod generate;
 mod model_arg;
 mod serve;
 mod train;
+mod validate;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(
@@ -50,7 +51,7 @@ fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
+    let cli = parse_args();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::Serve(args) => serve::run(args),
@@ -61,9 +62,40 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of our output went away (`mlx-bun generate | head`): that
+        // ends the command, it is not a failure (as ripgrep does).
+        Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Parses the command line. Every subcommand accepts negative numbers as
+/// values (`--temp -1` reaches the range check and gets a clear error rather
+/// than being read as an unknown flag).
+fn parse_args() -> Cli {
+    fn allow_negative_numbers(cmd: clap::Command) -> clap::Command {
+        let names: Vec<String> = cmd
+            .get_subcommands()
+            .map(|s| s.get_name().to_string())
+            .collect();
+        let mut cmd = cmd.allow_negative_numbers(true);
+        for name in names {
+            cmd = cmd.mut_subcommand(name, allow_negative_numbers);
+        }
+        cmd
+    }
+    let matches = allow_negative_numbers(Cli::command()).get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Whether `err` comes from writing to a closed pipe.
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

@@ -288,9 +288,14 @@ pub fn run(args: Args) -> Result<()> {
             .await
             .context("warming up")??;
         let model_name = dir.display();
-        println!("mlx-bun serve: ready at http://{local} (model {model_name})");
+        // A closed stdout must not stop the server: the line is informational.
         use std::io::Write;
-        let _ = std::io::stdout().flush();
+        let mut stdout = std::io::stdout();
+        let _ = writeln!(
+            stdout,
+            "mlx-bun serve: ready at http://{local} (model {model_name})"
+        )
+        .and_then(|()| stdout.flush());
 
         server.await.context("the HTTP server stopped")??;
         let done = gateway.clone();

@@ -111,10 +111,10 @@ struct TrainArgs {
     #[arg(long)]
     warmup: Option<usize>,
     /// Learning rate at the start of the warmup.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::validate::non_negative_f64)]
     warmup_init: Option<f64>,
     /// Final learning rate of a cosine or linear schedule.
-    #[arg(long)]
+    #[arg(long, value_parser = crate::validate::non_negative_f64)]
     min_lr: Option<f64>,
     /// Accumulate gradients over this many batches per update.
     #[arg(long)]
@@ -446,7 +446,7 @@ fn run_training(a: TrainArgs) -> Result<()> {
                 if let Some(run) = run_id {
                     line["run_id"] = run.into();
                 }
-                println!("{line}");
+                writeln!(std::io::stdout(), "{line}")?;
             } else {
                 eprintln!(
                     "done: {} iterations, {} tokens in {:.1}s, peak memory {:.2} GB; adapters in {}",

@@ -72,6 +72,10 @@ pub fn validate_messages(messages: &[Message]) -> Result<()> {
     Ok(())
 }
 
+/// Instructions one rendering may run: real templates need a few dozen per
+/// message, so this allows conversations far beyond any context length.
+const TEMPLATE_FUEL: u64 = 20_000_000;
+
 pub struct ChatTemplate {
     env: Environment<'static>,
     bos_token: Option<String>,
@@ -132,6 +136,9 @@ impl ChatTemplate {
         eos_token: Option<String>,
     ) -> Result<Self> {
         let mut env = Environment::new();
+        // Templates come with the model: bound their work, so a template that
+        // loops for hours (nested `range` loops) is an error, not a hang.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
@@ -155,5 +162,26 @@ impl ChatTemplate {
             eos_token => self.eos_token.clone().unwrap_or_default(),
         })
         .map_err(|e| anyhow!("chat template failed: {e}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_runaway_template_is_an_error() {
+        let src =
+            "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src.into(), None, None).unwrap();
+        let started = std::time::Instant::now();
+        let err = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+        assert!(err.to_string().contains("fuel"), "{err}");
+        assert!(started.elapsed().as_secs() < 30);
+        let ok = ChatTemplate::new("{{ messages[0].content }}".into(), None, None).unwrap();
+        assert_eq!(
+            ok.render(&[Message::new("user", "hi")], true).unwrap(),
+            "hi"
+        );
     }
 }

@@ -79,8 +79,16 @@ impl Tokenizer {
         }
 
         let template_file = dir.join("chat_template.jinja");
+        let template_path = if template_file.is_file() {
+            template_file.clone()
+        } else {
+            dir.join("tokenizer_config.json")
+        };
         let template_src = if template_file.is_file() {
-            Some(std::fs::read_to_string(&template_file)?)
+            Some(
+                std::fs::read_to_string(&template_file)
+                    .with_context(|| format!("reading {}", template_file.display()))?,
+            )
         } else {
             match config.get("chat_template") {
                 Some(serde_json::Value::String(s)) => Some(s.clone()),
@@ -94,7 +102,8 @@ impl Tokenizer {
         };
         let chat_template = template_src
             .map(|src| ChatTemplate::new(src, bos_token.clone(), eos_token.clone()))
-            .transpose()?;
+            .transpose()
+            .with_context(|| format!("in {}", template_path.display()))?;
         Ok(Self {
             inner,
             eos_ids,

@@ -150,7 +150,7 @@ fn assert_goldens_match_model(meta: &Meta, dir: &Path) {
         dir.display()
     );
     let Some(config) = sha256(&dir.join("config.json")) else {
-        eprintln!("sha256sum unavailable: not checking that the goldens belong to this model");
+        common::missing("sha256sum", "install coreutils");
         return;
     };
     assert_eq!(

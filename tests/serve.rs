@@ -946,8 +946,7 @@ fn health_stats_metrics_models() {
 
 #[test]
 fn curl_streams_a_chat() {
-    if Command::new("curl").arg("--version").output().is_err() {
-        eprintln!("skipped: curl is not installed");
+    if !common::require_tool("curl") {
         return;
     }
     let out = Command::new("curl")
@@ -969,8 +968,7 @@ fn curl_streams_a_chat() {
 
 #[test]
 fn official_openai_client() {
-    if Command::new("python3").arg("--version").output().is_err() {
-        eprintln!("skipped: python3 is not installed");
+    if !common::require_tool("python3") {
         return;
     }
     let script = common::repo_root().join("scripts/test-openai-client.sh");

@@ -25,10 +25,7 @@ fn json_lines(out: &[u8]) -> Vec<Value> {
 }
 
 fn reference(data_file: &Path) -> Option<Value> {
-    let Some(py) = oracle_python() else {
-        eprintln!("SKIPPED: the oracle environment (mlx-lm) is missing");
-        return None;
-    };
+    let py = oracle_python()?;
     let out = Command::new(py)
         .arg(repo_root().join("scripts/oracle/orpo_reference.py"))
         .arg("--model")

@@ -10,7 +10,10 @@ use anyhow::{bail, Context, Result};
 
 const MAGIC: &[u8; 4] = b"GGUF";
 /// Upper bound for one string or array length, against corrupt headers.
+/// Every length is also capped by the bytes left in the file.
 const MAX_LEN: u64 = 1 << 31;
+/// Tensor data starts at a multiple of this unless `general.alignment` says otherwise.
+const DEFAULT_ALIGNMENT: u64 = 32;
 
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
@@ -93,6 +96,31 @@ pub struct TensorInfo {
     pub name: String,
     pub shape: Vec<u64>,
     pub ggml_type: GgmlType,
+    /// Start of its data, relative to `GgufHeader::data_offset`.
+    pub offset: u64,
+}
+
+impl TensorInfo {
+    /// Bytes of its data, for the types convert reads (`None` for others or
+    /// on overflow).
+    pub fn data_bytes(&self) -> Option<u64> {
+        let (block, block_bytes) = match self.ggml_type {
+            GgmlType::F32 => (1, 4),
+            GgmlType::F16 => (1, 2),
+            GgmlType::Q4_0 => (32, 18),
+            GgmlType::Q4_1 => (32, 20),
+            GgmlType::Q8_0 => (32, 34),
+            _ => return None,
+        };
+        let elements = self
+            .shape
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))?;
+        if elements % block != 0 {
+            return None;
+        }
+        (elements / block).checked_mul(block_bytes)
+    }
 }
 
 /// Everything before the tensor data.
@@ -101,19 +129,73 @@ pub struct GgufHeader {
     pub version: u32,
     pub metadata: BTreeMap<String, MetaValue>,
     pub tensors: Vec<TensorInfo>,
+    /// Where the tensor data begins in the file (aligned).
+    pub data_offset: u64,
 }
 
 impl GgufHeader {
+    /// Reads the header of `path` and checks that the data of every tensor of
+    /// a type convert reads lies inside the file (MLX's loader trusts it).
     pub fn read(path: &Path) -> Result<Self> {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        let mut r = Reader(BufReader::new(file));
+        let len = file
+            .metadata()
+            .with_context(|| format!("reading {}", path.display()))?
+            .len();
+        let mut r = Reader::new(BufReader::new(file), len);
         Self::parse(&mut r)
+            .and_then(|h| h.check_data(len).map(|()| h))
             .with_context(|| format!("reading the GGUF header of {}", path.display()))
     }
 
+    /// Parses and checks a whole GGUF file held in memory.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let h = Self::parse(&mut Reader::new(bytes, bytes.len() as u64))?;
+        h.check_data(bytes.len() as u64)?;
+        Ok(h)
+    }
+
+    /// Checks each tensor's data range against a file of `file_len` bytes.
+    pub fn check_data(&self, file_len: u64) -> Result<()> {
+        for t in &self.tensors {
+            let Some(bytes) = t.data_bytes() else {
+                if [
+                    GgmlType::F32,
+                    GgmlType::F16,
+                    GgmlType::Q4_0,
+                    GgmlType::Q4_1,
+                    GgmlType::Q8_0,
+                ]
+                .contains(&t.ggml_type)
+                {
+                    bail!(
+                        "tensor {:?}: shape {:?} does not fit type {}",
+                        t.name,
+                        t.shape,
+                        t.ggml_type.name()
+                    );
+                }
+                continue;
+            };
+            let end = self
+                .data_offset
+                .checked_add(t.offset)
+                .and_then(|start| start.checked_add(bytes));
+            if end.is_none_or(|end| end > file_len) {
+                bail!(
+                    "tensor {:?} ({} bytes at offset {}) lies beyond the end of the file ({file_len} bytes; truncated?)",
+                    t.name,
+                    bytes,
+                    t.offset
+                );
+            }
+        }
+        Ok(())
+    }
+
     fn parse<R: Read>(r: &mut Reader<R>) -> Result<Self> {
-        let mut magic = [0u8; 4];
-        r.0.read_exact(&mut magic)
+        let magic: [u8; 4] = r
+            .bytes()
             .context("the file is too short to be a GGUF file")?;
         if &magic != MAGIC {
             bail!("not a GGUF file (it does not start with the GGUF magic bytes)");
@@ -141,17 +223,28 @@ impl GgufHeader {
             let mut shape = (0..n_dims).map(|_| r.u64()).collect::<Result<Vec<_>>>()?;
             shape.reverse();
             let ggml_type = GgmlType(r.u32()?);
-            let _offset = r.u64()?;
+            let offset = r.u64()?;
             tensors.push(TensorInfo {
                 name,
                 shape,
                 ggml_type,
+                offset,
             });
         }
+        let alignment = match metadata.get("general.alignment") {
+            None => DEFAULT_ALIGNMENT,
+            Some(v) => v
+                .as_i64()
+                .filter(|&a| a > 0 && (a as u64).is_power_of_two())
+                .map(|a| a as u64)
+                .with_context(|| format!("general.alignment must be a power of two, got {v:?}"))?,
+        };
+        let data_offset = r.pos.div_ceil(alignment) * alignment;
         Ok(Self {
             version,
             metadata,
             tensors,
+            data_offset,
         })
     }
 
@@ -213,14 +306,33 @@ impl GgufHeader {
     }
 }
 
-struct Reader<R>(R);
+/// Reads the header, counting bytes so that no length can claim more than
+/// the file holds (a corrupt length never turns into a huge allocation).
+struct Reader<R> {
+    inner: R,
+    pos: u64,
+    file_len: u64,
+}
 
 impl<R: Read> Reader<R> {
+    fn new(inner: R, file_len: u64) -> Self {
+        Self {
+            inner,
+            pos: 0,
+            file_len,
+        }
+    }
+
+    fn remaining(&self) -> u64 {
+        self.file_len.saturating_sub(self.pos)
+    }
+
     fn bytes<const N: usize>(&mut self) -> Result<[u8; N]> {
         let mut buf = [0u8; N];
-        self.0
+        self.inner
             .read_exact(&mut buf)
             .context("the GGUF header ends early")?;
+        self.pos += N as u64;
         Ok(buf)
     }
 
@@ -232,20 +344,27 @@ impl<R: Read> Reader<R> {
         Ok(u64::from_le_bytes(self.bytes()?))
     }
 
+    /// A count of strings, values or bytes: each takes at least a byte, so
+    /// it cannot exceed what is left of the file.
     fn len(&mut self) -> Result<u64> {
         let n = self.u64()?;
-        if n > MAX_LEN {
-            bail!("implausible length {n} in the GGUF header (corrupt file?)");
+        if n > MAX_LEN || n > self.remaining() {
+            bail!(
+                "implausible length {n} in the GGUF header at byte {} (only {} bytes follow; corrupt file?)",
+                self.pos - 8,
+                self.remaining()
+            );
         }
         Ok(n)
     }
 
     fn string(&mut self) -> Result<String> {
-        let n = self.len()? as usize;
-        let mut buf = vec![0u8; n];
-        self.0
+        let n = self.len()?;
+        let mut buf = vec![0u8; n as usize];
+        self.inner
             .read_exact(&mut buf)
             .context("the GGUF header ends early")?;
+        self.pos += n;
         String::from_utf8(buf).context("a GGUF string is not valid UTF-8")
     }
 
@@ -285,7 +404,7 @@ mod tests {
     use super::*;
 
     fn header(bytes: &[u8]) -> Result<GgufHeader> {
-        GgufHeader::parse(&mut Reader(bytes))
+        GgufHeader::parse(&mut Reader::new(bytes, bytes.len() as u64))
     }
 
     fn string(s: &str) -> Vec<u8> {
@@ -320,6 +439,33 @@ mod tests {
         assert_eq!(h.ints("ids").unwrap(), Some(vec![7, -1]));
         assert_eq!(h.tensors[0].shape, vec![3, 64]);
         assert_eq!(h.tensors[0].ggml_type, GgmlType::Q4_1);
+    }
+
+    #[test]
+    fn lengths_are_capped_by_the_file_and_data_must_fit() {
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend((1u64 << 30).to_le_bytes());
+        let err = format!("{:#}", header(&b).unwrap_err());
+        assert!(err.contains("implausible length"), "{err}");
+
+        let mut b = b"GGUF".to_vec();
+        b.extend(3u32.to_le_bytes());
+        b.extend(1u64.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        b.extend(string("w.weight"));
+        b.extend(1u32.to_le_bytes());
+        b.extend(64u64.to_le_bytes());
+        b.extend(0u32.to_le_bytes());
+        b.extend(0u64.to_le_bytes());
+        let err = format!("{:#}", GgufHeader::from_bytes(&b).unwrap_err());
+        assert!(err.contains("beyond the end of the file"), "{err}");
+        let data_offset = b.len().div_ceil(32) * 32;
+        b.resize(data_offset + 256, 0);
+        let h = GgufHeader::from_bytes(&b).unwrap();
+        assert_eq!(h.data_offset, data_offset as u64);
     }
 
     #[test]

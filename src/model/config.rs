@@ -1,5 +1,6 @@
 //! `config.json` fields shared by the decoder-only architectures.
 
+use anyhow::{bail, Result};
 use serde::Deserialize;
 
 fn default_rope_theta() -> f32 {
@@ -101,5 +102,151 @@ impl ModelArgs {
                 .collect(),
             _ => Vec::new(),
         }
+    }
+
+    /// Checks the fields the model is built from, naming the first bad one.
+    /// Run at load, so a broken config is an error instead of a division by
+    /// zero or an opaque reshape failure later.
+    pub fn validate(&self) -> Result<()> {
+        let positive = [
+            ("hidden_size", Some(self.hidden_size)),
+            ("num_hidden_layers", Some(self.num_hidden_layers)),
+            ("intermediate_size", Some(self.intermediate_size)),
+            ("num_attention_heads", Some(self.num_attention_heads)),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", Some(self.vocab_size)),
+        ];
+        for (name, value) in positive {
+            if let Some(v) = value.filter(|&v| v < 1) {
+                bail!("{name} must be at least 1, got {v}");
+            }
+        }
+        let (heads, kv_heads) = (self.num_attention_heads, self.kv_heads());
+        if heads % kv_heads != 0 {
+            bail!(
+                "num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+            );
+        }
+        if self.head_dim.is_none() && self.hidden_size % heads != 0 {
+            bail!(
+                "hidden_size ({}) must be a multiple of num_attention_heads ({heads}) when head_dim is not given",
+                self.hidden_size
+            );
+        }
+        if self.head_dim() % 2 != 0 {
+            bail!(
+                "head_dim must be even for rotary embeddings, got {}",
+                self.head_dim()
+            );
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            bail!(
+                "rms_norm_eps must be a positive number, got {}",
+                self.rms_norm_eps
+            );
+        }
+        let base = self.rope_base();
+        if !(base.is_finite() && base > 0.0) {
+            bail!("rope_theta must be a positive number, got {base}");
+        }
+        if let Some(factor) = self
+            .rope_scaling()
+            .and_then(|s| s.get("factor"))
+            .filter(|f| !f.is_null())
+        {
+            if !factor.as_f64().is_some_and(|f| f.is_finite() && f > 0.0) {
+                bail!("rope_scaling.factor must be a positive number, got {factor}");
+            }
+        }
+        for (name, value) in [
+            ("max_position_embeddings", self.max_position_embeddings),
+            ("sliding_window", self.sliding_window),
+        ] {
+            if value == Some(0) {
+                bail!("{name} must be at least 1, got 0");
+            }
+        }
+        if let Some(types) = &self.layer_types {
+            if types.len() != self.num_hidden_layers as usize {
+                bail!(
+                    "layer_types has {} entries but num_hidden_layers is {}",
+                    types.len(),
+                    self.num_hidden_layers
+                );
+            }
+        }
+        if let Some(q) = &self.quantization {
+            validate_quantization(q)?;
+        }
+        Ok(())
+    }
+}
+
+/// `quantization`: the default `group_size`/`bits`, and per-layer entries
+/// (an object with its own pair, or `false` for a dense layer).
+fn validate_quantization(q: &serde_json::Value) -> Result<()> {
+    let Some(map) = q.as_object() else {
+        bail!("quantization must be an object, got {q}");
+    };
+    let check = |path: &str, entry: &serde_json::Map<String, serde_json::Value>| -> Result<()> {
+        for (key, allowed) in [
+            ("group_size", &[32, 64, 128][..]),
+            ("bits", &[2, 3, 4, 5, 6, 8]),
+        ] {
+            if let Some(v) = entry.get(key) {
+                if !v.as_i64().is_some_and(|n| allowed.contains(&n)) {
+                    bail!("{path}{key} must be one of {allowed:?}, got {v}");
+                }
+            }
+        }
+        Ok(())
+    };
+    check("quantization.", map)?;
+    for (name, value) in map {
+        if let Some(entry) = value.as_object() {
+            check(&format!("quantization.{name:?}."), entry)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: serde_json::Value) -> ModelArgs {
+        let mut base = serde_json::json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 100,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        serde_json::from_value(base).unwrap()
+    }
+
+    fn error(extra: serde_json::Value) -> String {
+        args(extra).validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn names_the_bad_field() {
+        assert!(args(serde_json::json!({})).validate().is_ok());
+        let e = error(serde_json::json!({"num_attention_heads": 0}));
+        assert!(e.contains("num_attention_heads must be at least 1"), "{e}");
+        let e = error(serde_json::json!({"num_key_value_heads": 3}));
+        assert!(e.contains("multiple of num_key_value_heads (3)"), "{e}");
+        let e = error(serde_json::json!({"hidden_size": 66}));
+        assert!(e.contains("hidden_size (66)"), "{e}");
+        let e = error(serde_json::json!({"rms_norm_eps": -1.0}));
+        assert!(e.contains("rms_norm_eps"), "{e}");
+        let e = error(serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}));
+        assert!(e.contains("quantization.group_size"), "{e}");
+        let e = error(serde_json::json!({"layer_types": ["full_attention"]}));
+        assert!(e.contains("layer_types has 1 entries"), "{e}");
+        let e = error(serde_json::json!({"rope_scaling": {"type": "linear", "factor": 0}}));
+        assert!(e.contains("rope_scaling.factor"), "{e}");
     }
 }

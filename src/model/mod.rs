@@ -47,7 +47,11 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let raw: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
-    let args: ModelArgs = serde_json::from_value(raw.clone())
+    // The path names the field: `hidden_size: invalid type: string "wide"`.
+    let args: ModelArgs = serde_path_to_error::deserialize(raw.clone())
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path(), e.inner()))
+        .with_context(|| format!("invalid model config {}", path.display()))?;
+    args.validate()
         .with_context(|| format!("invalid model config {}", path.display()))?;
     Ok((args, raw))
 }
@@ -78,6 +82,9 @@ impl Model {
         dir: &Path,
     ) -> Result<Self> {
         let weight_bytes = w.total_bytes();
+        w.check_shapes(&args, options.qk_norm).with_context(|| {
+            format!("the weights in {} do not match config.json", dir.display())
+        })?;
         let decoder = Decoder::load(w, &args, options).with_context(|| {
             format!("loading {} weights from {}", args.model_type, dir.display())
         })?;

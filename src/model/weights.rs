@@ -1,13 +1,18 @@
 //! The tensors of a model directory, consumed by the layers as they load.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
 use mlx_rs::{Array, Dtype};
 
+use super::config::ModelArgs;
 use super::layers::QuantSpec;
 use crate::mlx_ext::cast_float;
+
+/// The safetensors format caps its JSON header at 100 MB.
+const MAX_HEADER_BYTES: u64 = 100 << 20;
 
 pub struct Weights {
     tensors: HashMap<String, Array>,
@@ -39,6 +44,7 @@ impl Weights {
         }
         let mut tensors = HashMap::new();
         for file in &files {
+            check_safetensors_file(file)?;
             let loaded = Array::load_safetensors(file)
                 .map_err(|e| anyhow!("loading {}: {e}", file.display()))?;
             tensors.extend(loaded);
@@ -103,14 +109,29 @@ impl Weights {
 
     /// Infers group size and bits from the packed shapes (group 32 or 64).
     fn infer_spec(&self, prefix: &str) -> Option<QuantSpec> {
-        let packed = self.tensors.get(&format!("{prefix}.weight"))?.shape()[1];
-        let groups = self.tensors.get(&format!("{prefix}.scales"))?.shape()[1];
+        let packed = *self
+            .tensors
+            .get(&format!("{prefix}.weight"))?
+            .shape()
+            .get(1)?;
+        let groups = *self
+            .tensors
+            .get(&format!("{prefix}.scales"))?
+            .shape()
+            .get(1)?;
+        if groups < 1 {
+            return None;
+        }
+        let (packed, groups) = (packed as i64, groups as i64);
         for group_size in [64, 32, 128] {
             let cols = groups * group_size;
             if (packed * 32) % cols == 0 {
                 let bits = packed * 32 / cols;
                 if [2, 3, 4, 5, 6, 8].contains(&bits) {
-                    return Some(QuantSpec { group_size, bits });
+                    return Some(QuantSpec {
+                        group_size: group_size as i32,
+                        bits: bits as i32,
+                    });
                 }
             }
         }
@@ -122,5 +143,297 @@ impl Weights {
         let mut names: Vec<_> = self.tensors.keys().cloned().collect();
         names.sort();
         names
+    }
+
+    /// Checks every tensor the decoder takes against the shape `args`
+    /// implies, so a config that disagrees with its weights is an error
+    /// naming the tensor, the expected and the found shape (instead of a
+    /// reshape failure deep in the first forward pass). Missing tensors are
+    /// left to `take`, which names them.
+    pub fn check_shapes(&self, args: &ModelArgs, qk_norm: bool) -> Result<()> {
+        let hidden = args.hidden_size;
+        let q_rows = args.num_attention_heads * args.head_dim();
+        let kv_rows = args.kv_heads() * args.head_dim();
+        let inter = args.intermediate_size;
+        let linear = [
+            (
+                "self_attn.q_proj",
+                [q_rows, hidden],
+                "num_attention_heads × head_dim, hidden_size",
+            ),
+            (
+                "self_attn.k_proj",
+                [kv_rows, hidden],
+                "num_key_value_heads × head_dim, hidden_size",
+            ),
+            (
+                "self_attn.v_proj",
+                [kv_rows, hidden],
+                "num_key_value_heads × head_dim, hidden_size",
+            ),
+            (
+                "self_attn.o_proj",
+                [hidden, q_rows],
+                "hidden_size, num_attention_heads × head_dim",
+            ),
+            (
+                "mlp.gate_proj",
+                [inter, hidden],
+                "intermediate_size, hidden_size",
+            ),
+            (
+                "mlp.up_proj",
+                [inter, hidden],
+                "intermediate_size, hidden_size",
+            ),
+            (
+                "mlp.down_proj",
+                [hidden, inter],
+                "hidden_size, intermediate_size",
+            ),
+        ];
+        let vocab = [args.vocab_size, hidden];
+        self.check_matrix("model.embed_tokens", vocab, "vocab_size, hidden_size")?;
+        self.check_matrix("lm_head", vocab, "vocab_size, hidden_size")?;
+        self.check_vector("model.norm.weight", hidden, "hidden_size")?;
+        for i in 0..args.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            for (name, shape, fields) in &linear {
+                self.check_matrix(&format!("{p}.{name}"), *shape, fields)?;
+                let rows = shape[0];
+                self.check_vector(&format!("{p}.{name}.bias"), rows, fields)?;
+            }
+            for norm in ["input_layernorm", "post_attention_layernorm"] {
+                self.check_vector(&format!("{p}.{norm}.weight"), hidden, "hidden_size")?;
+            }
+            if qk_norm {
+                for norm in ["q_norm", "k_norm"] {
+                    let name = format!("{p}.self_attn.{norm}.weight");
+                    self.check_vector(&name, args.head_dim(), "head_dim")?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_vector(&self, name: &str, len: i32, fields: &str) -> Result<()> {
+        match self.tensors.get(name) {
+            Some(t) if t.shape() != [len] => bail!(
+                "tensor {name:?} has shape {:?}, but config.json ({fields}) implies [{len}]",
+                t.shape()
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// A dense `[rows, cols]` weight, or a quantized triple whose unpacked
+    /// shape is `[rows, cols]`.
+    fn check_matrix(&self, prefix: &str, expected: [i32; 2], fields: &str) -> Result<()> {
+        let name = format!("{prefix}.weight");
+        let Some(weight) = self.tensors.get(&name) else {
+            return Ok(());
+        };
+        let found = weight.shape();
+        let mismatch = |shape: String| {
+            anyhow!(
+                "tensor {name:?} has shape {shape}, but config.json ({fields}) implies {expected:?}"
+            )
+        };
+        if found.len() != 2 {
+            return Err(mismatch(format!("{found:?}")));
+        }
+        let scales_name = format!("{prefix}.scales");
+        let Some(scales) = self.tensors.get(&scales_name) else {
+            if !crate::mlx_ext::is_float(weight.dtype()) {
+                bail!(
+                    "tensor {name:?} has dtype {:?} but no {scales_name:?}: a quantized weight \
+                     needs its scales and biases",
+                    weight.dtype()
+                );
+            }
+            if found != expected {
+                return Err(mismatch(format!("{found:?}")));
+            }
+            return Ok(());
+        };
+        let biases_name = format!("{prefix}.biases");
+        let biases = self.tensors.get(&biases_name).ok_or_else(|| {
+            anyhow!("quantized weight {name:?} has scales but no {biases_name:?}")
+        })?;
+        if weight.dtype() != Dtype::Uint32 {
+            bail!(
+                "quantized weight {name:?} has dtype {:?}; packed weights are uint32",
+                weight.dtype()
+            );
+        }
+        if scales.shape() != biases.shape() || scales.ndim() != 2 {
+            bail!(
+                "{scales_name:?} {:?} and {biases_name:?} {:?} must be matrices of one shape",
+                scales.shape(),
+                biases.shape()
+            );
+        }
+        let spec = self.quant_spec(prefix).ok_or_else(|| {
+            anyhow!(
+                "cannot tell the quantization of {prefix:?}: packed {:?}, scales {:?}, and \
+                 config.json gives no group_size/bits for it",
+                found,
+                scales.shape()
+            )
+        })?;
+        let cols = found[1] as i64 * 32 / spec.bits as i64;
+        let rows = found[0];
+        let groups = scales.shape()[1] as i64;
+        if rows != expected[0]
+            || cols != expected[1] as i64
+            || scales.shape()[0] != rows
+            || groups * spec.group_size as i64 != cols
+        {
+            return Err(mismatch(format!(
+                "[{rows}, {cols}] once unpacked ({} bits, group {}; packed {found:?}, scales {:?})",
+                spec.bits,
+                spec.group_size,
+                scales.shape()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Reads the header of a safetensors file and checks it against the file:
+/// a corrupt or truncated file is an error naming it, before MLX reads it.
+pub fn check_safetensors_file(path: &Path) -> Result<()> {
+    let check = || -> Result<()> {
+        let mut file = std::fs::File::open(path)?;
+        let file_len = file.metadata()?.len();
+        let mut len = [0u8; 8];
+        file.read_exact(&mut len)
+            .context("the file is too short to be safetensors")?;
+        let header_len = header_len(len, file_len)?;
+        let mut header = vec![0u8; header_len as usize];
+        file.read_exact(&mut header)?;
+        check_safetensors_header(&header, file_len - 8 - header_len).map(|_| ())
+    };
+    check().with_context(|| format!("invalid safetensors file {}", path.display()))
+}
+
+/// The same checks on a whole safetensors file in memory.
+pub fn check_safetensors_bytes(bytes: &[u8]) -> Result<Vec<TensorEntry>> {
+    let (len, rest) = bytes
+        .split_first_chunk::<8>()
+        .ok_or_else(|| anyhow!("the file is too short to be safetensors"))?;
+    let header_len = header_len(*len, bytes.len() as u64)? as usize;
+    check_safetensors_header(&rest[..header_len], (rest.len() - header_len) as u64)
+}
+
+/// The header length the first 8 bytes give, checked against the file length.
+fn header_len(prefix: [u8; 8], file_len: u64) -> Result<u64> {
+    let n = u64::from_le_bytes(prefix);
+    if n > MAX_HEADER_BYTES || n > file_len.saturating_sub(8) {
+        bail!("the header claims {n} bytes, but the file has {file_len}");
+    }
+    Ok(n)
+}
+
+/// One tensor entry of a safetensors header.
+#[derive(Debug, PartialEq)]
+pub struct TensorEntry {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<u64>,
+    pub data: std::ops::Range<u64>,
+}
+
+/// Parses a safetensors JSON header and checks each entry against
+/// `data_len`, the bytes after the header: known dtype, shape, offsets inside
+/// the data and of exactly the size the shape and dtype imply.
+pub fn check_safetensors_header(header: &[u8], data_len: u64) -> Result<Vec<TensorEntry>> {
+    let value: serde_json::Value =
+        serde_json::from_slice(header).context("the header is not JSON")?;
+    let map = value
+        .as_object()
+        .ok_or_else(|| anyhow!("the header is not a JSON object"))?;
+    let mut entries = Vec::with_capacity(map.len());
+    for (name, info) in map {
+        if name == "__metadata__" {
+            continue;
+        }
+        let bad = |what: &str| anyhow!("tensor {name:?}: {what}");
+        let dtype = info
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .ok_or_else(|| bad("no dtype"))?;
+        let item_bits: u64 = match dtype {
+            "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" => 8,
+            "U16" | "I16" | "F16" | "BF16" => 16,
+            "U32" | "I32" | "F32" => 32,
+            "U64" | "I64" | "F64" => 64,
+            other => return Err(bad(&format!("unsupported dtype {other:?}"))),
+        };
+        let shape = info
+            .get("shape")
+            .and_then(|s| s.as_array())
+            .ok_or_else(|| bad("no shape"))?
+            .iter()
+            .map(|d| {
+                d.as_u64()
+                    .ok_or_else(|| bad("shape entries must be whole numbers"))
+            })
+            .collect::<Result<Vec<u64>>>()?;
+        if shape.len() > 8 {
+            return Err(bad(&format!("{} dimensions", shape.len())));
+        }
+        let offsets = info
+            .get("data_offsets")
+            .and_then(|o| o.as_array())
+            .filter(|o| o.len() == 2)
+            .ok_or_else(|| bad("data_offsets must be [start, end]"))?;
+        let (start, end) = match (offsets[0].as_u64(), offsets[1].as_u64()) {
+            (Some(s), Some(e)) if s <= e && e <= data_len => (s, e),
+            _ => {
+                return Err(bad(&format!(
+                    "data_offsets {offsets:?} lie outside the {data_len} data bytes"
+                )))
+            }
+        };
+        shape
+            .iter()
+            .try_fold(item_bits, |acc, &d| acc.checked_mul(d))
+            .map(|bits| bits.div_ceil(8))
+            .filter(|&b| b == end - start)
+            .ok_or_else(|| {
+                bad(&format!(
+                    "shape {shape:?} of {dtype} does not fit its {} data bytes",
+                    end - start
+                ))
+            })?;
+        entries.push(TensorEntry {
+            name: name.clone(),
+            dtype: dtype.to_string(),
+            shape,
+            data: start..end,
+        });
+    }
+    Ok(entries)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn safetensors_headers_are_checked_against_the_data() {
+        let ok = br#"{"a":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]},"__metadata__":{"x":"y"}}"#;
+        let entries = check_safetensors_header(ok, 24).unwrap();
+        assert_eq!(entries[0].shape, vec![2, 3]);
+        let err = check_safetensors_header(ok, 20).unwrap_err().to_string();
+        assert!(err.contains("outside the 20 data bytes"), "{err}");
+        let wrong = br#"{"a":{"dtype":"F32","shape":[2,4],"data_offsets":[0,24]}}"#;
+        let err = check_safetensors_header(wrong, 24).unwrap_err().to_string();
+        assert!(err.contains("does not fit"), "{err}");
+        let huge =
+            br#"{"a":{"dtype":"F64","shape":[4294967296,4294967296,16],"data_offsets":[0,8]}}"#;
+        assert!(check_safetensors_header(huge, 8).is_err());
+        assert!(check_safetensors_header(b"[1]", 0).is_err());
     }
 }

@@ -277,9 +277,13 @@ impl Trainer {
         Ok((mean, orpo, batches))
     }
 
-    /// Writes the current adapter tensors to `file`.
+    /// Writes the current adapter tensors to `file`, atomically: a reader
+    /// (or a resumed run after a crash) sees the previous complete file or
+    /// the new complete one, never a torn write.
     pub fn save(&self, file: &Path) -> Result<()> {
-        adapters::save_params(&self.layout, &self.params, file)
+        save_atomically(file, |tmp| {
+            adapters::save_params(&self.layout, &self.params, tmp)
+        })
     }
 
     /// Options as stored in `adapter_config.json`.
@@ -509,4 +513,35 @@ pub fn train(
     summary.seconds = started.elapsed().as_secs_f64();
     summary.peak_memory_bytes = crate::mlx_ext::peak_memory_bytes();
     Ok((trainer, summary))
+}
+
+/// The temporary name a checkpoint is written under before it is renamed
+/// into place (same folder, so the rename is atomic; it keeps the
+/// `.safetensors` suffix, which MLX would otherwise append).
+pub fn partial_path(file: &Path) -> PathBuf {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    file.with_file_name(format!(".{name}.partial.safetensors"))
+}
+
+/// Writes through `write` into a temporary file beside `file`, flushes it to
+/// disk, renames it over `file` and flushes the folder entry.
+fn save_atomically(file: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let tmp = partial_path(file);
+    let result = write(&tmp).and_then(|()| {
+        let sync = |p: &Path| -> std::io::Result<()> { std::fs::File::open(p)?.sync_all() };
+        sync(&tmp).with_context(|| format!("flushing {}", tmp.display()))?;
+        std::fs::rename(&tmp, file)
+            .with_context(|| format!("renaming {} to {}", tmp.display(), file.display()))?;
+        if let Some(dir) = file.parent().filter(|d| !d.as_os_str().is_empty()) {
+            sync(dir).with_context(|| format!("flushing {}", dir.display()))?;
+        }
+        Ok(())
+    });
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
 }

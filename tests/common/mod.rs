@@ -26,12 +26,45 @@ pub fn run_ok(args: &[&str]) -> Output {
     out
 }
 
-/// The oracle Python (mlx-lm on the same MLX), if its environment exists.
+/// The oracle Python (mlx-lm on the same MLX): `MLX_BUN_ORACLE_PYTHON`, else
+/// the environment `scripts/oracle/setup.sh` makes. A test that needs it
+/// fails without it; `None` only when skipping is allowed (see `missing`).
 pub fn oracle_python() -> Option<PathBuf> {
     let py = std::env::var_os("MLX_BUN_ORACLE_PYTHON")
         .map(PathBuf::from)
         .unwrap_or_else(|| mlx_bun::hub::cache_dir().join("oracle-venv/bin/python"));
-    py.is_file().then_some(py)
+    if py.is_file() {
+        return Some(py);
+    }
+    missing(
+        &format!("the oracle environment (mlx-lm) at {}", py.display()),
+        "run scripts/oracle/setup.sh",
+    );
+    None
+}
+
+/// Whether `program --version` runs; a test that needs it fails without it
+/// (`false` only when skipping is allowed).
+pub fn require_tool(program: &str) -> bool {
+    if Command::new(program).arg("--version").output().is_ok() {
+        return true;
+    }
+    missing(program, &format!("install {program}"));
+    false
+}
+
+/// Set to 1 for a local run on a machine without the oracle or a tool: the
+/// tests that need them then pass as skipped. `.ci/run` refuses it.
+pub const ALLOW_SKIP_VAR: &str = "MLX_BUN_ALLOW_SKIP";
+
+/// A test's oracle or tool is missing: the test fails, unless
+/// `MLX_BUN_ALLOW_SKIP=1`, when it says SKIPPED and the caller returns.
+pub fn missing(what: &str, fix: &str) {
+    if std::env::var(ALLOW_SKIP_VAR).is_ok_and(|v| v == "1") {
+        eprintln!("SKIPPED: {what} is missing ({ALLOW_SKIP_VAR}=1)");
+        return;
+    }
+    panic!("{what} is missing: {fix} (or set {ALLOW_SKIP_VAR}=1 to skip such tests locally)");
 }
 
 /// The repository root.
