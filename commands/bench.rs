@@ -1,4 +1,8 @@
-//! `mlx-bun bench`: micro-benchmarks of the engine on a real model.
+//! `mlx-bun bench`: micro-benchmarks of the engine on a real model, and the
+//! serving feature matrix (`feature_matrix`).
+
+mod feature_matrix;
+mod plot;
 
 use std::time::Instant;
 
@@ -14,7 +18,10 @@ pub struct Args {
 }
 
 #[derive(clap::Subcommand)]
+#[allow(clippy::large_enum_variant)]
 enum What {
+    /// Every serving feature combination against the real `mlx-bun serve`.
+    FeatureMatrix(feature_matrix::Args),
     /// Time one forward pass over L new tokens after a fixed context.
     Forward {
         #[arg(long, short)]
@@ -35,6 +42,7 @@ enum What {
 
 pub fn run(args: Args) -> Result<()> {
     match args.what {
+        What::FeatureMatrix(args) => feature_matrix::run(args),
         What::Forward {
             model,
             lengths,
@@ -84,4 +92,27 @@ fn forward(
         }
     }
     Ok(())
+}
+
+/// Today's UTC date as YYYY-MM-DD (for report file names).
+pub fn today() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0) as i64;
+    let (y, m, d) = civil_date(secs);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// `(year, month, day)` in UTC of a Unix time (Howard Hinnant's algorithm).
+pub fn civil_date(unix_secs: i64) -> (i64, i64, i64) {
+    let z = unix_secs.div_euclid(86400) + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }

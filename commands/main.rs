@@ -4,6 +4,8 @@
 mod bench;
 mod completions;
 mod convert;
+mod evals;
+mod fit;
 mod generate;
 mod model_arg;
 mod serve;
@@ -37,6 +39,10 @@ enum Command {
     Train(train::Args),
     /// Micro-benchmarks of the engine.
     Bench(bench::Args),
+    /// List, show and compare recorded runs (bench, train, ...).
+    Evals(evals::Args),
+    /// Predict memory use and the largest context and batch that fit.
+    Fit(fit::Args),
     /// Print shell completions.
     Completions(completions::Args),
 }
@@ -56,6 +62,8 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => train::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Evals(args) => evals::run(args),
+        Command::Fit(args) => fit::run(args),
         Command::Completions(args) => completions::run(args),
     };
     match result {

@@ -8,6 +8,7 @@ pub mod constraint;
 pub mod convert;
 pub mod default_model;
 pub mod evaldb;
+pub mod fit;
 pub mod gateway;
 pub mod generate;
 pub mod grammar;
