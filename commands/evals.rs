@@ -112,7 +112,7 @@ fn list(db: &EvalDb, kind: Option<&str>, limit: usize, json: bool) -> Result<()>
         return Ok(());
     }
     println!(
-        "{:>5}  {:<10} {:<24} {:<8} {:<16} {:>7}  {:<8} {:<24}",
+        "{:>5}  {:<10} {:<36} {:<8} {:<16} {:>7}  {:<8} {:<24}",
         "id", "kind", "label", "status", "started (UTC)", "secs", "commit", "model"
     );
     for r in &runs {
@@ -121,10 +121,10 @@ fn list(db: &EvalDb, kind: Option<&str>, limit: usize, json: bool) -> Result<()>
             .map(|f| format!("{:.0}", f - r.started_at))
             .unwrap_or_else(|| "-".into());
         println!(
-            "{:>5}  {:<10} {:<24} {:<8} {:<16} {:>7}  {:<8} {:<24}",
+            "{:>5}  {:<10} {:<36} {:<8} {:<16} {:>7}  {:<8} {:<24}",
             r.id,
             r.kind,
-            short(&r.label, 24),
+            short(&r.label, 36),
             r.status,
             time(r.started_at),
             secs,
@@ -174,10 +174,10 @@ fn show(db: &EvalDb, id: i64, json: bool) -> Result<()> {
         );
         for m in &metrics {
             println!(
-                "{:<40} {:>14.4} {:>12.4} {:>4} {:<8}",
+                "{:<40} {:>14} {:>12} {:>4} {:<8}",
                 m.name,
-                m.mean(),
-                m.std_dev(),
+                fmt_opt(Some(m.mean())),
+                fmt_opt(Some(m.std_dev())),
                 m.samples.len(),
                 m.unit
             );
@@ -187,7 +187,11 @@ fn show(db: &EvalDb, id: i64, json: bool) -> Result<()> {
 }
 
 fn fmt_opt(x: Option<f64>) -> String {
-    x.map(|x| format!("{x:.4}")).unwrap_or_else(|| "-".into())
+    match x {
+        Some(x) if x.abs() >= 1e4 => format!("{x:.0}"),
+        Some(x) => format!("{x:.4}"),
+        None => "-".into(),
+    }
 }
 
 fn compare_runs(db: &EvalDb, a: i64, b: i64, rule: CompareRule, json: bool) -> Result<usize> {

@@ -440,6 +440,18 @@ impl EvalDb {
         Ok(())
     }
 
+    /// Sets the start and finish times of `run` (Unix seconds), for runs
+    /// recorded after they happened.
+    pub fn set_times(&self, run: i64, started_at: f64, finished_at: f64) -> Result<()> {
+        self.conn
+            .execute(
+                "UPDATE runs SET started_at = ?2, finished_at = ?3 WHERE id = ?1",
+                params![run, started_at, finished_at],
+            )
+            .context("setting the run's times")?;
+        Ok(())
+    }
+
     /// The steps of `run`, in order.
     pub fn steps(&self, run: i64) -> Result<Vec<StepRow>> {
         let mut stmt = self.conn.prepare(

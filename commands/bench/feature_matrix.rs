@@ -127,10 +127,10 @@ impl Sizes {
     fn new(smoke: bool) -> Self {
         if smoke {
             Self {
-                chat_tokens: 6,
-                extract_tokens: 40,
-                long_tokens: 12,
-                agent_tokens: 6,
+                chat_tokens: 4,
+                extract_tokens: 32,
+                long_tokens: 8,
+                agent_tokens: 4,
                 agent_turns: 2,
                 requests: 1,
                 streams: 2,
@@ -554,6 +554,8 @@ pub const WORKLOADS: &[&str] = &["chat", "extraction", "long", "agent"];
 #[derive(Clone, Debug, serde::Serialize)]
 struct PhaseResult {
     phase: &'static str,
+    started_unix: f64,
+    finished_unix: f64,
     workloads: BTreeMap<String, WorkloadResult>,
     aggregate_tok_s: f64,
     ttft_p50_s: f64,
@@ -592,6 +594,7 @@ fn run_phase(
     phase: &'static str,
     validator: &jsonschema::Validator,
 ) -> Result<PhaseResult> {
+    let started_unix = unix_now();
     let before = server.stats(http)?;
     let mut workloads = BTreeMap::new();
     for w in WORKLOADS {
@@ -624,6 +627,8 @@ fn run_phase(
     }
     Ok(PhaseResult {
         phase,
+        started_unix,
+        finished_unix: unix_now(),
         aggregate_tok_s: tokens as f64 / wall.max(1e-9),
         ttft_p50_s: percentile(&ttft, 0.5),
         ttft_p95_s: percentile(&ttft, 0.95),
@@ -642,6 +647,13 @@ fn run_phase(
     })
 }
 
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
 fn serve_args(cell: &Cell, model: &str, draft: &str) -> Vec<String> {
     let mut a: Vec<String> = ["--port", "0", "--log-level", "warn", "--model", model]
         .iter()
@@ -652,6 +664,10 @@ fn serve_args(cell: &Cell, model: &str, draft: &str) -> Vec<String> {
     }
     if cell.spec {
         a.extend(["--draft-model".into(), draft.to_string()]);
+    }
+    // Extra serve flags for every cell (whitespace-separated).
+    if let Ok(extra) = std::env::var("MLX_BUN_FEATURE_MATRIX_SERVE_ARGS") {
+        a.extend(extra.split_whitespace().map(String::from));
     }
     a
 }
@@ -749,6 +765,7 @@ fn record(
         }
         let status = if res.ok { "done" } else { "failed" };
         db.finish_run(id, status, &serde_json::to_value(p)?)?;
+        db.set_times(id, p.started_unix, p.finished_unix)?;
     }
     Ok(ids)
 }

@@ -64,7 +64,7 @@ const WARM: RGBColor = RGBColor(235, 140, 50);
 /// Grouped bars of aggregate tok/s per cell, cold and warm; a missing value
 /// (a failed cell) is marked "failed".
 pub fn feature_matrix(path: &Path, bars: &[Bar]) -> Result<()> {
-    let (w, h) = (140 * bars.len().max(1) as u32 + 120, 480u32);
+    let (w, h) = ((140 * bars.len().max(1) as u32 + 120).max(640), 480u32);
     let err = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e:?}", path.display());
     let area = BitMapBackend::new(path, (w, h)).into_drawing_area();
     area.fill(&WHITE).map_err(err)?;
