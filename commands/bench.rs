@@ -6,7 +6,8 @@ mod plot;
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
+use mlx_bun::evaldb::{EvalDb, Metric, RunMeta};
 use mlx_bun::model::Model;
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
@@ -37,6 +38,9 @@ enum What {
         /// Print JSON lines instead of a table.
         #[arg(long)]
         json: bool,
+        /// Do not record the run in the eval database.
+        #[arg(long)]
+        no_db: bool,
     },
 }
 
@@ -49,7 +53,8 @@ pub fn run(args: Args) -> Result<()> {
             context,
             runs,
             json,
-        } => forward(model.as_deref(), &lengths, context, runs, json),
+            no_db,
+        } => forward(model.as_deref(), &lengths, context, runs, json, no_db),
     }
 }
 
@@ -59,9 +64,28 @@ fn forward(
     context: usize,
     runs: usize,
     json: bool,
+    no_db: bool,
 ) -> Result<()> {
+    if runs == 0 || lengths.contains(&0) {
+        bail!("--runs and every --lengths entry must be at least 1");
+    }
     let dir = crate::model_arg::resolve(model)?;
     let model = Model::load(&dir)?;
+    let db = if no_db {
+        None
+    } else {
+        let db = EvalDb::open(&mlx_bun::evaldb::default_path())?;
+        let flags = serde_json::json!({"lengths": lengths, "context": context, "runs": runs});
+        let meta = RunMeta::detect(Some(&dir));
+        let id = db.start_run_with(
+            "bench",
+            Some("forward"),
+            &dir.display().to_string(),
+            &flags,
+            &meta,
+        )?;
+        Some((db, id))
+    };
     let ctx: Vec<u32> = (0..context as u32).map(|i| 100 + i % 1000).collect();
     if !json {
         println!("{:>6} {:>12} {:>14}", "tokens", "ms/forward", "ms/token");
@@ -80,6 +104,20 @@ fn forward(
                 times.push(t.elapsed().as_secs_f64() * 1e3);
             }
         }
+        if let Some((db, id)) = &db {
+            let name = format!("ms_per_forward.{len}");
+            for &t in &times {
+                db.record_metrics(
+                    *id,
+                    &[Metric {
+                        name: &name,
+                        value: t,
+                        unit: "ms",
+                        higher_is_better: Some(false),
+                    }],
+                )?;
+            }
+        }
         times.sort_by(|a, b| a.partial_cmp(b).unwrap());
         let median = times[times.len() / 2];
         if json {
@@ -89,6 +127,12 @@ fn forward(
             );
         } else {
             println!("{len:>6} {median:>12.2} {:>14.2}", median / len as f64);
+        }
+    }
+    if let Some((db, id)) = &db {
+        db.finish_run(*id, "done", &serde_json::json!({}))?;
+        if !json {
+            println!("recorded as run {id} in {}", db.path().display());
         }
     }
     Ok(())
