@@ -221,6 +221,15 @@ pub fn run(args: Args) -> Result<()> {
     let sampling = sampling(&args)?;
     let constraint_spec = args.constraint.spec()?;
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let tokenizer = Tokenizer::load(&dir)?;
+    let (_, prompt) = build_prompt(&tokenizer, &input)?;
+    let draft_dir = match args.draft_model.as_deref() {
+        Some(spec) if spec != "ngram" => Some(crate::model_arg::resolve(Some(spec))?),
+        _ => None,
+    };
+    let context = prompt.len() + args.max_tokens;
+    let n_draft = args.num_draft_tokens;
+    mlx_bun::fit::check_fits(&dir, draft_dir.as_deref(), context, n_draft, 0)?;
     let mut model = Model::load(&dir)?;
     if let Some(id) = sampling
         .logit_bias
@@ -235,8 +244,6 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(adapter) = &args.adapter_path {
         mlx_bun::adapters::apply(&mut model, adapter)?;
     }
-    let tokenizer = Tokenizer::load(&dir)?;
-    let (_, prompt) = build_prompt(&tokenizer, &input)?;
     let mut constraint = match &constraint_spec {
         Some(spec) => Some(GrammarEngine::new(&tokenizer)?.constraint(spec)?),
         None => None,

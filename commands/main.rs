@@ -5,6 +5,8 @@ mod batch_file;
 mod bench;
 mod completions;
 mod convert;
+mod evals;
+mod fit;
 mod generate;
 mod model_arg;
 mod serve;
@@ -39,6 +41,10 @@ enum Command {
     Train(train::Args),
     /// Micro-benchmarks of the engine.
     Bench(bench::Args),
+    /// List, show and compare recorded runs (bench, train, ...).
+    Evals(evals::Args),
+    /// Predict memory use and the largest context and batch that fit.
+    Fit(fit::Args),
     /// Print shell completions.
     Completions(completions::Args),
 }
@@ -58,6 +64,8 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => train::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Evals(args) => evals::run(args),
+        Command::Fit(args) => fit::run(args),
         Command::Completions(args) => completions::run(args),
     };
     match result {

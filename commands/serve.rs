@@ -188,6 +188,12 @@ pub fn run(args: Args) -> Result<()> {
         }
         None => None,
     };
+    // Refuse a model that cannot hold a default-length exchange in memory.
+    let min_context = (args.max_tokens_default + 512)
+        .min(model_args.max_position_embeddings.unwrap_or(usize::MAX));
+    let cache_bytes = (args.prompt_cache * (1u64 << 30) as f64) as u64;
+    let draft = draft_dir.as_deref();
+    mlx_bun::fit::check_fits(&dir, draft, min_context, args.num_draft_tokens, cache_bytes)?;
     let config = ServerConfig {
         model_id: model_id(&args, &dir),
         api_key: args.api_key.clone(),

@@ -155,7 +155,7 @@ struct TrainArgs {
     /// Token rows per output-head chunk in the loss.
     #[arg(long)]
     loss_chunk_tokens: Option<usize>,
-    /// Eval database (default: <cache>/eval.db).
+    /// Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db).
     #[arg(long)]
     db: Option<PathBuf>,
     /// Do not record the run in the eval database.

@@ -9,6 +9,7 @@ pub mod convert;
 pub mod decode;
 pub mod default_model;
 pub mod evaldb;
+pub mod fit;
 pub mod gateway;
 pub mod generate;
 pub mod grammar;

@@ -1,0 +1,1063 @@
+//! `mlx-bun bench feature-matrix`: every serving feature combination
+//! (batching, grammar, speculative decoding) against the real `mlx-bun serve`,
+//! started fresh per cell and driven over HTTP, with the prompt cache cold and
+//! then warm. Results go to the eval database, a dated markdown report and a
+//! PNG plot.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use mlx_bun::evaldb::{EvalDb, Metric, RunMeta};
+use serde_json::{json, Value};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct).
+    #[arg(long, short)]
+    model: Option<String>,
+    /// Draft model of the spec cells (default: the model itself).
+    #[arg(long)]
+    draft_model: Option<String>,
+    /// Only these cells (comma-separated names; default: all).
+    #[arg(long, value_delimiter = ',')]
+    cells: Option<Vec<String>>,
+    /// A small version for CI: tiny token counts, one or two requests per cell.
+    #[arg(long)]
+    smoke: bool,
+    /// Folder for the markdown report and the PNG plot.
+    #[arg(long, default_value = "docs/bench")]
+    out: PathBuf,
+    /// Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db).
+    #[arg(long)]
+    db: Option<PathBuf>,
+    /// Seconds to wait for a server to report ready.
+    #[arg(long, default_value_t = 600)]
+    ready_timeout: u64,
+    /// Print the results as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One feature combination.
+#[derive(Clone, Copy, Debug)]
+pub struct Cell {
+    pub name: &'static str,
+    pub batch: bool,
+    pub grammar: bool,
+    pub spec: bool,
+}
+
+pub const CELLS: &[Cell] = &[
+    Cell {
+        name: "serial",
+        batch: false,
+        grammar: false,
+        spec: false,
+    },
+    Cell {
+        name: "batch4",
+        batch: true,
+        grammar: false,
+        spec: false,
+    },
+    Cell {
+        name: "serial+grammar",
+        batch: false,
+        grammar: true,
+        spec: false,
+    },
+    Cell {
+        name: "batch4+grammar",
+        batch: true,
+        grammar: true,
+        spec: false,
+    },
+    Cell {
+        name: "serial+spec",
+        batch: false,
+        grammar: false,
+        spec: true,
+    },
+    Cell {
+        name: "serial+grammar+spec",
+        batch: false,
+        grammar: true,
+        spec: true,
+    },
+    Cell {
+        name: "batch4+spec",
+        batch: true,
+        grammar: false,
+        spec: true,
+    },
+];
+
+impl Cell {
+    /// The same cell without grammar: the baseline of the grammar overhead.
+    fn without_grammar(&self) -> Option<&'static str> {
+        self.grammar.then(|| {
+            CELLS
+                .iter()
+                .find(|c| c.batch == self.batch && c.spec == self.spec && !c.grammar)
+                .map(|c| c.name)
+        })?
+    }
+}
+
+/// Token budgets and request counts of one run.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct Sizes {
+    chat_tokens: usize,
+    /// Extraction under the schema: enough for the JSON to complete.
+    extract_tokens: usize,
+    /// Extraction without a grammar (its output is not validated).
+    extract_free_tokens: usize,
+    long_tokens: usize,
+    agent_tokens: usize,
+    agent_turns: usize,
+    /// Requests per workload in a serial cell; batch cells send this many
+    /// concurrent streams times `streams`.
+    requests: usize,
+    streams: usize,
+}
+
+impl Sizes {
+    fn new(smoke: bool) -> Self {
+        if smoke {
+            Self {
+                chat_tokens: 4,
+                extract_tokens: 32,
+                extract_free_tokens: 8,
+                long_tokens: 8,
+                agent_tokens: 4,
+                agent_turns: 2,
+                requests: 1,
+                streams: 2,
+            }
+        } else {
+            Self {
+                chat_tokens: 64,
+                extract_tokens: 128,
+                extract_free_tokens: 128,
+                long_tokens: 512,
+                agent_tokens: 48,
+                agent_turns: 4,
+                requests: 2,
+                streams: 4,
+            }
+        }
+    }
+}
+
+/// The extraction workload's schema: outputs are validated against it.
+fn extraction_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "city": {"type": "string", "maxLength": 40},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150}
+        },
+        "required": ["name", "city", "age"],
+        "additionalProperties": false
+    })
+}
+
+const PEOPLE: &[&str] = &[
+    "Maria Lopez is 34 and lives in Valencia, where she teaches chemistry.",
+    "Tom Becker, 58, runs a bakery in Hamburg.",
+    "Aiko Tanaka moved to Osaka last year; she is 27.",
+    "Samuel Okafor (41) works as a nurse in Lagos.",
+];
+
+const CHATS: &[&str] = &[
+    "What is the capital of France?",
+    "Name three colours of the rainbow.",
+    "Give me one tip for sleeping better.",
+    "What does a bee make?",
+];
+
+/// One HTTP exchange as measured by the client.
+#[derive(Clone, Debug, Default)]
+struct Exchange {
+    ttft_s: f64,
+    total_s: f64,
+    completion_tokens: u64,
+    text: String,
+    finish_reason: String,
+    drafted: u64,
+    accepted: u64,
+    speculated: bool,
+}
+
+impl Exchange {
+    /// The stream's completion tokens over its whole request time. (Tokens
+    /// after the first over the time after the first would be a decode-only
+    /// rate, but the speculative lane delivers bursts: for short outputs most
+    /// tokens arrive with the first chunk and that rate is meaningless.)
+    fn stream_tps(&self) -> Option<f64> {
+        (self.completion_tokens > 0 && self.total_s > 0.0)
+            .then(|| self.completion_tokens as f64 / self.total_s)
+    }
+}
+
+/// A running `mlx-bun serve`, killed on drop.
+struct Server {
+    child: Child,
+    base: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+fn read_into(mut r: impl Read + Send + 'static, buf: Arc<Mutex<String>>) {
+    std::thread::spawn(move || {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = r.read(&mut chunk) {
+            if n == 0 {
+                break;
+            }
+            let mut b = buf.lock().unwrap();
+            b.push_str(&String::from_utf8_lossy(&chunk[..n]));
+            // Keep the tail: enough to report a failure.
+            if b.len() > 64 * 1024 {
+                let cut = b.len() - 32 * 1024;
+                let cut = (cut..b.len()).find(|&i| b.is_char_boundary(i)).unwrap_or(0);
+                b.drain(..cut);
+            }
+        }
+    });
+}
+
+impl Server {
+    fn start(serve_args: &[String], timeout: Duration) -> Result<Self, String> {
+        let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+        let mut child = Command::new(exe)
+            .arg("serve")
+            .args(serve_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting mlx-bun serve: {e}"))?;
+        let stderr = Arc::new(Mutex::new(String::new()));
+        read_into(child.stderr.take().expect("piped"), stderr.clone());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(rest) = line.split("ready at ").nth(1) {
+                    let url = rest.split_whitespace().next().unwrap_or("").to_string();
+                    let _ = tx.send(url);
+                }
+            }
+        });
+        let deadline = Instant::now() + timeout;
+        loop {
+            match rx.recv_timeout(Duration::from_millis(200)) {
+                Ok(url) => {
+                    return Ok(Self {
+                        child,
+                        base: url,
+                        stderr,
+                    })
+                }
+                Err(_) => {
+                    if let Ok(Some(status)) = child.try_wait() {
+                        std::thread::sleep(Duration::from_millis(200));
+                        let err = stderr.lock().unwrap().clone();
+                        return Err(format!("serve exited with {status}:\n{}", err.trim()));
+                    }
+                    if Instant::now() > deadline {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        let err = stderr.lock().unwrap().clone();
+                        return Err(format!(
+                            "serve was not ready after {}s:\n{}",
+                            timeout.as_secs(),
+                            err.trim()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+
+    /// Peak resident memory of the server process (VmHWM), in bytes.
+    fn peak_rss(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u64>().ok()? * 1024)
+    }
+
+    fn stats(&self, http: &reqwest::blocking::Client) -> Result<Value> {
+        Ok(http
+            .get(format!("{}/stats", self.base))
+            .send()?
+            .error_for_status()?
+            .json()?)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Sends one streamed chat completion and measures it.
+fn chat(http: &reqwest::blocking::Client, base: &str, body: &Value) -> Result<Exchange> {
+    let mut body = body.clone();
+    body["stream"] = json!(true);
+    body["stream_options"] = json!({"include_usage": true});
+    let start = Instant::now();
+    let resp = http
+        .post(format!("{base}/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .context("sending a request")?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().unwrap_or_default();
+        bail!("HTTP {status}: {text}");
+    }
+    let mut ex = Exchange::default();
+    let mut first = None;
+    for line in BufReader::new(resp).lines() {
+        let line = line.context("reading the stream")?;
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data.trim() == "[DONE]" {
+            break;
+        }
+        let chunk: Value =
+            serde_json::from_str(data).with_context(|| format!("bad SSE chunk {data}"))?;
+        if let Some(err) = chunk.get("error") {
+            bail!("error in stream: {err}");
+        }
+        if let Some(choice) = chunk["choices"].get(0) {
+            if let Some(t) = choice["delta"]["content"].as_str() {
+                if !t.is_empty() && first.is_none() {
+                    first = Some(start.elapsed().as_secs_f64());
+                }
+                ex.text.push_str(t);
+            }
+            if let Some(r) = choice["finish_reason"].as_str() {
+                ex.finish_reason = r.to_string();
+            }
+        }
+        if let Some(u) = chunk.get("usage").filter(|u| !u.is_null()) {
+            ex.completion_tokens = u["completion_tokens"].as_u64().unwrap_or(0);
+            if let Some(s) = u.get("speculation") {
+                ex.speculated = true;
+                ex.drafted = s["drafted"].as_u64().unwrap_or(0);
+                ex.accepted = s["accepted"].as_u64().unwrap_or(0);
+            }
+        }
+    }
+    ex.total_s = start.elapsed().as_secs_f64();
+    ex.ttft_s = first.unwrap_or(ex.total_s);
+    Ok(ex)
+}
+
+/// Results of one workload in one phase of one cell.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+struct WorkloadResult {
+    requests: usize,
+    completion_tokens: u64,
+    wall_s: f64,
+    aggregate_tok_s: f64,
+    stream_tok_s: Vec<f64>,
+    ttft_s: Vec<f64>,
+    /// Outputs checked against the schema: valid, invalid, cut by max_tokens.
+    schema_valid: usize,
+    schema_invalid: usize,
+    schema_truncated: usize,
+    speculated: usize,
+    drafted: u64,
+    accepted: u64,
+}
+
+fn percentile(xs: &[f64], p: f64) -> f64 {
+    if xs.is_empty() {
+        return f64::NAN;
+    }
+    let mut v = xs.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let rank = (p * (v.len() - 1) as f64).round() as usize;
+    v[rank.min(v.len() - 1)]
+}
+
+/// The request bodies of one workload: `streams` independent sequences of
+/// requests (the agent loop's turns depend on the previous reply).
+fn run_workload(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    workload: &str,
+    cell: &Cell,
+    sizes: &Sizes,
+    validator: &jsonschema::Validator,
+) -> Result<WorkloadResult> {
+    let streams = if cell.batch { sizes.streams } else { 1 };
+    let per_stream = sizes.requests;
+    let start = Instant::now();
+    let results: Vec<Result<Vec<Exchange>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..streams)
+            .map(|stream| {
+                s.spawn(move || -> Result<Vec<Exchange>> {
+                    let mut out = Vec::new();
+                    for r in 0..per_stream {
+                        let i = stream * per_stream + r;
+                        out.extend(one_sequence(http, base, workload, cell, sizes, i)?);
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| bail!("a client thread panicked"))
+            })
+            .collect()
+    });
+    let wall_s = start.elapsed().as_secs_f64();
+    let mut res = WorkloadResult {
+        wall_s,
+        ..Default::default()
+    };
+    for exchanges in results {
+        for ex in exchanges? {
+            res.requests += 1;
+            res.completion_tokens += ex.completion_tokens;
+            res.ttft_s.push(ex.ttft_s);
+            if let Some(tps) = ex.stream_tps() {
+                res.stream_tok_s.push(tps);
+            }
+            res.drafted += ex.drafted;
+            res.accepted += ex.accepted;
+            res.speculated += ex.speculated as usize;
+            if workload == "extraction" && cell.grammar {
+                if ex.finish_reason == "length" {
+                    res.schema_truncated += 1;
+                } else {
+                    match serde_json::from_str::<Value>(&ex.text) {
+                        Ok(v) if validator.is_valid(&v) => res.schema_valid += 1,
+                        _ => {
+                            res.schema_invalid += 1;
+                            bail!(
+                                "{}: extraction output does not match the schema: {}",
+                                cell.name,
+                                ex.text
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+    res.aggregate_tok_s = res.completion_tokens as f64 / wall_s.max(1e-9);
+    Ok(res)
+}
+
+fn constraint(cell: &Cell, workload: &str) -> Option<Value> {
+    if !cell.grammar {
+        return None;
+    }
+    Some(if workload == "extraction" {
+        json!({"type": "json_schema",
+               "json_schema": {"name": "person", "strict": true, "schema": extraction_schema()}})
+    } else {
+        json!({"type": "json_object"})
+    })
+}
+
+/// One request (or, for the agent loop, one conversation of turns).
+fn one_sequence(
+    http: &reqwest::blocking::Client,
+    base: &str,
+    workload: &str,
+    cell: &Cell,
+    sizes: &Sizes,
+    i: usize,
+) -> Result<Vec<Exchange>> {
+    let body = |messages: Value, max_tokens: usize| {
+        let mut b = json!({"messages": messages, "max_tokens": max_tokens, "temperature": 0.0});
+        if let Some(rf) = constraint(cell, workload) {
+            b["response_format"] = rf;
+        }
+        b
+    };
+    let msg = |role: &str, content: &str| json!({"role": role, "content": content});
+    Ok(match workload {
+        "chat" => vec![chat(
+            http,
+            base,
+            &body(
+                json!([msg("user", CHATS[i % CHATS.len()])]),
+                sizes.chat_tokens,
+            ),
+        )?],
+        "extraction" => vec![chat(
+            http,
+            base,
+            &body(
+                json!([
+                    msg(
+                        "system",
+                        "Extract the person as JSON with name, city and age."
+                    ),
+                    msg("user", PEOPLE[i % PEOPLE.len()])
+                ]),
+                if cell.grammar {
+                    sizes.extract_tokens
+                } else {
+                    sizes.extract_free_tokens
+                },
+            ),
+        )?],
+        "long" => vec![chat(
+            http,
+            base,
+            &body(
+                json!([msg(
+                    "user",
+                    "Write a detailed essay about the history of bread, from the first \
+                     grains to modern bakeries."
+                )]),
+                sizes.long_tokens,
+            ),
+        )?],
+        "agent" => {
+            let mut messages =
+                vec![
+                msg(
+                    "system",
+                    "You are an agent. Call tools by writing the tool name, then use the results.",
+                ),
+                msg("user", "Find the weather in Paris and suggest what to wear."),
+            ];
+            let mut out = Vec::new();
+            for turn in 0..sizes.agent_turns {
+                let ex = chat(http, base, &body(json!(messages), sizes.agent_tokens))?;
+                messages.push(msg("assistant", &ex.text));
+                messages.push(msg(
+                    "user",
+                    &format!("Tool result {turn}: 14 C, light rain, wind 20 km/h."),
+                ));
+                out.push(ex);
+            }
+            out
+        }
+        other => bail!("unknown workload {other}"),
+    })
+}
+
+pub const WORKLOADS: &[&str] = &["chat", "extraction", "long", "agent"];
+
+/// One phase (cold or warm) of one cell.
+#[derive(Clone, Debug, serde::Serialize)]
+struct PhaseResult {
+    phase: &'static str,
+    started_unix: f64,
+    finished_unix: f64,
+    workloads: BTreeMap<String, WorkloadResult>,
+    aggregate_tok_s: f64,
+    ttft_p50_s: f64,
+    ttft_p95_s: f64,
+    stream_tok_s_p50: f64,
+    /// Drafted tokens the model kept (spec cells), from `/stats`.
+    acceptance: Option<f64>,
+    cache_hit_rate: f64,
+    schema_valid: usize,
+    schema_invalid: usize,
+    schema_truncated: usize,
+    peak_rss_bytes: Option<u64>,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+struct CellResult {
+    cell: String,
+    serve_args: Vec<String>,
+    ok: bool,
+    error: Option<String>,
+    phases: Vec<PhaseResult>,
+    /// Decode tok/s of this grammar cell over its no-grammar twin, per phase.
+    grammar_overhead: Option<f64>,
+    run_ids: Vec<i64>,
+}
+
+fn stat(v: &Value, path: &[&str]) -> f64 {
+    path.iter().fold(v, |v, k| &v[*k]).as_f64().unwrap_or(0.0)
+}
+
+fn run_phase(
+    http: &reqwest::blocking::Client,
+    server: &Server,
+    cell: &Cell,
+    sizes: &Sizes,
+    phase: &'static str,
+    validator: &jsonschema::Validator,
+) -> Result<PhaseResult> {
+    let started_unix = unix_now();
+    let before = server.stats(http)?;
+    let mut workloads = BTreeMap::new();
+    for w in WORKLOADS {
+        let r = run_workload(http, &server.base, w, cell, sizes, validator)
+            .with_context(|| format!("workload {w}"))?;
+        workloads.insert(w.to_string(), r);
+    }
+    let after = server.stats(http)?;
+    let delta = |p: &[&str]| stat(&after, p) - stat(&before, p);
+    let hits = delta(&["prompt_cache", "hits"]);
+    let misses = delta(&["prompt_cache", "misses"]);
+    let drafted = delta(&["speculative", "drafted_tokens"]);
+    let accepted = delta(&["speculative", "accepted_tokens"]);
+    let all = || workloads.values();
+    let ttft: Vec<f64> = all().flat_map(|w| w.ttft_s.clone()).collect();
+    let streams: Vec<f64> = all().flat_map(|w| w.stream_tok_s.clone()).collect();
+    let tokens: u64 = all().map(|w| w.completion_tokens).sum();
+    let wall: f64 = all().map(|w| w.wall_s).sum();
+    if cell.spec {
+        // The documented routing: a server with a draft model runs requests
+        // on the speculative lane, batched or not.
+        let requests: usize = all().map(|w| w.requests).sum();
+        let speculated: usize = all().map(|w| w.speculated).sum();
+        if speculated != requests || drafted <= 0.0 {
+            bail!(
+                "routing: {speculated} of {requests} requests went to the speculative lane \
+                 ({drafted} tokens drafted); every request with a draft model must"
+            );
+        }
+    }
+    Ok(PhaseResult {
+        phase,
+        started_unix,
+        finished_unix: unix_now(),
+        aggregate_tok_s: tokens as f64 / wall.max(1e-9),
+        ttft_p50_s: percentile(&ttft, 0.5),
+        ttft_p95_s: percentile(&ttft, 0.95),
+        stream_tok_s_p50: percentile(&streams, 0.5),
+        acceptance: (drafted > 0.0).then(|| accepted / drafted),
+        cache_hit_rate: if hits + misses > 0.0 {
+            hits / (hits + misses)
+        } else {
+            0.0
+        },
+        schema_valid: all().map(|w| w.schema_valid).sum(),
+        schema_invalid: all().map(|w| w.schema_invalid).sum(),
+        schema_truncated: all().map(|w| w.schema_truncated).sum(),
+        peak_rss_bytes: server.peak_rss(),
+        workloads,
+    })
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+fn serve_args(cell: &Cell, model: &str, draft: &str) -> Vec<String> {
+    let mut a: Vec<String> = ["--port", "0", "--log-level", "warn", "--model", model]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    if cell.batch {
+        a.extend(["--decode-concurrency".into(), "4".into()]);
+    }
+    if cell.spec {
+        a.extend(["--draft-model".into(), draft.to_string()]);
+    }
+    // Extra serve flags for every cell (whitespace-separated).
+    if let Ok(extra) = std::env::var("MLX_BUN_FEATURE_MATRIX_SERVE_ARGS") {
+        a.extend(extra.split_whitespace().map(String::from));
+    }
+    a
+}
+
+fn run_cell(
+    http: &reqwest::blocking::Client,
+    cell: &Cell,
+    args: &[String],
+    sizes: &Sizes,
+    timeout: Duration,
+    validator: &jsonschema::Validator,
+) -> (Vec<PhaseResult>, Option<String>) {
+    let server = match Server::start(args, timeout) {
+        Ok(s) => s,
+        Err(e) => return (Vec::new(), Some(format!("the server did not start: {e}"))),
+    };
+    let mut phases = Vec::new();
+    for phase in ["cold", "warm"] {
+        match run_phase(http, &server, cell, sizes, phase, validator) {
+            Ok(p) => phases.push(p),
+            Err(e) => {
+                let tail = server.stderr.lock().unwrap().clone();
+                let tail: String = tail
+                    .lines()
+                    .rev()
+                    .take(20)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return (
+                    phases,
+                    Some(format!("{phase} phase: {e:#}\nserver stderr:\n{tail}")),
+                );
+            }
+        }
+    }
+    (phases, None)
+}
+
+fn record(
+    db: &EvalDb,
+    meta: &RunMeta,
+    model: &str,
+    smoke: bool,
+    sizes: &Sizes,
+    res: &CellResult,
+) -> Result<Vec<i64>> {
+    let mut ids = Vec::new();
+    let phases: Vec<Option<&PhaseResult>> = if res.phases.is_empty() {
+        vec![None]
+    } else {
+        res.phases.iter().map(Some).collect()
+    };
+    for p in phases {
+        let label = format!(
+            "feature-matrix/{}/{}",
+            res.cell,
+            p.map(|p| p.phase).unwrap_or("cold")
+        );
+        let flags = json!({"cell": res.cell, "serve_args": res.serve_args, "smoke": smoke,
+                           "sizes": sizes});
+        let id = db.start_run_with("bench", Some(&label), model, &flags, meta)?;
+        ids.push(id);
+        let Some(p) = p else {
+            db.finish_run(id, "failed", &json!({"error": res.error}))?;
+            continue;
+        };
+        let m = |name: &'static str, value: f64, unit: &'static str, hib: Option<bool>| Metric {
+            name,
+            value,
+            unit,
+            higher_is_better: hib,
+        };
+        let mut metrics = vec![
+            m("aggregate_tok_s", p.aggregate_tok_s, "tok/s", Some(true)),
+            m("ttft_p50_s", p.ttft_p50_s, "s", Some(false)),
+            m("ttft_p95_s", p.ttft_p95_s, "s", Some(false)),
+            m("cache_hit_rate", p.cache_hit_rate, "", Some(true)),
+            m("schema_invalid", p.schema_invalid as f64, "", Some(false)),
+        ];
+        if let Some(a) = p.acceptance {
+            metrics.push(m("acceptance", a, "", Some(true)));
+        }
+        if let Some(rss) = p.peak_rss_bytes {
+            metrics.push(m("peak_rss_bytes", rss as f64, "bytes", Some(false)));
+        }
+        db.record_metrics(id, &metrics)?;
+        // Every stream is one sample: `evals compare` sees the noise.
+        for w in p.workloads.values() {
+            for &t in &w.stream_tok_s {
+                db.record_metrics(id, &[m("stream_tok_s", t, "tok/s", Some(true))])?;
+            }
+        }
+        let status = if res.ok { "done" } else { "failed" };
+        db.finish_run(id, status, &serde_json::to_value(p)?)?;
+        db.set_times(id, p.started_unix, p.finished_unix)?;
+    }
+    Ok(ids)
+}
+
+pub fn run(args: Args) -> Result<()> {
+    let model_dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let model = model_dir.display().to_string();
+    let draft = match &args.draft_model {
+        Some(d) => crate::model_arg::resolve(Some(d))?.display().to_string(),
+        None => model.clone(),
+    };
+    let cells: Vec<Cell> = match &args.cells {
+        None => CELLS.to_vec(),
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                CELLS
+                    .iter()
+                    .find(|c| c.name == n)
+                    .copied()
+                    .with_context(|| {
+                        let all: Vec<_> = CELLS.iter().map(|c| c.name).collect();
+                        format!("unknown cell {n:?}; cells: {}", all.join(", "))
+                    })
+            })
+            .collect::<Result<_>>()?,
+    };
+    let sizes = Sizes::new(args.smoke);
+    let db_path = args
+        .db
+        .clone()
+        .unwrap_or_else(mlx_bun::evaldb::default_path);
+    let db = EvalDb::open(&db_path)?;
+    let meta = RunMeta::detect(Some(&model_dir));
+    let validator = jsonschema::validator_for(&extraction_schema())
+        .map_err(|e| anyhow::anyhow!("the extraction schema: {e}"))?;
+    let http = reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(1800))
+        .build()?;
+    let timeout = Duration::from_secs(args.ready_timeout);
+
+    let bar = indicatif::ProgressBar::new(cells.len() as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("feature-matrix [{bar:20}] {pos}/{len} {msg}")
+            .expect("a valid template")
+            .progress_chars("=> "),
+    );
+    let mut results: Vec<CellResult> = Vec::new();
+    for cell in &cells {
+        bar.set_message(cell.name);
+        let serve_args = serve_args(cell, &model, &draft);
+        let (phases, error) = run_cell(&http, cell, &serve_args, &sizes, timeout, &validator);
+        let mut res = CellResult {
+            cell: cell.name.to_string(),
+            serve_args,
+            ok: error.is_none(),
+            error,
+            phases,
+            grammar_overhead: None,
+            run_ids: Vec::new(),
+        };
+        if let Some(e) = &res.error {
+            bar.println(format!("{}: FAILED: {e}", cell.name));
+        }
+        res.run_ids = record(&db, &meta, &model, args.smoke, &sizes, &res)?;
+        results.push(res);
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    // Grammar overhead: each grammar cell against its no-grammar twin of this run.
+    for i in 0..results.len() {
+        let Some(twin) = cells[i].without_grammar() else {
+            continue;
+        };
+        let tps = |r: &CellResult| r.phases.first().map(|p| p.aggregate_tok_s);
+        if let Some(base) = results.iter().find(|r| r.cell == twin).and_then(tps) {
+            if let Some(t) = tps(&results[i]) {
+                results[i].grammar_overhead = Some(base / t.max(1e-9));
+            }
+        }
+    }
+
+    let date = crate::bench::today();
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+    let stem = format!(
+        "feature-matrix-{date}{}",
+        if args.smoke { "-smoke" } else { "" }
+    );
+    let png = args.out.join(format!("{stem}.png"));
+    let md = args.out.join(format!("{stem}.md"));
+    super::plot::feature_matrix(&png, &plot_rows(&results))?;
+    let report = markdown(&results, &meta, &model, &sizes, args.smoke, &date, &png);
+    std::fs::write(&md, report).with_context(|| format!("writing {}", md.display()))?;
+
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        print!("{}", table(&results));
+        println!("report: {}  plot: {}", md.display(), png.display());
+        println!("eval database: {}", db.path().display());
+    }
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|r| !r.ok)
+        .map(|r| r.cell.as_str())
+        .collect();
+    if !failed.is_empty() {
+        bail!("{} cell(s) failed: {}", failed.len(), failed.join(", "));
+    }
+    Ok(())
+}
+
+fn plot_rows(results: &[CellResult]) -> Vec<super::plot::Bar> {
+    results
+        .iter()
+        .map(|r| {
+            let get = |ph: &str| {
+                r.phases
+                    .iter()
+                    .find(|p| p.phase == ph)
+                    .map(|p| p.aggregate_tok_s)
+            };
+            super::plot::Bar {
+                label: r.cell.clone(),
+                cold: get("cold"),
+                warm: get("warm"),
+            }
+        })
+        .collect()
+}
+
+fn fmt(x: Option<f64>, digits: usize) -> String {
+    match x {
+        Some(x) if x.is_finite() => format!("{x:.digits$}"),
+        _ => "-".into(),
+    }
+}
+
+fn table(results: &[CellResult]) -> String {
+    let mut out = format!(
+        "{:<20} {:<5} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>9}  status\n",
+        "cell",
+        "phase",
+        "agg tok/s",
+        "p50 tok/s",
+        "ttft p50",
+        "ttft p95",
+        "accept",
+        "cache",
+        "schema",
+        "rss MiB"
+    );
+    for r in results {
+        if r.phases.is_empty() {
+            out += &format!("{:<20} {:<5} {:>9}  FAILED\n", r.cell, "-", "-");
+        }
+        for p in &r.phases {
+            out += &format!(
+                "{:<20} {:<5} {:>9} {:>9} {:>9} {:>9} {:>7} {:>7} {:>8} {:>9}  {}\n",
+                r.cell,
+                p.phase,
+                fmt(Some(p.aggregate_tok_s), 2),
+                fmt(Some(p.stream_tok_s_p50), 2),
+                fmt(Some(p.ttft_p50_s), 2),
+                fmt(Some(p.ttft_p95_s), 2),
+                fmt(p.acceptance, 2),
+                fmt(Some(p.cache_hit_rate), 2),
+                format!("{}/{}", p.schema_valid, p.schema_valid + p.schema_invalid),
+                fmt(p.peak_rss_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 0),
+                if r.ok { "ok" } else { "FAILED" }
+            );
+        }
+    }
+    out
+}
+
+fn markdown(
+    results: &[CellResult],
+    meta: &RunMeta,
+    model: &str,
+    sizes: &Sizes,
+    smoke: bool,
+    date: &str,
+    png: &Path,
+) -> String {
+    let mut md = format!(
+        "# Feature matrix, {date}{}\n\n\
+         `mlx-bun bench feature-matrix{}` on host `{}`, commit `{}`, model `{}` \
+         (fingerprint `{}`).\n\n\
+         Token budgets: chat {}, extraction {} ({} without grammar), long-form {}, \
+         agent {} × {} turns; \
+         {} request(s) per workload per stream, {} concurrent streams in batch cells.\n\n",
+        if smoke { " (smoke)" } else { "" },
+        if smoke { " --smoke" } else { "" },
+        meta.host.as_deref().unwrap_or("?"),
+        meta.git_commit.as_deref().unwrap_or("?"),
+        model,
+        meta.model_fingerprint.as_deref().unwrap_or("?"),
+        sizes.chat_tokens,
+        sizes.extract_tokens,
+        sizes.extract_free_tokens,
+        sizes.long_tokens,
+        sizes.agent_tokens,
+        sizes.agent_turns,
+        sizes.requests,
+        sizes.streams,
+    );
+    md += &format!(
+        "![aggregate tok/s per cell]({})\n\n",
+        png.file_name().unwrap_or_default().to_string_lossy()
+    );
+    md += "| cell | phase | aggregate tok/s | per-stream tok/s p50 | TTFT p50 s | TTFT p95 s | \
+           acceptance | grammar overhead | schema valid | cache hit rate | peak RSS MiB | eval run |\n\
+           |---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for r in results {
+        for (i, p) in r.phases.iter().enumerate() {
+            md += &format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} | {} |\n",
+                r.cell,
+                p.phase,
+                fmt(Some(p.aggregate_tok_s), 2),
+                fmt(Some(p.stream_tok_s_p50), 2),
+                fmt(Some(p.ttft_p50_s), 3),
+                fmt(Some(p.ttft_p95_s), 3),
+                fmt(p.acceptance, 2),
+                if i == 0 {
+                    fmt(r.grammar_overhead, 2).replace('-', "")
+                } else {
+                    String::new()
+                },
+                p.schema_valid,
+                p.schema_valid + p.schema_invalid,
+                fmt(Some(p.cache_hit_rate), 2),
+                fmt(p.peak_rss_bytes.map(|b| b as f64 / (1u64 << 20) as f64), 0),
+                r.run_ids.get(i).map(|i| i.to_string()).unwrap_or_default(),
+            );
+        }
+    }
+    let failed: Vec<&CellResult> = results.iter().filter(|r| !r.ok).collect();
+    if !failed.is_empty() {
+        md += "\n## Failed cells\n\n";
+        for r in failed {
+            md += &format!(
+                "### {}\n\n`mlx-bun serve {}`\n\n```\n{}\n```\n\n",
+                r.cell,
+                r.serve_args.join(" "),
+                r.error.as_deref().unwrap_or("").trim()
+            );
+        }
+    }
+    md += "\nGrammar overhead is the no-grammar twin's aggregate tok/s over this cell's \
+           (cold phase, same run): 1.00 means free. The schema column counts complete \
+           extraction outputs that validate against the schema (grammar cells only).\n";
+    md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grammar_cells_have_twins() {
+        let twin = |n: &str| {
+            CELLS
+                .iter()
+                .find(|c| c.name == n)
+                .unwrap()
+                .without_grammar()
+        };
+        assert_eq!(twin("serial+grammar"), Some("serial"));
+        assert_eq!(twin("batch4+grammar"), Some("batch4"));
+        assert_eq!(twin("serial+grammar+spec"), Some("serial+spec"));
+        assert_eq!(twin("serial"), None);
+    }
+
+    #[test]
+    fn percentiles() {
+        assert_eq!(percentile(&[3.0, 1.0, 2.0], 0.5), 2.0);
+        assert_eq!(percentile(&[1.0, 2.0, 3.0, 4.0], 0.95), 4.0);
+        assert!(percentile(&[], 0.5).is_nan());
+    }
+}

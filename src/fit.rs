@@ -1,0 +1,657 @@
+//! Will it fit? Memory arithmetic for a model at a context and batch size,
+//! from `config.json` and the safetensors headers alone (no weights are
+//! read): the weights as they sit in memory after the device's dtype policy,
+//! the KV cache, a draft model's share, and the activation peaks of a prefill
+//! chunk and a decode step. `mlx-bun fit` prints it; `serve` and `generate`
+//! refuse at start-up what cannot fit.
+//!
+//! The model mirrors what the engine allocates: float tensors are held in
+//! the compute dtype (float32 on CPU), the standard KV cache grows in blocks
+//! of 256 positions, prefill runs in chunks without logits except for the
+//! last row, and quantized layers fed 16 or more rows are dequantized to a
+//! dense float matrix for one matmul.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::model::config::ModelArgs;
+
+/// The KV cache grows in blocks of this many positions.
+pub const KV_BLOCK: usize = 256;
+/// Group size of a quantized KV cache (as mlx-lm's `QuantizedKVCache`).
+pub const KV_GROUP: usize = 64;
+/// Rows from which a quantized layer runs through a dequantized dense matrix.
+const DENSE_ROWS: usize = 16;
+
+/// What the arithmetic needs to know about one model.
+#[derive(Clone, Debug, Serialize)]
+pub struct Footprint {
+    pub dir: String,
+    /// Bytes of the weights in memory (floats in the compute dtype).
+    pub weight_bytes: u64,
+    /// Bytes of the weight files on disk.
+    pub file_bytes: u64,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub vocab: usize,
+    pub max_context: Option<usize>,
+    pub sliding_window: Option<usize>,
+    /// Bytes per float in the compute dtype.
+    pub dtype_bytes: u64,
+    /// One decoder layer's quantized weights dequantized (the largest
+    /// layer): the transient of the dense path, which a forward pass over 16
+    /// or more rows holds for a whole layer at once.
+    pub dense_layer_bytes: u64,
+    pub lm_head_dense_bytes: u64,
+}
+
+fn dtype_size(dtype: &str) -> Option<(u64, bool)> {
+    Some(match dtype {
+        "F64" => (8, true),
+        "F32" => (4, true),
+        "F16" | "BF16" => (2, true),
+        "I64" | "U64" => (8, false),
+        "I32" | "U32" => (4, false),
+        "I16" | "U16" => (2, false),
+        "I8" | "U8" | "BOOL" | "F8_E4M3" | "F8_E5M2" => (1, false),
+        _ => return None,
+    })
+}
+
+/// `(name, dtype, shape)` of every tensor in a safetensors file, from its header.
+fn safetensors_header(path: &Path) -> Result<Vec<(String, String, Vec<u64>)>> {
+    let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .with_context(|| format!("{} is too short for a safetensors file", path.display()))?;
+    let len = u64::from_le_bytes(len);
+    if len > 100 << 20 {
+        bail!("{}: safetensors header of {len} bytes", path.display());
+    }
+    let mut header = vec![0u8; len as usize];
+    f.read_exact(&mut header)
+        .with_context(|| format!("{}: truncated safetensors header", path.display()))?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+        .with_context(|| format!("{}: the safetensors header is not JSON", path.display()))?;
+    let mut out = Vec::new();
+    for (name, info) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let dtype = info["dtype"]
+            .as_str()
+            .with_context(|| format!("{}: tensor {name} has no dtype", path.display()))?;
+        let shape = info["shape"]
+            .as_array()
+            .with_context(|| format!("{}: tensor {name} has no shape", path.display()))?
+            .iter()
+            .map(|d| d.as_u64().context("shape"))
+            .collect::<Result<Vec<_>>>()
+            .with_context(|| format!("{}: tensor {name} has a bad shape", path.display()))?;
+        out.push((name, dtype.to_string(), shape));
+    }
+    Ok(out)
+}
+
+impl Footprint {
+    /// Reads `dir/config.json` and the headers of its weight files, counting
+    /// floats at `dtype_bytes` each (4 on CPU: see `mlx_ext::compute_dtype`).
+    pub fn read(dir: &Path, dtype_bytes: u64) -> Result<Self> {
+        let (args, _) = crate::model::read_config(dir)?;
+        let mut files: Vec<_> = std::fs::read_dir(dir)
+            .with_context(|| format!("reading {}", dir.display()))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.extension().is_some_and(|e| e == "safetensors")
+                    && !p
+                        .file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("adapters"))
+            })
+            .collect();
+        files.sort();
+        if files.is_empty() {
+            bail!("no *.safetensors weights in {}", dir.display());
+        }
+        let (mut weight_bytes, mut file_bytes) = (0u64, 0u64);
+        let mut per_layer: std::collections::HashMap<String, u64> = Default::default();
+        let mut lm_head_dense = 0u64;
+        let bits = quant_bits(&args);
+        for file in &files {
+            file_bytes += std::fs::metadata(file)?.len();
+            for (name, dtype, shape) in safetensors_header(file)? {
+                let (size, is_float) = dtype_size(&dtype).with_context(|| {
+                    format!(
+                        "{}: tensor {name} has unknown dtype {dtype}",
+                        file.display()
+                    )
+                })?;
+                let numel: u64 = shape.iter().product();
+                weight_bytes += numel * if is_float { dtype_bytes } else { size };
+                // A packed uint32 weight [out, in * bits / 32] of a quantized layer.
+                if name.ends_with(".weight") && dtype == "U32" && shape.len() == 2 {
+                    let dense = shape[0] * shape[1] * 32 / bits.unwrap_or(4) * dtype_bytes;
+                    if name.contains("embed_tokens") || name.contains("lm_head") {
+                        lm_head_dense = lm_head_dense.max(dense);
+                    } else if let Some(i) = name.find("layers.") {
+                        let layer = name[i..].split('.').take(2).collect::<Vec<_>>().join(".");
+                        *per_layer.entry(layer).or_default() += dense;
+                    }
+                }
+            }
+        }
+        let heads = args.num_attention_heads.max(1) as usize;
+        let hidden = args.hidden_size.max(1) as usize;
+        Ok(Self {
+            dir: dir.display().to_string(),
+            weight_bytes,
+            file_bytes,
+            layers: args.num_hidden_layers.max(0) as usize,
+            heads,
+            kv_heads: args
+                .num_key_value_heads
+                .unwrap_or(args.num_attention_heads)
+                .max(1) as usize,
+            head_dim: args.head_dim.map(|d| d as usize).unwrap_or(hidden / heads),
+            hidden,
+            intermediate: args.intermediate_size.max(0) as usize,
+            vocab: args.vocab_size.max(0) as usize,
+            max_context: args.max_position_embeddings,
+            sliding_window: args.sliding_window,
+            dtype_bytes,
+            dense_layer_bytes: per_layer.values().copied().max().unwrap_or(0),
+            lm_head_dense_bytes: lm_head_dense,
+        })
+    }
+
+    /// KV bytes per token per sequence, all layers, keys and values.
+    pub fn kv_bytes_per_token(&self, kv_bits: Option<u8>) -> f64 {
+        let elems = (2 * self.layers * self.kv_heads * self.head_dim) as f64;
+        match kv_bits {
+            None => elems * self.dtype_bytes as f64,
+            // Packed values plus a scale and a bias per group.
+            Some(b) => elems * (b as f64 / 8.0 + 2.0 * self.dtype_bytes as f64 / KV_GROUP as f64),
+        }
+    }
+
+    /// KV bytes held for `batch` sequences of `context` positions: the cache
+    /// grows in blocks of 256 positions.
+    pub fn kv_bytes(&self, context: usize, batch: usize, kv_bits: Option<u8>) -> u64 {
+        let positions = context.div_ceil(KV_BLOCK) * KV_BLOCK;
+        (self.kv_bytes_per_token(kv_bits) * positions as f64 * batch as f64) as u64
+    }
+
+    /// The transient arrays of one prefill chunk of `rows` tokens ending at
+    /// position `end`: the residual stream and its norm, q/k/v, the
+    /// attention scores (rows × positions; MLX's CPU attention materializes
+    /// them) or the MLP's gate, up and product, whichever is larger, one
+    /// layer's dequantized weights (the dense path), and the last row's logits.
+    pub fn chunk_peak(&self, rows: usize, end: usize) -> ActivationPeak {
+        let f = self.dtype_bytes;
+        let s = rows as u64;
+        let residual = 4 * s * self.hidden as u64 * f;
+        let qkv = s * ((self.heads + 2 * self.kv_heads) * self.head_dim) as u64 * f;
+        let scores = self.heads as u64 * s * end as u64 * f;
+        let mlp = 3 * s * self.intermediate as u64 * f;
+        let dense = if rows >= DENSE_ROWS {
+            self.dense_layer_bytes
+        } else {
+            0
+        };
+        let logits = 2 * self.vocab as u64 * f;
+        ActivationPeak {
+            rows,
+            end,
+            attention_scores_bytes: scores,
+            mlp_bytes: mlp,
+            logits_bytes: logits,
+            other_bytes: residual + qkv + dense,
+            total_bytes: residual + qkv + scores.max(mlp) + dense + logits,
+        }
+    }
+
+    /// The prefill of `context` tokens in chunks of `step`: chunks are full
+    /// but the last, so the candidates for the peak are the last full chunk
+    /// and the partial one ending at `context` (`(rows, end)` pairs).
+    pub fn prefill_chunks(step: usize, context: usize) -> Vec<(usize, usize)> {
+        let step = step.max(1).min(context.max(1));
+        let (full, rest) = (context / step, context % step);
+        let mut out = Vec::new();
+        if full > 0 {
+            out.push((step, full * step));
+        }
+        if rest > 0 {
+            out.push((rest, context));
+        }
+        out
+    }
+
+    /// The largest transient of any prefill chunk (without the KV cache).
+    pub fn prefill_peak(&self, step: usize, context: usize) -> ActivationPeak {
+        Self::prefill_chunks(step, context)
+            .into_iter()
+            .map(|(rows, end)| self.chunk_peak(rows, end))
+            .max_by_key(|p| p.total_bytes)
+            .unwrap_or_else(|| self.chunk_peak(1, 1))
+    }
+
+    /// Peak of one decode (or verify) step over `rows` tokens for `batch`
+    /// sequences at `context`: as a prefill chunk, but every row has logits
+    /// (plus the sampler's copies: log-softmax and sorting).
+    pub fn decode_peak(&self, rows: usize, batch: usize, context: usize) -> ActivationPeak {
+        let f = self.dtype_bytes;
+        let n = (rows * batch) as u64;
+        let t = context as u64;
+        let residual = 4 * n * self.hidden as u64 * f;
+        let qkv = n * ((self.heads + 2 * self.kv_heads) * self.head_dim) as u64 * f;
+        let scores = self.heads as u64 * n * t * f;
+        let mlp = 3 * n * self.intermediate as u64 * f;
+        let logits = 3 * n * self.vocab as u64 * f;
+        let dense = if rows * batch >= DENSE_ROWS {
+            self.dense_layer_bytes + self.lm_head_dense_bytes
+        } else {
+            0
+        };
+        ActivationPeak {
+            rows: rows * batch,
+            end: context,
+            attention_scores_bytes: scores,
+            mlp_bytes: mlp,
+            logits_bytes: logits,
+            other_bytes: residual + qkv + dense,
+            total_bytes: residual + qkv + scores.max(mlp) + dense + logits,
+        }
+    }
+}
+
+fn quant_bits(args: &ModelArgs) -> Option<u64> {
+    args.quantization
+        .as_ref()
+        .and_then(|q| q.get("bits"))
+        .and_then(|b| b.as_u64())
+}
+
+/// The arrays alive at once in one forward pass, beside weights and KV.
+#[derive(Clone, Debug, Serialize)]
+pub struct ActivationPeak {
+    pub rows: usize,
+    /// Positions in the cache at the end of the pass.
+    pub end: usize,
+    pub attention_scores_bytes: u64,
+    /// The MLP's gate, up and product (reuses the scores' memory: the larger counts).
+    pub mlp_bytes: u64,
+    pub logits_bytes: u64,
+    /// Residual stream, q/k/v and the dense path's dequantized weight.
+    pub other_bytes: u64,
+    pub total_bytes: u64,
+}
+
+/// One question: this model (and draft) at this context and batch.
+#[derive(Clone, Debug, Serialize)]
+pub struct FitRequest {
+    pub context: usize,
+    pub batch: usize,
+    pub kv_bits: Option<u8>,
+    pub prefill_step: usize,
+    /// Tokens a draft proposes per step (the verify pass has this many + 1 rows).
+    pub num_draft_tokens: usize,
+    /// Memory to fit into.
+    pub memory_bytes: u64,
+    /// Memory committed elsewhere (e.g. the server's prompt cache).
+    pub reserved_bytes: u64,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct FitReport {
+    pub request: FitRequest,
+    pub model: Footprint,
+    pub draft: Option<Footprint>,
+    pub weight_bytes: u64,
+    pub kv_bytes_per_token: f64,
+    pub kv_bytes: u64,
+    /// Weights plus KV of the draft model.
+    pub draft_bytes: u64,
+    pub prefill: ActivationPeak,
+    pub decode: ActivationPeak,
+    /// Transient bytes at the peak.
+    pub activation_bytes: u64,
+    /// The peak: weights (model and draft) + KV and transients at the
+    /// worst moment + reserved.
+    pub total_bytes: u64,
+    pub peak: Peak,
+    pub fits: bool,
+    /// The largest context that fits at the requested batch (0 if none).
+    pub max_context: usize,
+    /// The largest batch that fits at the requested context (0 if none).
+    pub max_batch: usize,
+}
+
+/// The peak of `model` (+ `draft`) for `req`'s shape at `context` × `batch`.
+/// Memory peaks either in a prefill chunk (the KV cache filled up to the
+/// chunk's end, plus the chunk's transients) or in a decode step (the full
+/// cache plus the step's); other sequences of a batch hold a full cache.
+fn total(
+    model: &Footprint,
+    draft: Option<&Footprint>,
+    req: &FitRequest,
+    context: usize,
+    batch: usize,
+) -> Peak {
+    let kv = |m: &Footprint, end: usize| {
+        m.kv_bytes(end, 1, req.kv_bits) + m.kv_bytes(context, batch - 1, req.kv_bits)
+    };
+    let draft_kv = |end: usize| draft.map(|d| kv(d, end)).unwrap_or(0);
+    let mut best: Option<Peak> = None;
+    let mut consider = |kv_now: u64, act: ActivationPeak, phase: &'static str| {
+        let bytes = kv_now + act.total_bytes;
+        if best
+            .as_ref()
+            .is_none_or(|b| bytes > b.kv_bytes + b.activation.total_bytes)
+        {
+            best = Some(Peak {
+                phase,
+                kv_bytes: kv_now,
+                activation: act,
+                total_bytes: 0,
+            });
+        }
+    };
+    for (rows, end) in Footprint::prefill_chunks(req.prefill_step, context) {
+        let kv_now = kv(model, end) + draft_kv(end);
+        consider(kv_now, model.chunk_peak(rows, end), "prefill");
+        // The draft prefills the same chunks, after the model.
+        if let Some(d) = draft {
+            consider(kv_now, d.chunk_peak(rows, end), "draft prefill");
+        }
+    }
+    let rows = if draft.is_some() {
+        req.num_draft_tokens + 1
+    } else {
+        1
+    };
+    let kv_full = kv(model, context) + draft_kv(context);
+    consider(kv_full, model.decode_peak(rows, batch, context), "decode");
+    if let Some(d) = draft {
+        consider(kv_full, d.decode_peak(1, batch, context), "draft decode");
+    }
+    let mut peak = best.expect("at least the decode step");
+    let draft_weights = draft.map(|d| d.weight_bytes).unwrap_or(0);
+    peak.total_bytes = model.weight_bytes
+        + draft_weights
+        + peak.kv_bytes
+        + peak.activation.total_bytes
+        + req.reserved_bytes;
+    peak
+}
+
+/// When and how large the memory peak is.
+#[derive(Clone, Debug, Serialize)]
+pub struct Peak {
+    /// "prefill", "draft prefill", "decode" or "draft decode".
+    pub phase: &'static str,
+    /// KV bytes (model and draft) held at the peak.
+    pub kv_bytes: u64,
+    pub activation: ActivationPeak,
+    pub total_bytes: u64,
+}
+
+/// Largest `x` in `1..=hi` with `ok(x)`, for monotone `ok`; 0 if none.
+fn largest(hi: usize, ok: impl Fn(usize) -> bool) -> usize {
+    if hi == 0 || !ok(1) {
+        return 0;
+    }
+    let (mut lo, mut hi) = (1usize, hi);
+    while lo < hi {
+        let mid = lo + (hi - lo).div_ceil(2);
+        if ok(mid) {
+            lo = mid;
+        } else {
+            hi = mid - 1;
+        }
+    }
+    lo
+}
+
+/// The whole answer for `req`.
+pub fn fit(model: Footprint, draft: Option<Footprint>, req: FitRequest) -> FitReport {
+    let peak = total(&model, draft.as_ref(), &req, req.context, req.batch);
+    let within = |c: usize, b: usize| {
+        total(&model, draft.as_ref(), &req, c, b).total_bytes <= req.memory_bytes
+    };
+    let context_cap = model.max_context.unwrap_or(1 << 20).max(1);
+    let max_context = largest(context_cap, |c| within(c, req.batch));
+    let max_batch = largest(4096, |b| within(req.context, b));
+    let draft_bytes = draft
+        .as_ref()
+        .map(|d| d.weight_bytes + d.kv_bytes(req.context, req.batch, req.kv_bits))
+        .unwrap_or(0);
+    FitReport {
+        weight_bytes: model.weight_bytes,
+        kv_bytes_per_token: model.kv_bytes_per_token(req.kv_bits) * req.batch as f64,
+        kv_bytes: model.kv_bytes(req.context, req.batch, req.kv_bits),
+        draft_bytes,
+        prefill: model.prefill_peak(req.prefill_step, req.context),
+        decode: model.decode_peak(
+            if draft.is_some() {
+                req.num_draft_tokens + 1
+            } else {
+                1
+            },
+            req.batch,
+            req.context,
+        ),
+        activation_bytes: peak.activation.total_bytes,
+        total_bytes: peak.total_bytes,
+        fits: peak.total_bytes <= req.memory_bytes,
+        peak,
+        max_context,
+        max_batch,
+        request: req,
+        model,
+        draft,
+    }
+}
+
+/// `MemAvailable` from `/proc/meminfo`: what can be allocated without swapping.
+pub fn available_memory() -> Result<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo")
+        .context("reading /proc/meminfo (give the memory explicitly)")?;
+    parse_meminfo(&text).context("no MemAvailable line in /proc/meminfo")
+}
+
+fn parse_meminfo(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Bytes per float of the compute dtype for a model stored as `config.json`'s
+/// `torch_dtype` on this device.
+pub fn compute_dtype_bytes(dir: &Path) -> Result<u64> {
+    let (args, _) = crate::model::read_config(dir)?;
+    let stored = args
+        .torch_dtype
+        .as_deref()
+        .and_then(crate::mlx_ext::parse_dtype)
+        .unwrap_or(mlx_rs::Dtype::Float32);
+    Ok(match crate::mlx_ext::compute_dtype(stored) {
+        mlx_rs::Dtype::Float64 => 8,
+        mlx_rs::Dtype::Float16 | mlx_rs::Dtype::Bfloat16 => 2,
+        _ => 4,
+    })
+}
+
+/// The start-up check of `serve` and `generate`: an error with the numbers
+/// when `dir` (+ `draft`) cannot hold `context` tokens in the available
+/// memory. `None` where the available memory is unknown (no /proc/meminfo)
+/// or `MLX_BUN_SKIP_FIT_CHECK=1` turns the check off.
+pub fn check_fits(
+    dir: &Path,
+    draft: Option<&Path>,
+    context: usize,
+    num_draft_tokens: usize,
+    reserved_bytes: u64,
+) -> Result<Option<FitReport>> {
+    if std::env::var("MLX_BUN_SKIP_FIT_CHECK").is_ok_and(|v| v == "1") {
+        return Ok(None);
+    }
+    let Ok(memory_bytes) = available_memory() else {
+        return Ok(None);
+    };
+    let model = Footprint::read(dir, compute_dtype_bytes(dir)?)?;
+    let draft = match draft {
+        Some(d) => Some(Footprint::read(d, compute_dtype_bytes(d)?)?),
+        None => None,
+    };
+    let req = FitRequest {
+        context: context.max(1),
+        batch: 1,
+        kv_bits: None,
+        prefill_step: crate::generate::DEFAULT_PREFILL_STEP,
+        num_draft_tokens,
+        memory_bytes,
+        reserved_bytes,
+    };
+    let report = fit(model, draft, req);
+    if !report.fits {
+        bail!("{}", report.refusal());
+    }
+    Ok(Some(report))
+}
+
+fn gib(bytes: f64) -> String {
+    format!("{:.2} GiB", bytes / (1u64 << 30) as f64)
+}
+
+impl FitReport {
+    /// One paragraph saying why the model does not fit.
+    pub fn refusal(&self) -> String {
+        let draft_weights = self.draft.as_ref().map(|d| d.weight_bytes).unwrap_or(0);
+        format!(
+            "{} does not fit in {} of available memory at {} tokens × batch {}: \
+             needs {} at the {} peak (weights {}, draft weights {}, KV cache {}, \
+             activations {}, reserved {}); the largest context that fits is {} tokens \
+             (see `mlx-bun fit`; MLX_BUN_SKIP_FIT_CHECK=1 skips this check)",
+            self.model.dir,
+            gib(self.request.memory_bytes as f64),
+            self.request.context,
+            self.request.batch,
+            gib(self.total_bytes as f64),
+            self.peak.phase,
+            gib(self.weight_bytes as f64),
+            gib(draft_weights as f64),
+            gib(self.peak.kv_bytes as f64),
+            gib(self.activation_bytes as f64),
+            gib(self.request.reserved_bytes as f64),
+            self.max_context
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn footprint() -> Footprint {
+        // SmolLM2-135M's shape with 100 MB of weights.
+        Footprint {
+            dir: "m".into(),
+            weight_bytes: 100 << 20,
+            file_bytes: 90 << 20,
+            layers: 30,
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            hidden: 576,
+            intermediate: 1536,
+            vocab: 49152,
+            max_context: Some(8192),
+            sliding_window: None,
+            dtype_bytes: 4,
+            dense_layer_bytes: (3 * 1536 + 2 * 576 + 2 * 192) * 576 * 4,
+            lm_head_dense_bytes: 49152 * 576 * 4,
+        }
+    }
+
+    fn req(context: usize, batch: usize, memory: u64) -> FitRequest {
+        FitRequest {
+            context,
+            batch,
+            kv_bits: None,
+            prefill_step: 2048,
+            num_draft_tokens: 3,
+            memory_bytes: memory,
+            reserved_bytes: 0,
+        }
+    }
+
+    #[test]
+    fn kv_arithmetic() {
+        let m = footprint();
+        // 2 × 30 layers × 3 heads × 64 × 4 bytes.
+        assert_eq!(m.kv_bytes_per_token(None), 46080.0);
+        assert_eq!(m.kv_bytes(1, 1, None), 46080 * 256);
+        assert_eq!(m.kv_bytes(257, 2, None), 46080 * 512 * 2);
+        // 4-bit: half a byte plus 8 bytes of scale and bias per 64 values.
+        assert_eq!(m.kv_bytes_per_token(Some(4)), 11520.0 * (0.5 + 0.125));
+    }
+
+    #[test]
+    fn limits_are_consistent_with_the_total() {
+        let m = footprint();
+        let r = fit(m.clone(), None, req(4096, 1, 2 << 30));
+        assert!(r.fits);
+        assert_eq!(r.max_context, 8192, "capped by the model's context");
+        // The largest batch fits, one more does not; the same for context.
+        let at = |c, b| fit(m.clone(), None, req(c, b, 1 << 30)).total_bytes;
+        let r = fit(m.clone(), None, req(4096, 1, 1 << 30));
+        assert!(at(4096, r.max_batch) <= 1 << 30 && at(4096, r.max_batch + 1) > 1 << 30);
+        assert!(r.max_context < 8192);
+        assert!(at(r.max_context, 1) <= 1 << 30 && at(r.max_context + 1, 1) > 1 << 30);
+        // Too little memory: refused with the numbers, and no context fits.
+        let r = fit(m.clone(), None, req(4096, 1, 50 << 20));
+        assert!(!r.fits);
+        assert_eq!((r.max_context, r.max_batch), (0, 0));
+        assert!(r.refusal().contains("does not fit"), "{}", r.refusal());
+        // A draft adds its weights and KV.
+        let with = fit(m.clone(), Some(m.clone()), req(1024, 1, 1 << 30));
+        let without = fit(m.clone(), None, req(1024, 1, 1 << 30));
+        assert_eq!(with.draft_bytes, (100 << 20) + m.kv_bytes(1024, 1, None));
+        assert!(with.total_bytes >= without.total_bytes + with.draft_bytes);
+    }
+
+    #[test]
+    fn prefill_peak_takes_the_worst_chunk() {
+        let m = footprint();
+        // 3000 tokens in chunks of 2048: the full chunk (2048 × 2048) beats
+        // the last one (952 rows × 3000 positions).
+        let p = m.prefill_peak(2048, 3000);
+        assert_eq!(p.attention_scores_bytes, 9 * 2048 * 2048 * 4);
+        assert_eq!(p.rows, 2048);
+        // 2100 tokens: the last full chunk (512 rows × 2048) beats the
+        // partial one (52 rows × 2100).
+        let p = m.prefill_peak(512, 2100);
+        assert_eq!(p.attention_scores_bytes, 9 * 512 * 2048 * 4);
+        assert_eq!(
+            Footprint::prefill_chunks(512, 2100),
+            vec![(512, 2048), (52, 2100)]
+        );
+        // Short prompts run in one chunk without the dense path below 16 rows.
+        let p = m.prefill_peak(2048, 10);
+        assert_eq!(p.rows, 10);
+        assert_eq!(p.other_bytes, 4 * 10 * 576 * 4 + 10 * 15 * 64 * 4);
+    }
+
+    #[test]
+    fn reads_meminfo() {
+        let text = "MemTotal:  100 kB\nMemAvailable:   2048 kB\n";
+        assert_eq!(parse_meminfo(text), Some(2048 * 1024));
+        assert_eq!(parse_meminfo("MemTotal: 1 kB\n"), None);
+    }
+}
