@@ -3,7 +3,7 @@
 //! and rotary embeddings.
 
 use anyhow::{anyhow, Context, Result};
-use mlx_rs::ops::{addmm, dequantize, matmul, quantized_matmul};
+use mlx_rs::ops::{addmm, dequantize, matmul};
 use mlx_rs::{fast, Array};
 
 use super::weights::Weights;
@@ -72,7 +72,7 @@ impl Linear {
                     let w = dequantize(weight, scales, biases, spec.group_size, spec.bits)?;
                     matmul(x, w.t())?
                 } else {
-                    quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+                    crate::kernels::quantized_matmul_t(x, weight, scales, biases, *spec)?
                 };
                 match bias {
                     Some(b) => &y + b,
@@ -206,15 +206,7 @@ impl Embedding {
                 scales,
                 biases,
                 spec,
-            } => Ok(quantized_matmul(
-                x,
-                weight,
-                scales,
-                biases,
-                true,
-                spec.group_size,
-                spec.bits,
-            )?),
+            } => crate::kernels::quantized_matmul_t(x, weight, scales, biases, *spec),
         }
     }
 

@@ -1,0 +1,41 @@
+/* C interface of mlx-bun's own kernels, over mlx-c's array handles. */
+
+#ifndef MLX_BUN_KERNELS_H
+#define MLX_BUN_KERNELS_H
+
+#include "mlx/c/array.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* res = quantized_matmul(x, w, scales, biases, transpose=true, group_size,
+ * bits) in MLX's affine mode, as a lazy array evaluated by mlx-bun's CPU
+ * kernel on the CPU stream. x, scales and biases must be float32, w uint32.
+ * Returns 0 on success; otherwise mlx_bun_last_error() says why. */
+int mlx_bun_cpu_qmm(
+    mlx_array* res,
+    mlx_array x,
+    mlx_array w,
+    mlx_array scales,
+    mlx_array biases,
+    int group_size,
+    int bits);
+
+/* 1 when the kernel handles this layer shape and quantization. */
+int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bits);
+
+/* The instruction set in use ("avx512", "avx2", "neon", "scalar"). */
+const char* mlx_bun_cpu_isa(void);
+
+/* Threads the kernel splits one product over, the calling one included. */
+int mlx_bun_cpu_threads(void);
+
+/* The message of the last failed call on this thread. */
+const char* mlx_bun_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,155 @@
+//! mlx-bun's own CPU kernel for affine-quantized matmuls over few rows
+//! (decode, small batches, speculative verification), an MLX primitive built
+//! from `kernels/cpu`. MLX's CPU `quantized_matmul` spends most of a decode
+//! step; this one streams the packed weights once for all rows with SIMD and
+//! splits the output over the cores. Design and numbers: `docs/cpu-kernel.md`.
+//!
+//! `MLX_BUN_CPU_KERNEL=0` turns it off; `MLX_BUN_CPU_KERNEL_ROWS` sets the
+//! most rows it takes (more go to MLX's kernel or the dense path).
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+
+use anyhow::{anyhow, Result};
+use mlx_rs::ops::quantized_matmul;
+use mlx_rs::{Array, Dtype};
+
+use crate::model::layers::QuantSpec;
+
+extern "C" {
+    fn mlx_bun_cpu_qmm(
+        res: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        w: mlx_sys::mlx_array,
+        scales: mlx_sys::mlx_array,
+        biases: mlx_sys::mlx_array,
+        group_size: c_int,
+        bits: c_int,
+    ) -> c_int;
+    fn mlx_bun_cpu_qmm_supported(in_features: c_int, group_size: c_int, bits: c_int) -> c_int;
+    fn mlx_bun_cpu_isa() -> *const c_char;
+    fn mlx_bun_cpu_threads() -> c_int;
+    fn mlx_bun_last_error() -> *const c_char;
+}
+
+/// Most rows the kernel takes by default. Above it MLX's kernel (or the
+/// dense path of `Linear`) is used.
+const DEFAULT_MAX_ROWS: usize = 16;
+
+/// `x @ dequantize(w).T` by mlx-bun's CPU kernel: `x`, `scales` and `biases`
+/// float32, `w` uint32 in MLX's affine layout, bits 4 or 8, group size 32, 64
+/// or 128. Lazy like any MLX op; it always runs on the CPU stream.
+pub fn cpu_quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    // SAFETY: the handles are valid arrays owned by the caller; on success
+    // `res` holds a new array whose ownership passes to the returned Array.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let rc = mlx_bun_cpu_qmm(
+            &mut res,
+            x.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            group_size,
+            bits,
+        );
+        if rc != 0 {
+            mlx_sys::mlx_array_free(res);
+            let msg = CStr::from_ptr(mlx_bun_last_error()).to_string_lossy();
+            return Err(anyhow!("CPU quantized matmul: {msg}"));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// `quantized_matmul(x, w, scales, biases, transpose = true)`: by mlx-bun's
+/// CPU kernel where it applies and is faster, else by MLX.
+pub fn quantized_matmul_t(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    spec: QuantSpec,
+) -> Result<Array> {
+    if kernel_applies(x, w, scales, biases, spec) {
+        return cpu_quantized_matmul(x, w, scales, biases, spec.group_size, spec.bits);
+    }
+    Ok(quantized_matmul(
+        x,
+        w,
+        scales,
+        biases,
+        true,
+        spec.group_size,
+        spec.bits,
+    )?)
+}
+
+fn kernel_applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> bool {
+    let Some(max_rows) = max_rows() else {
+        return false;
+    };
+    if x.ndim() == 0 || w.ndim() != 2 {
+        return false;
+    }
+    let rows: usize = x.shape()[..x.ndim() - 1]
+        .iter()
+        .map(|&d| d as usize)
+        .product();
+    let in_features = x.shape()[x.ndim() - 1];
+    rows >= 1
+        && rows <= max_rows
+        && x.dtype() == Dtype::Float32
+        && scales.dtype() == Dtype::Float32
+        && biases.dtype() == Dtype::Float32
+        && w.dtype() == Dtype::Uint32
+        && supported(in_features, spec)
+}
+
+/// True when the kernel handles layers of this width and quantization.
+pub fn supported(in_features: i32, spec: QuantSpec) -> bool {
+    // SAFETY: a pure function of its integer arguments.
+    unsafe { mlx_bun_cpu_qmm_supported(in_features, spec.group_size, spec.bits) == 1 }
+}
+
+/// The most rows the kernel takes, or None when it is off (GPU, or
+/// `MLX_BUN_CPU_KERNEL=0`).
+fn max_rows() -> Option<usize> {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        if crate::mlx_ext::on_gpu() || std::env::var("MLX_BUN_CPU_KERNEL").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        let rows = std::env::var("MLX_BUN_CPU_KERNEL_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_MAX_ROWS);
+        (rows > 0).then_some(rows)
+    })
+}
+
+/// Whether `Linear` and the tied output head use the kernel.
+pub fn enabled() -> bool {
+    max_rows().is_some()
+}
+
+/// The instruction set the kernel uses here: `avx512`, `avx2`, `neon` or `scalar`.
+pub fn isa() -> &'static str {
+    // SAFETY: returns a pointer to a static C string.
+    unsafe { CStr::from_ptr(mlx_bun_cpu_isa()) }
+        .to_str()
+        .unwrap_or("unknown")
+}
+
+/// Threads one product is split over, the MLX worker included.
+pub fn threads() -> usize {
+    // SAFETY: plain query; starts the kernel's helper threads on first use.
+    unsafe { mlx_bun_cpu_threads() as usize }
+}
