@@ -157,7 +157,7 @@ fn strided_input_is_read_correctly() {
 fn layer_dispatch_matches_mlx_for_small_and_large_row_counts() {
     let mut rng = StdRng::seed_from_u64(5);
     let layer = random_layer(&mut rng, 200, 256, 32, 4);
-    for rows in [1, 3, 16, 17, 40] {
+    for rows in [1, 3, 16, 17, 40, 130] {
         let x = random_array(&mut rng, &[rows, 256], 1.0);
         let got =
             quantized_matmul_t(&x, &layer.w, &layer.scales, &layer.biases, layer.spec).unwrap();
@@ -200,7 +200,7 @@ fn gradient_with_respect_to_the_input_matches_mlx() {
             Ok(vec![(&y * &y).sum_axes(&[0, 1], None)?])
         };
         let mut vg = value_and_grad_with_argnums(f, &[0][..]);
-        let (_, grads) = vg(&[x.clone()]).unwrap();
+        let (_, grads) = vg(std::slice::from_ref(&x)).unwrap();
         eval(grads.iter()).unwrap();
         grads[0].clone()
     };

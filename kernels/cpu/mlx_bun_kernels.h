@@ -3,6 +3,8 @@
 #ifndef MLX_BUN_KERNELS_H
 #define MLX_BUN_KERNELS_H
 
+#include <stdint.h>
+
 #include "mlx/c/array.h"
 
 #ifdef __cplusplus
@@ -30,6 +32,10 @@ const char* mlx_bun_cpu_isa(void);
 
 /* Threads the kernel splits one product over, the calling one included. */
 int mlx_bun_cpu_threads(void);
+
+/* Products computed so far at this bit width and the nanoseconds the CPU
+ * stream spent in them. */
+void mlx_bun_cpu_qmm_stats(int bits, uint64_t* calls, uint64_t* nanoseconds);
 
 /* The message of the last failed call on this thread. */
 const char* mlx_bun_last_error(void);

@@ -226,6 +226,10 @@ extern "C" int mlx_bun_cpu_threads(void) {
   return mlx_bun::qmv_threads();
 }
 
+extern "C" void mlx_bun_cpu_qmm_stats(int bits, uint64_t* calls, uint64_t* nanoseconds) {
+  mlx_bun::qmv_stats(bits, calls, nanoseconds);
+}
+
 extern "C" const char* mlx_bun_last_error(void) {
   return mlx_bun::last_error.c_str();
 }

@@ -125,7 +125,7 @@ class Pool {
   using TaskFn = void (*)(void* ctx, int task);
 
   explicit Pool(int threads) {
-    spin_ = std::chrono::microseconds(env_int("MLX_BUN_CPU_SPIN_US", 300));
+    spin_ = std::chrono::microseconds(env_int("MLX_BUN_CPU_SPIN_US", 50));
     for (int i = 1; i < threads; ++i) {
       std::thread([this] { helper(); }).detach();
     }
@@ -148,7 +148,12 @@ class Pool {
     state_.store(static_cast<uint64_t>(epoch) << 32, std::memory_order_release);
     state_.notify_all();
     work(epoch);
-    while (done_.load(std::memory_order_acquire) < tasks) cpu_relax();
+    // Tasks still running on helpers: wait for them, yielding the core in
+    // case a helper was preempted while holding one.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < tasks; ++spins) {
+      cpu_relax();
+      if (spins % 64 == 63) std::this_thread::yield();
+    }
   }
 
  private:
@@ -185,13 +190,16 @@ class Pool {
         work(epoch);
         continue;
       }
+      // Spin with yields: on an idle core the next run is picked up within
+      // microseconds; on a busy machine the yields hand the core over.
       const auto until = std::chrono::steady_clock::now() + spin_;
       bool woke = false;
       while (!woke && std::chrono::steady_clock::now() < until) {
-        for (int i = 0; i < 64; ++i) {
+        for (int i = 0; i < 32; ++i) {
           cpu_relax();
         }
         woke = static_cast<uint32_t>(state_.load(std::memory_order_acquire) >> 32) != seen;
+        if (!woke) std::this_thread::yield();
       }
       if (!woke) {
         state_.wait(s, std::memory_order_acquire);
@@ -247,7 +255,33 @@ void qmv_range(const QmvArgs& a, int n0, int n1) {
   isa().fn(a, n0, n1);
 }
 
+namespace {
+// Calls and nanoseconds spent in qmv(), by bit width (index 0: 4, 1: 8).
+std::atomic<uint64_t> stat_calls[2];
+std::atomic<uint64_t> stat_ns[2];
+
+void qmv_split(const QmvArgs& a);
+}  // namespace
+
 void qmv(const QmvArgs& a) {
+  const auto start = std::chrono::steady_clock::now();
+  qmv_split(a);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  const int i = a.bits == 8 ? 1 : 0;
+  stat_calls[i].fetch_add(1, std::memory_order_relaxed);
+  stat_ns[i].fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+}
+
+void qmv_stats(int bits, uint64_t* calls, uint64_t* ns) {
+  const int i = bits == 8 ? 1 : 0;
+  *calls = stat_calls[i].load(std::memory_order_relaxed);
+  *ns = stat_ns[i].load(std::memory_order_relaxed);
+}
+
+namespace {
+void qmv_split(const QmvArgs& a) {
   Pool& p = pool();
   // Below this many weights a wake-up costs more than the split gains.
   const long long weights = static_cast<long long>(a.n) * a.k;
@@ -264,6 +298,7 @@ void qmv(const QmvArgs& a) {
   Split split{&a, rows};
   p.run((a.n + rows - 1) / rows, run_task, &split);
 }
+}  // namespace
 
 const char* qmv_isa() {
   return isa().name;

@@ -41,6 +41,9 @@ void qmv_range(const QmvArgs& a, int n0, int n1);
 // (the caller's thread takes part).
 void qmv(const QmvArgs& a);
 
+// Calls of qmv() so far and the wall time spent in them, for one bit width.
+void qmv_stats(int bits, uint64_t* calls, uint64_t* ns);
+
 // The instruction set the kernel dispatches to: "avx512", "avx2", "neon" or
 // "scalar". `MLX_BUN_CPU_ISA=scalar|avx2` forces a narrower one.
 const char* qmv_isa();

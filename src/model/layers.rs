@@ -127,6 +127,7 @@ impl Linear {
 /// Rows from which a quantized layer is dequantized and run as a dense BLAS
 /// matmul on the CPU: MLX's CPU quantized kernel costs the same per row at
 /// any batch size, while a float32 GEMM reads the weights once for all rows.
+/// Row counts the CPU kernel (`crate::kernels`) prefers stay with it.
 /// `MLX_BUN_DENSE_ROWS=0` turns this off.
 fn dense_rows_threshold() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -147,7 +148,7 @@ fn dense_path_for(x: &Array) -> bool {
         .iter()
         .map(|&d| d as i64)
         .product();
-    threshold > 0 && rows >= threshold as i64
+    threshold > 0 && rows >= threshold as i64 && rows > crate::kernels::preferred_rows() as i64
 }
 
 fn load_weight(w: &mut Weights, prefix: &str) -> Result<LinearWeight> {
