@@ -3,8 +3,9 @@
 //! layers and the 8-bit output head of the default model), and greedy token
 //! selection. One row at a time, after 64 tokens of context.
 //!
-//! `cargo run --release --example decode_profile -- [--model DIR] [--steps N] [--rows B]`
-//! (`--rows` decodes B tokens per step: B rows through every matmul).
+//! `cargo run --release --example decode_profile -- [--model DIR] [--steps N] [--rows B] [--dot FILE]`
+//! (`--rows` decodes B tokens per step: B rows through every matmul; `--dot`
+//! writes one step's graph in Graphviz form and counts its operations).
 
 use std::time::{Duration, Instant};
 
@@ -18,6 +19,7 @@ fn main() -> Result<()> {
     let mut model_dir = None;
     let mut steps = 64usize;
     let mut rows = 1usize;
+    let mut dot: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let value = args
@@ -27,6 +29,7 @@ fn main() -> Result<()> {
             "--model" => model_dir = Some(value.into()),
             "--steps" => steps = value.parse().context("--steps")?,
             "--rows" => rows = value.parse().context("--rows")?,
+            "--dot" => dot = Some(value),
             _ => bail!("unknown argument {arg}"),
         }
     }
@@ -43,6 +46,12 @@ fn main() -> Result<()> {
     mlx_bun::generate::prefill(&model, &mut caches, &ctx, 2048)?;
 
     let mut tokens: Vec<i32> = (0..rows as i32).map(|i| 200 + i).collect();
+    if let Some(path) = &dot {
+        let input = Array::from_slice(&tokens, &[1, rows as i32]);
+        let logits = model.forward(&input, &mut mlx_bun::cache::clone_all(&caches))?;
+        let ops = write_dot(path, &logits)?;
+        println!("one step's graph: {ops} operations, written to {path}");
+    }
     let (mut build, mut evaluate, mut select) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let warmup = 4;
     let mut before = [(0, Duration::ZERO); 2];
@@ -106,4 +115,35 @@ fn main() -> Result<()> {
         (steps * rows) as f64 / total.as_secs_f64()
     );
     Ok(())
+}
+
+extern "C" {
+    fn fopen(path: *const std::os::raw::c_char, mode: *const std::os::raw::c_char)
+        -> *mut mlx_sys::FILE;
+    fn fclose(file: *mut mlx_sys::FILE) -> std::os::raw::c_int;
+}
+
+/// Writes the graph behind `out` to `path` and counts its operations.
+fn write_dot(path: &str, out: &Array) -> Result<usize> {
+    let c_path = std::ffi::CString::new(path)?;
+    // SAFETY: a file opened and closed here, a vector of one valid handle and
+    // a default namer, all freed before returning.
+    unsafe {
+        let file = fopen(c_path.as_ptr(), c"w".as_ptr());
+        if file.is_null() {
+            bail!("cannot write {path}");
+        }
+        let handles = [out.as_ptr()];
+        let outputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), 1);
+        let namer = mlx_sys::mlx_node_namer_new();
+        let rc = mlx_sys::mlx_export_to_dot(file, namer, outputs);
+        mlx_sys::mlx_node_namer_free(namer);
+        mlx_sys::mlx_vector_array_free(outputs);
+        fclose(file);
+        if rc != 0 {
+            bail!("MLX could not export the graph");
+        }
+    }
+    let text = std::fs::read_to_string(path)?;
+    Ok(text.matches("shape=rectangle").count())
 }
