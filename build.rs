@@ -42,7 +42,10 @@ fn compile_kernels() {
     };
     let mut main = base();
     main.file("kernels/cpu/qmv.cpp")
-        .file("kernels/cpu/primitive.cpp");
+        .file("kernels/cpu/primitive.cpp")
+        .file("kernels/cpu/norm_rope.cpp")
+        // Same operation order as MLX's unfused ops: no contraction into FMAs.
+        .flag("-ffp-contract=off");
     if arch == "x86_64" {
         main.define("MLX_BUN_HAVE_AVX512", None)
             .define("MLX_BUN_HAVE_AVX2", None);

@@ -28,6 +28,21 @@ extern "C" {
         group_size: c_int,
         bits: c_int,
     ) -> c_int;
+    fn mlx_bun_cpu_rms_norm(
+        res: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        weight: mlx_sys::mlx_array,
+        eps: f32,
+    ) -> c_int;
+    fn mlx_bun_cpu_rope(
+        res: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        dims: c_int,
+        base: f32,
+        scale: f32,
+        offset: c_int,
+        freqs: mlx_sys::mlx_array,
+    ) -> c_int;
     fn mlx_bun_cpu_qmm_supported(in_features: c_int, group_size: c_int, bits: c_int) -> c_int;
     fn mlx_bun_cpu_isa() -> *const c_char;
     fn mlx_bun_cpu_threads() -> c_int;
@@ -71,6 +86,81 @@ pub fn cpu_quantized_matmul(
         }
         Ok(Array::from_ptr(res))
     }
+}
+
+/// Runs one of the C constructors and takes ownership of its result.
+fn call(what: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> c_int) -> Result<Array> {
+    // SAFETY: `f` writes a new array into `res` on success (rc 0); the handle
+    // is freed on failure and owned by the returned Array otherwise.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        if f(&mut res) != 0 {
+            mlx_sys::mlx_array_free(res);
+            let msg = CStr::from_ptr(mlx_bun_last_error()).to_string_lossy();
+            return Err(anyhow!("{what}: {msg}"));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// `fast::rms_norm(x, weight, eps)`. MLX 0.32 has no CPU kernel for it and
+/// expands it into about 8 ops; on the CPU with float32 this is one primitive.
+pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+    let ours = enabled()
+        && x.dtype() == Dtype::Float32
+        && weight.dtype() == Dtype::Float32
+        && weight.ndim() == 1
+        && x.ndim() >= 1
+        && x.shape()[x.ndim() - 1] == weight.shape()[0];
+    if !ours {
+        return Ok(mlx_rs::fast::rms_norm(x, Some(weight), eps)?);
+    }
+    // SAFETY (inside `call`): valid handles owned by the caller.
+    call("CPU rms_norm", |res| unsafe {
+        mlx_bun_cpu_rms_norm(res, x.as_ptr(), weight.as_ptr(), eps)
+    })
+}
+
+/// `fast::rope(x, dims, traditional, base, scale, offset, freqs)`. On the CPU
+/// MLX 0.32 expands it into about 20 ops; for float32 rotate-half RoPE this is
+/// one primitive computing the same formula.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    offset: i32,
+    freqs: Option<&Array>,
+) -> Result<Array> {
+    let ours = enabled()
+        && !traditional
+        && x.dtype() == Dtype::Float32
+        && x.ndim() >= 2
+        && dims > 0
+        && dims % 2 == 0
+        && dims <= x.shape()[x.ndim() - 1]
+        && (freqs.is_some() || base.is_some())
+        && freqs.is_none_or(|f| f.dtype() == Dtype::Float32);
+    if !ours {
+        return Ok(mlx_rs::fast::rope(
+            x,
+            dims,
+            traditional,
+            base,
+            scale,
+            offset,
+            freqs,
+        )?);
+    }
+    // SAFETY (inside `call`): valid handles owned by the caller; an empty
+    // handle stands for "no freqs".
+    call("CPU rope", |res| unsafe {
+        let none = mlx_sys::mlx_array_new();
+        let f = freqs.map_or(none, |f| f.as_ptr());
+        mlx_bun_cpu_rope(res, x.as_ptr(), dims, base.unwrap_or(0.0), scale, offset, f)
+    })
 }
 
 /// `quantized_matmul(x, w, scales, biases, transpose = true)`: by mlx-bun's

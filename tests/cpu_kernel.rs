@@ -245,3 +245,86 @@ fn narrower_instruction_sets_match_mlx_too() {
         );
     }
 }
+
+#[test]
+fn rms_norm_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(21);
+    for shape in [vec![1, 1, 576], vec![2, 7, 64], vec![3, 100]] {
+        let d = *shape.last().unwrap();
+        let x = random_array(&mut rng, &shape, 3.0);
+        let w = random_array(&mut rng, &[d], 1.0);
+        let got = mlx_bun::kernels::rms_norm(&x, &w, 1e-5).unwrap();
+        let want = mlx_rs::fast::rms_norm(&x, Some(&w), 1e-5).unwrap();
+        eval([&got, &want]).unwrap();
+        assert_close(&got, &want, &format!("rms_norm {shape:?}"));
+    }
+    // A transposed (strided) input.
+    let x = random_array(&mut rng, &[64, 5], 1.0).t();
+    let w = random_array(&mut rng, &[64], 1.0);
+    let got = mlx_bun::kernels::rms_norm(&x, &w, 1e-6).unwrap();
+    let want = mlx_rs::fast::rms_norm(&x, Some(&w), 1e-6).unwrap();
+    eval([&got, &want]).unwrap();
+    assert_close(&got, &want, "rms_norm strided");
+}
+
+#[test]
+fn rope_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(22);
+    let freqs = Array::from_slice(
+        &(0..16).map(|i| 1.0 + i as f32 * 3.5).collect::<Vec<_>>(),
+        &[16],
+    );
+    // (shape [B, L, H, D] transposed to [B, H, L, D], dims, base, scale, offset, freqs)
+    type Case<'a> = (Vec<i32>, i32, Option<f32>, f32, i32, Option<&'a Array>);
+    let cases: Vec<Case> = vec![
+        (vec![1, 1, 9, 64], 64, Some(100000.0), 1.0, 70, None),
+        (vec![1, 6, 3, 64], 64, Some(10000.0), 1.0, 0, None),
+        (vec![2, 5, 2, 48], 32, Some(10000.0), 0.5, 9, None),
+        (vec![1, 4, 2, 32], 32, None, 1.0, 1000, Some(&freqs)),
+    ];
+    for (shape, dims, base, scale, offset, f) in cases {
+        let x = random_array(&mut rng, &shape, 2.0)
+            .transpose_axes(&[0, 2, 1, 3])
+            .unwrap();
+        let got = mlx_bun::kernels::rope(&x, dims, false, base, scale, offset, f).unwrap();
+        let want = mlx_rs::fast::rope(&x, dims, false, base, scale, offset, f).unwrap();
+        eval([&got, &want]).unwrap();
+        assert_close(
+            &got,
+            &want,
+            &format!("rope {shape:?} dims {dims} offset {offset}"),
+        );
+    }
+}
+
+#[test]
+fn rms_norm_and_rope_gradients_match_mlx() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let x = random_array(&mut rng, &[1, 3, 4, 32], 1.0);
+    let w = random_array(&mut rng, &[32], 1.0);
+    let grad_of = |ours: bool| {
+        let w = w.clone();
+        let f = move |args: &[Array]| -> Result<Vec<Array>, Exception> {
+            let (n, r) = if ours {
+                let n = mlx_bun::kernels::rms_norm(&args[0], &args[1], 1e-5)
+                    .map_err(|e| Exception::custom(e.to_string()))?;
+                let r = mlx_bun::kernels::rope(&n, 32, false, Some(10000.0), 1.0, 5, None)
+                    .map_err(|e| Exception::custom(e.to_string()))?;
+                (n, r)
+            } else {
+                let n = mlx_rs::fast::rms_norm(&args[0], Some(&args[1]), 1e-5)?;
+                let r = mlx_rs::fast::rope(&n, 32, false, Some(10000.0), 1.0, 5, None)?;
+                (n, r)
+            };
+            let _ = n;
+            Ok(vec![(&r * &r).sum_axes(&[0, 1, 2, 3], None)?])
+        };
+        let mut vg = value_and_grad_with_argnums(f, &[0, 1][..]);
+        let (_, grads) = vg(&[x.clone(), w.clone()]).unwrap();
+        eval(grads.iter()).unwrap();
+        grads
+    };
+    let (ours, theirs) = (grad_of(true), grad_of(false));
+    assert_close(&ours[0], &theirs[0], "gradient wrt x");
+    assert_close(&ours[1], &theirs[1], "gradient wrt the norm weight");
+}

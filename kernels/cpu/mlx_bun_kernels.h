@@ -24,6 +24,22 @@ int mlx_bun_cpu_qmm(
     int group_size,
     int bits);
 
+/* res = fast::rms_norm(x, weight, eps) for float32 x [..., d] and weight
+ * [d], as one CPU primitive (MLX 0.32 expands it into ~8 ops on the CPU). */
+int mlx_bun_cpu_rms_norm(mlx_array* res, mlx_array x, mlx_array weight, float eps);
+
+/* res = fast::rope(x, dims, traditional=false, base, scale, offset, freqs)
+ * for float32 x [..., L, d], as one CPU primitive. `freqs` may be an empty
+ * handle (ctx NULL); then `base` sets the frequencies. */
+int mlx_bun_cpu_rope(
+    mlx_array* res,
+    mlx_array x,
+    int dims,
+    float base,
+    float scale,
+    int offset,
+    mlx_array freqs);
+
 /* 1 when the kernel handles this layer shape and quantization. */
 int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bits);
 

@@ -22,7 +22,11 @@ namespace mx = mlx::core;
 namespace mlx_bun {
 namespace {
 
+}  // namespace
+
 thread_local std::string last_error;
+
+namespace {
 
 // Copies the rows of a float32 array with any strides into a packed
 // [rows, k] buffer.

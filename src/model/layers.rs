@@ -4,7 +4,7 @@
 
 use anyhow::{anyhow, Context, Result};
 use mlx_rs::ops::{addmm, dequantize, matmul};
-use mlx_rs::{fast, Array};
+use mlx_rs::Array;
 
 use super::weights::Weights;
 
@@ -234,7 +234,7 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+        crate::kernels::rms_norm(x, &self.weight, self.eps)
     }
 }
 
@@ -294,7 +294,7 @@ impl Rope {
         } else {
             Some(self.base)
         };
-        fast::rope(
+        crate::kernels::rope(
             x,
             self.dims,
             self.traditional,
