@@ -4,6 +4,9 @@
 //!   wheel bundles. MLX's CPU backend runs every float matmul through BLAS; with
 //!   OpenBLAS a float32 forward pass is several times faster. `MLX_BUN_BLAS=reference`
 //!   keeps the bundled one.
+//! - mlx-bun's own CPU kernels (`kernels/cpu`), compiled against the same MLX
+//!   headers as mlx-c; on x86-64 the AVX2 and AVX-512 variants are built with
+//!   their own target flags and chosen at run time.
 
 use std::path::Path;
 
@@ -18,6 +21,54 @@ fn main() {
     if target_os == "linux" && choice != "reference" {
         link_openblas(choice == "openblas");
     }
+    compile_kernels();
+}
+
+fn compile_kernels() {
+    println!("cargo:rerun-if-changed=kernels");
+    let prefix = std::env::var("DEP_MLX_PREFIX").expect("mlx-sys exports the MLX prefix");
+    let mlx_c = std::env::var("DEP_MLX_MLXC").expect("mlx-sys exports the mlx-c sources");
+    let arch = std::env::var("CARGO_CFG_TARGET_ARCH").unwrap_or_default();
+    let base = || {
+        let mut b = cc::Build::new();
+        b.cpp(true)
+            .std("c++20")
+            .opt_level(3)
+            .warnings(false)
+            .include("kernels/cpu")
+            .include(format!("{prefix}/include"))
+            .include(&mlx_c);
+        b
+    };
+    let mut main = base();
+    main.file("kernels/cpu/qmv.cpp")
+        .file("kernels/cpu/primitive.cpp")
+        .file("kernels/cpu/norm_rope.cpp")
+        // Same operation order as MLX's unfused ops: no contraction into FMAs.
+        .flag("-ffp-contract=off");
+    if arch == "x86_64" {
+        main.define("MLX_BUN_HAVE_AVX512", None)
+            .define("MLX_BUN_HAVE_AVX2", None);
+        // One archive for all: the wide variants are objects built with
+        // their own flags and added to it.
+        let avx512 = base()
+            .file("kernels/cpu/qmv_avx512.cpp")
+            .flag("-mavx512f")
+            .flag("-mavx512bw")
+            .flag("-mavx512vl")
+            .flag("-mavx2")
+            .flag("-mfma")
+            .compile_intermediates();
+        let avx2 = base()
+            .file("kernels/cpu/qmv_avx2.cpp")
+            .flag("-mavx2")
+            .flag("-mfma")
+            .compile_intermediates();
+        main.objects(avx512).objects(avx2);
+    } else if arch == "aarch64" {
+        main.file("kernels/cpu/qmv_neon.cpp");
+    }
+    main.compile("mlxbun_kernels");
 }
 
 fn link_openblas(required: bool) {

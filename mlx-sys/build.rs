@@ -53,6 +53,9 @@ fn main() {
     println!("cargo::metadata=libdir={}", libdir.display());
     println!("cargo::metadata=prefix={}", prefix.display());
     println!("cargo::metadata=version={MLX_VERSION}");
+    // mlx-c's sources (with its private headers), for C++ code that converts
+    // between mlx-c handles and MLX arrays (mlx-bun's own kernels).
+    println!("cargo::metadata=mlxc={}", mlx_c.display());
 
     let bindings = build_dir.join("bindings.rs");
     if !bindings.is_file() {

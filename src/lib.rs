@@ -14,6 +14,7 @@ pub mod gateway;
 pub mod generate;
 pub mod grammar;
 pub mod hub;
+pub mod kernels;
 pub mod mlx_ext;
 pub mod model;
 pub mod prompt;

@@ -3,8 +3,8 @@
 //! and rotary embeddings.
 
 use anyhow::{anyhow, Context, Result};
-use mlx_rs::ops::{addmm, dequantize, matmul, quantized_matmul};
-use mlx_rs::{fast, Array};
+use mlx_rs::ops::{addmm, dequantize, matmul};
+use mlx_rs::Array;
 
 use super::weights::Weights;
 
@@ -72,7 +72,7 @@ impl Linear {
                     let w = dequantize(weight, scales, biases, spec.group_size, spec.bits)?;
                     matmul(x, w.t())?
                 } else {
-                    quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+                    crate::kernels::quantized_matmul_t(x, weight, scales, biases, *spec)?
                 };
                 match bias {
                     Some(b) => &y + b,
@@ -127,6 +127,7 @@ impl Linear {
 /// Rows from which a quantized layer is dequantized and run as a dense BLAS
 /// matmul on the CPU: MLX's CPU quantized kernel costs the same per row at
 /// any batch size, while a float32 GEMM reads the weights once for all rows.
+/// Row counts the CPU kernel (`crate::kernels`) prefers stay with it.
 /// `MLX_BUN_DENSE_ROWS=0` turns this off.
 fn dense_rows_threshold() -> usize {
     static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
@@ -147,7 +148,7 @@ fn dense_path_for(x: &Array) -> bool {
         .iter()
         .map(|&d| d as i64)
         .product();
-    threshold > 0 && rows >= threshold as i64
+    threshold > 0 && rows >= threshold as i64 && rows > crate::kernels::preferred_rows() as i64
 }
 
 fn load_weight(w: &mut Weights, prefix: &str) -> Result<LinearWeight> {
@@ -206,15 +207,7 @@ impl Embedding {
                 scales,
                 biases,
                 spec,
-            } => Ok(quantized_matmul(
-                x,
-                weight,
-                scales,
-                biases,
-                true,
-                spec.group_size,
-                spec.bits,
-            )?),
+            } => crate::kernels::quantized_matmul_t(x, weight, scales, biases, *spec),
         }
     }
 
@@ -241,7 +234,7 @@ impl RmsNorm {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
-        Ok(fast::rms_norm(x, Some(&self.weight), self.eps)?)
+        crate::kernels::rms_norm(x, &self.weight, self.eps)
     }
 }
 
@@ -325,7 +318,7 @@ impl Rope {
         } else {
             Some(self.base)
         };
-        fast::rope(
+        crate::kernels::rope(
             x,
             self.dims,
             self.traditional,

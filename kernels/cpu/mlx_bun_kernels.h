@@ -1,0 +1,63 @@
+/* C interface of mlx-bun's own kernels, over mlx-c's array handles. */
+
+#ifndef MLX_BUN_KERNELS_H
+#define MLX_BUN_KERNELS_H
+
+#include <stdint.h>
+
+#include "mlx/c/array.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* res = quantized_matmul(x, w, scales, biases, transpose=true, group_size,
+ * bits) in MLX's affine mode, as a lazy array evaluated by mlx-bun's CPU
+ * kernel on the CPU stream. x, scales and biases must be float32, w uint32.
+ * Returns 0 on success; otherwise mlx_bun_last_error() says why. */
+int mlx_bun_cpu_qmm(
+    mlx_array* res,
+    mlx_array x,
+    mlx_array w,
+    mlx_array scales,
+    mlx_array biases,
+    int group_size,
+    int bits);
+
+/* res = fast::rms_norm(x, weight, eps) for float32 x [..., d] and weight
+ * [d], as one CPU primitive (MLX 0.32 expands it into ~8 ops on the CPU). */
+int mlx_bun_cpu_rms_norm(mlx_array* res, mlx_array x, mlx_array weight, float eps);
+
+/* res = fast::rope(x, dims, traditional=false, base, scale, offset, freqs)
+ * for float32 x [..., L, d], as one CPU primitive. `freqs` may be an empty
+ * handle (ctx NULL); then `base` sets the frequencies. */
+int mlx_bun_cpu_rope(
+    mlx_array* res,
+    mlx_array x,
+    int dims,
+    float base,
+    float scale,
+    int offset,
+    mlx_array freqs);
+
+/* 1 when the kernel handles this layer shape and quantization. */
+int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bits);
+
+/* The instruction set in use ("avx512", "avx2", "neon", "scalar"). */
+const char* mlx_bun_cpu_isa(void);
+
+/* Threads the kernel splits one product over, the calling one included. */
+int mlx_bun_cpu_threads(void);
+
+/* Products computed so far at this bit width and the nanoseconds the CPU
+ * stream spent in them. */
+void mlx_bun_cpu_qmm_stats(int bits, uint64_t* calls, uint64_t* nanoseconds);
+
+/* The message of the last failed call on this thread. */
+const char* mlx_bun_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,311 @@
+// Dispatch to the widest instruction set the CPU has, the portable scalar
+// kernel, and the small thread pool that splits the output columns.
+
+#include "qmv.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "qmv_impl.h"
+
+namespace mlx_bun {
+
+#if defined(MLX_BUN_HAVE_AVX512)
+void qmv_range_avx512(const QmvArgs& a, int n0, int n1);
+#endif
+#if defined(MLX_BUN_HAVE_AVX2)
+void qmv_range_avx2(const QmvArgs& a, int n0, int n1);
+#endif
+#if defined(__aarch64__)
+void qmv_range_neon(const QmvArgs& a, int n0, int n1);
+#endif
+
+namespace {
+
+struct Scalar {
+  using reg = float;
+  static constexpr int LANES = 1;
+  static reg zero() { return 0.0f; }
+  static reg load(const float* p) { return *p; }
+  static reg set1(float v) { return v; }
+  static reg fma(reg a, reg b, reg c) { return a * b + c; }
+  static float hsum(reg v) { return v; }
+
+  template <int BITS>
+  static void dequant(const uint8_t* p, reg s, reg b, reg out[32]) {
+    for (int i = 0; i < 32; ++i) {
+      const uint32_t q = BITS == 4 ? (p[i / 2] >> (4 * (i % 2))) & 0x0F : p[i];
+      out[i] = s * static_cast<float>(q) + b;
+    }
+  }
+};
+
+void qmv_range_scalar(const QmvArgs& a, int n0, int n1) {
+  qmv_range_generic<Scalar, 1>(a, n0, n1);
+}
+
+using RangeFn = void (*)(const QmvArgs&, int, int);
+
+struct Isa {
+  const char* name;
+  RangeFn fn;
+};
+
+Isa pick_isa() {
+  const char* forced = std::getenv("MLX_BUN_CPU_ISA");
+  auto allowed = [&](const char* name) {
+    if (forced == nullptr || *forced == '\0') return true;
+    // A forced ISA allows itself and everything narrower.
+    const char* order[] = {"scalar", "neon", "avx2", "avx512"};
+    int want = -1, have = -1;
+    for (int i = 0; i < 4; ++i) {
+      if (std::strcmp(order[i], forced) == 0) want = i;
+      if (std::strcmp(order[i], name) == 0) have = i;
+    }
+    return want < 0 || have <= want;
+  };
+#if defined(MLX_BUN_HAVE_AVX512)
+  if (allowed("avx512") && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw")) {
+    return {"avx512", qmv_range_avx512};
+  }
+#endif
+#if defined(MLX_BUN_HAVE_AVX2)
+  if (allowed("avx2") && __builtin_cpu_supports("avx2") &&
+      __builtin_cpu_supports("fma")) {
+    return {"avx2", qmv_range_avx2};
+  }
+#endif
+#if defined(__aarch64__)
+  if (allowed("neon")) {
+    return {"neon", qmv_range_neon};
+  }
+#endif
+  (void)allowed;
+  return {"scalar", qmv_range_scalar};
+}
+
+const Isa& isa() {
+  static const Isa chosen = pick_isa();
+  return chosen;
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  char* end = nullptr;
+  const long parsed = std::strtol(v, &end, 10);
+  return (end != v && *end == '\0' && parsed >= 0) ? static_cast<int>(parsed) : fallback;
+}
+
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+// Helper threads that take tasks of one run at a time; the caller works too.
+// A run is an epoch: tasks are claimed from one 64-bit word holding the epoch
+// and the next task index, so a helper late from an older run cannot claim
+// tasks of a newer one. Between runs helpers spin briefly (runs come in
+// quick succession during a forward pass) and then sleep on the word.
+class Pool {
+ public:
+  using TaskFn = void (*)(void* ctx, int task);
+
+  explicit Pool(int threads) {
+    spin_ = std::chrono::microseconds(env_int("MLX_BUN_CPU_SPIN_US", 50));
+    for (int i = 1; i < threads; ++i) {
+      std::thread([this] { helper(); }).detach();
+    }
+    threads_ = threads;
+  }
+
+  int threads() const { return threads_; }
+
+  void run(int tasks, TaskFn fn, void* ctx) {
+    if (threads_ <= 1 || tasks <= 1) {
+      for (int t = 0; t < tasks; ++t) fn(ctx, t);
+      return;
+    }
+    std::lock_guard<std::mutex> lock(run_mutex_);
+    fn_ = fn;
+    ctx_ = ctx;
+    tasks_.store(tasks, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    const uint32_t epoch = ++epoch_;
+    state_.store(static_cast<uint64_t>(epoch) << 32, std::memory_order_release);
+    state_.notify_all();
+    work(epoch);
+    // Tasks still running on helpers: wait for them, yielding the core in
+    // case a helper was preempted while holding one.
+    for (int spins = 0; done_.load(std::memory_order_acquire) < tasks; ++spins) {
+      cpu_relax();
+      if (spins % 64 == 63) std::this_thread::yield();
+    }
+  }
+
+ private:
+  bool claim(uint32_t epoch, int& task) {
+    uint64_t s = state_.load(std::memory_order_acquire);
+    for (;;) {
+      if (static_cast<uint32_t>(s >> 32) != epoch) return false;
+      const uint32_t index = static_cast<uint32_t>(s);
+      if (index >= static_cast<uint32_t>(tasks_.load(std::memory_order_relaxed))) {
+        return false;
+      }
+      if (state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel)) {
+        task = static_cast<int>(index);
+        return true;
+      }
+    }
+  }
+
+  void work(uint32_t epoch) {
+    int task;
+    while (claim(epoch, task)) {
+      fn_(ctx_, task);
+      done_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  void helper() {
+    uint32_t seen = 0;
+    for (;;) {
+      uint64_t s = state_.load(std::memory_order_acquire);
+      const uint32_t epoch = static_cast<uint32_t>(s >> 32);
+      if (epoch != seen) {
+        seen = epoch;
+        work(epoch);
+        continue;
+      }
+      // Spin with yields: on an idle core the next run is picked up within
+      // microseconds; on a busy machine the yields hand the core over.
+      const auto until = std::chrono::steady_clock::now() + spin_;
+      bool woke = false;
+      while (!woke && std::chrono::steady_clock::now() < until) {
+        for (int i = 0; i < 32; ++i) {
+          cpu_relax();
+        }
+        woke = static_cast<uint32_t>(state_.load(std::memory_order_acquire) >> 32) != seen;
+        if (!woke) std::this_thread::yield();
+      }
+      if (!woke) {
+        state_.wait(s, std::memory_order_acquire);
+      }
+    }
+  }
+
+  int threads_ = 1;
+  std::chrono::microseconds spin_{0};
+  std::mutex run_mutex_;
+  uint32_t epoch_ = 0;
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int> tasks_{0};
+  std::atomic<int> done_{0};
+  TaskFn fn_ = nullptr;
+  void* ctx_ = nullptr;
+};
+
+Pool& pool() {
+  // Leaked on purpose: helpers sleep in it until the process exits.
+  static Pool* p = [] {
+    int hw = static_cast<int>(std::thread::hardware_concurrency());
+    if (hw <= 0) hw = 1;
+    int threads = env_int("MLX_BUN_CPU_THREADS", hw < 8 ? hw : 8);
+    if (threads < 1) threads = 1;
+    return new Pool(threads);
+  }();
+  return *p;
+}
+
+struct Split {
+  const QmvArgs* args;
+  int rows_per_task;
+};
+
+void run_task(void* ctx, int task) {
+  const Split& s = *static_cast<const Split*>(ctx);
+  const int n0 = task * s.rows_per_task;
+  int n1 = n0 + s.rows_per_task;
+  if (n1 > s.args->n) n1 = s.args->n;
+  isa().fn(*s.args, n0, n1);
+}
+
+}  // namespace
+
+bool qmv_supported(int k, int group_size, int bits) {
+  return (bits == 4 || bits == 8) &&
+         (group_size == 32 || group_size == 64 || group_size == 128) && k > 0 &&
+         k % group_size == 0;
+}
+
+void qmv_range(const QmvArgs& a, int n0, int n1) {
+  isa().fn(a, n0, n1);
+}
+
+namespace {
+// Calls and nanoseconds spent in qmv(), by bit width (index 0: 4, 1: 8).
+std::atomic<uint64_t> stat_calls[2];
+std::atomic<uint64_t> stat_ns[2];
+
+void qmv_split(const QmvArgs& a);
+}  // namespace
+
+void qmv(const QmvArgs& a) {
+  const auto start = std::chrono::steady_clock::now();
+  qmv_split(a);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  const int i = a.bits == 8 ? 1 : 0;
+  stat_calls[i].fetch_add(1, std::memory_order_relaxed);
+  stat_ns[i].fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+}
+
+void qmv_stats(int bits, uint64_t* calls, uint64_t* ns) {
+  const int i = bits == 8 ? 1 : 0;
+  *calls = stat_calls[i].load(std::memory_order_relaxed);
+  *ns = stat_ns[i].load(std::memory_order_relaxed);
+}
+
+namespace {
+void qmv_split(const QmvArgs& a) {
+  Pool& p = pool();
+  // Below this many weights a wake-up costs more than the split gains.
+  const long long weights = static_cast<long long>(a.n) * a.k;
+  if (p.threads() <= 1 || weights < (1LL << 16) || a.n < 32) {
+    isa().fn(a, 0, a.n);
+    return;
+  }
+  // A few tasks per thread balance the load; multiples of 4 rows keep
+  // every task on the blocked path.
+  const int target = p.threads() * 4;
+  int rows = (a.n + target - 1) / target;
+  rows = (rows + 3) / 4 * 4;
+  if (rows < 16) rows = 16;
+  Split split{&a, rows};
+  p.run((a.n + rows - 1) / rows, run_task, &split);
+}
+}  // namespace
+
+const char* qmv_isa() {
+  return isa().name;
+}
+
+int qmv_threads() {
+  return pool().threads();
+}
+
+}  // namespace mlx_bun

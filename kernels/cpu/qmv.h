@@ -1,0 +1,54 @@
+// Quantized matrix times a few vectors on the CPU, reading MLX's affine
+// quantized layout directly.
+//
+// y[m, n] = sum_k x[m, k] * (scale[n, g(k)] * q[n, k] + bias[n, g(k)])
+//
+// where q[n, k] is the k-th `bits`-wide unsigned field of row n of `w`
+// (uint32 words, element j of a word in bits [j*bits, (j+1)*bits)), and
+// g(k) = k / group_size. This is `mx.quantized_matmul(x, w, scales, biases,
+// transpose=True)` for float32 activations, scales and biases.
+//
+// The kernel is written for few rows (decode, small batches, speculative
+// verification): the weights are streamed from memory once for all rows and
+// dequantized in registers. No MLX headers here, so the file builds alone.
+
+#pragma once
+
+#include <cstdint>
+
+namespace mlx_bun {
+
+struct QmvArgs {
+  const float* x;         // [m, k], row-major
+  const uint32_t* w;      // [n, k * bits / 32]
+  const float* scales;    // [n, k / group_size]
+  const float* biases;    // [n, k / group_size]
+  float* y;               // [m, n], row-major
+  int m;
+  int n;
+  int k;
+  int group_size;         // 32, 64 or 128
+  int bits;               // 4 or 8
+};
+
+// True when the kernel handles this configuration.
+bool qmv_supported(int k, int group_size, int bits);
+
+// Computes y for output columns [n0, n1) on the calling thread.
+void qmv_range(const QmvArgs& a, int n0, int n1);
+
+// Computes all of y, splitting the output columns over the kernel's threads
+// (the caller's thread takes part).
+void qmv(const QmvArgs& a);
+
+// Calls of qmv() so far and the wall time spent in them, for one bit width.
+void qmv_stats(int bits, uint64_t* calls, uint64_t* ns);
+
+// The instruction set the kernel dispatches to: "avx512", "avx2", "neon" or
+// "scalar". `MLX_BUN_CPU_ISA=scalar|avx2` forces a narrower one.
+const char* qmv_isa();
+
+// Number of threads (caller included) that qmv() uses; `MLX_BUN_CPU_THREADS`.
+int qmv_threads();
+
+}  // namespace mlx_bun

@@ -1,0 +1,134 @@
+// The quantized matrix-vector kernel body, generic over a SIMD width.
+//
+// Included by one translation unit per instruction set (qmv_avx512.cpp,
+// qmv_avx2.cpp, qmv_neon.cpp, qmv.cpp for scalar), each compiled with its own
+// target flags. Everything here has internal linkage (an unnamed namespace),
+// so instantiations built with different flags never merge at link time, and
+// no standard-library templates are used for the same reason.
+//
+// A SIMD traits class V provides:
+//   using reg;  static constexpr int LANES;   (LANES divides 32)
+//   reg zero(); reg load(const float*); reg set1(float);
+//   reg fma(reg a, reg b, reg c);             a * b + c
+//   float hsum(reg);
+//   template <int BITS> void dequant(const uint8_t* chunk, reg s, reg b, reg out[32 / LANES]);
+//     out = s * q + b for the 32 quantized values of one chunk, in order.
+
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "qmv.h"
+
+namespace mlx_bun {
+namespace {
+
+// Output rows computed together: their dequantized chunks are used for every
+// activation row while in registers.
+constexpr int kRowsPerBlock = 4;
+
+// The block loops must unroll fully so the accumulators live in registers.
+#if defined(__clang__)
+#define QMV_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define QMV_UNROLL _Pragma("GCC unroll 32")
+#else
+#define QMV_UNROLL
+#endif
+
+// NB output rows starting at n0 times MB activation rows starting at m0.
+// Accumulates in float32 over the whole row, like MLX's CPU kernel.
+template <class V, int BITS, int NB, int MB>
+inline void qmv_block(const QmvArgs& a, int n0, int m0) {
+  constexpr int kVecs = 32 / V::LANES;
+  constexpr int kChunkBytes = 32 * BITS / 8;
+  const int groups = a.k / a.group_size;
+  const int chunks_per_group = a.group_size / 32;
+  const size_t row_bytes = static_cast<size_t>(a.k) * BITS / 8;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(a.w);
+  const float* x = a.x + static_cast<size_t>(m0) * a.k;
+
+  typename V::reg acc[NB][MB];
+  QMV_UNROLL
+  for (int i = 0; i < NB; ++i) {
+    QMV_UNROLL
+    for (int j = 0; j < MB; ++j) {
+      acc[i][j] = V::zero();
+    }
+  }
+  for (int g = 0; g < groups; ++g) {
+    for (int cc = 0; cc < chunks_per_group; ++cc) {
+      const int c = g * chunks_per_group + cc;
+      QMV_UNROLL
+      for (int i = 0; i < NB; ++i) {
+        const size_t n = static_cast<size_t>(n0 + i);
+        typename V::reg d[kVecs];
+        V::template dequant<BITS>(
+            w + n * row_bytes + static_cast<size_t>(c) * kChunkBytes,
+            V::set1(a.scales[n * groups + g]),
+            V::set1(a.biases[n * groups + g]),
+            d);
+        QMV_UNROLL
+        for (int j = 0; j < MB; ++j) {
+          const float* xc = x + static_cast<size_t>(j) * a.k + c * 32;
+          QMV_UNROLL
+          for (int l = 0; l < kVecs; ++l) {
+            acc[i][j] = V::fma(d[l], V::load(xc + l * V::LANES), acc[i][j]);
+          }
+        }
+      }
+    }
+  }
+  QMV_UNROLL
+  for (int i = 0; i < NB; ++i) {
+    QMV_UNROLL
+    for (int j = 0; j < MB; ++j) {
+      a.y[static_cast<size_t>(m0 + j) * a.n + n0 + i] = V::hsum(acc[i][j]);
+    }
+  }
+}
+
+template <class V, int BITS, int NB, int MBMAX>
+inline void qmv_rows(const QmvArgs& a, int n0) {
+  int m0 = 0;
+  for (; m0 + MBMAX <= a.m; m0 += MBMAX) {
+    qmv_block<V, BITS, NB, MBMAX>(a, n0, m0);
+  }
+  switch (a.m - m0) {
+    case 1:
+      qmv_block<V, BITS, NB, 1>(a, n0, m0);
+      break;
+    case 2:
+      if constexpr (MBMAX > 2) qmv_block<V, BITS, NB, 2>(a, n0, m0);
+      break;
+    case 3:
+      if constexpr (MBMAX > 3) qmv_block<V, BITS, NB, 3>(a, n0, m0);
+      break;
+    default:
+      break;
+  }
+}
+
+template <class V, int BITS, int MBMAX>
+inline void qmv_range_bits(const QmvArgs& a, int n0, int n1) {
+  int n = n0;
+  for (; n + kRowsPerBlock <= n1; n += kRowsPerBlock) {
+    qmv_rows<V, BITS, kRowsPerBlock, MBMAX>(a, n);
+  }
+  for (; n < n1; ++n) {
+    qmv_rows<V, BITS, 1, MBMAX>(a, n);
+  }
+}
+
+template <class V, int MBMAX>
+inline void qmv_range_generic(const QmvArgs& a, int n0, int n1) {
+  if (a.bits == 4) {
+    qmv_range_bits<V, 4, MBMAX>(a, n0, n1);
+  } else {
+    qmv_range_bits<V, 8, MBMAX>(a, n0, n1);
+  }
+}
+
+}  // namespace
+}  // namespace mlx_bun

@@ -1,0 +1,258 @@
+//! mlx-bun's own CPU kernel for affine-quantized matmuls over few rows
+//! (decode, small batches, speculative verification), an MLX primitive built
+//! from `kernels/cpu`. MLX's CPU `quantized_matmul` spends most of a decode
+//! step; this one streams the packed weights once for all rows with SIMD and
+//! splits the output over the cores. Design and numbers: `docs/cpu-kernel.md`.
+//!
+//! `MLX_BUN_CPU_KERNEL=0` turns it off. `MLX_BUN_CPU_KERNEL_ROWS` sets the
+//! most rows for which `Linear` prefers it to its dense path (dequantize +
+//! BLAS GEMM, faster for long prompts); where there is no dense path (the
+//! tied output head) it beats MLX's kernel at any row count.
+
+use std::ffi::CStr;
+use std::os::raw::{c_char, c_int};
+
+use anyhow::{anyhow, Result};
+use mlx_rs::ops::quantized_matmul;
+use mlx_rs::{Array, Dtype};
+
+use crate::model::layers::QuantSpec;
+
+extern "C" {
+    fn mlx_bun_cpu_qmm(
+        res: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        w: mlx_sys::mlx_array,
+        scales: mlx_sys::mlx_array,
+        biases: mlx_sys::mlx_array,
+        group_size: c_int,
+        bits: c_int,
+    ) -> c_int;
+    fn mlx_bun_cpu_rms_norm(
+        res: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        weight: mlx_sys::mlx_array,
+        eps: f32,
+    ) -> c_int;
+    fn mlx_bun_cpu_rope(
+        res: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        dims: c_int,
+        base: f32,
+        scale: f32,
+        offset: c_int,
+        freqs: mlx_sys::mlx_array,
+    ) -> c_int;
+    fn mlx_bun_cpu_qmm_supported(in_features: c_int, group_size: c_int, bits: c_int) -> c_int;
+    fn mlx_bun_cpu_isa() -> *const c_char;
+    fn mlx_bun_cpu_threads() -> c_int;
+    fn mlx_bun_cpu_qmm_stats(bits: c_int, calls: *mut u64, nanoseconds: *mut u64);
+    fn mlx_bun_last_error() -> *const c_char;
+}
+
+/// Rows up to which `Linear` uses the kernel rather than its dense path.
+/// Measured on the default model (docs/cpu-kernel.md): the kernel wins
+/// clearly at 42 prompt tokens, the dense path at 330.
+const DEFAULT_MAX_ROWS: usize = 64;
+
+/// `x @ dequantize(w).T` by mlx-bun's CPU kernel: `x`, `scales` and `biases`
+/// float32, `w` uint32 in MLX's affine layout, bits 4 or 8, group size 32, 64
+/// or 128. Lazy like any MLX op; it always runs on the CPU stream.
+pub fn cpu_quantized_matmul(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    group_size: i32,
+    bits: i32,
+) -> Result<Array> {
+    // SAFETY: the handles are valid arrays owned by the caller; on success
+    // `res` holds a new array whose ownership passes to the returned Array.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let rc = mlx_bun_cpu_qmm(
+            &mut res,
+            x.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            group_size,
+            bits,
+        );
+        if rc != 0 {
+            mlx_sys::mlx_array_free(res);
+            let msg = CStr::from_ptr(mlx_bun_last_error()).to_string_lossy();
+            return Err(anyhow!("CPU quantized matmul: {msg}"));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// Runs one of the C constructors and takes ownership of its result.
+fn call(what: &str, f: impl FnOnce(*mut mlx_sys::mlx_array) -> c_int) -> Result<Array> {
+    // SAFETY: `f` writes a new array into `res` on success (rc 0); the handle
+    // is freed on failure and owned by the returned Array otherwise.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        if f(&mut res) != 0 {
+            mlx_sys::mlx_array_free(res);
+            let msg = CStr::from_ptr(mlx_bun_last_error()).to_string_lossy();
+            return Err(anyhow!("{what}: {msg}"));
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
+/// `fast::rms_norm(x, weight, eps)`. MLX 0.32 has no CPU kernel for it and
+/// expands it into about 8 ops; on the CPU with float32 this is one primitive.
+pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
+    let ours = enabled()
+        && x.dtype() == Dtype::Float32
+        && weight.dtype() == Dtype::Float32
+        && weight.ndim() == 1
+        && x.ndim() >= 1
+        && x.shape()[x.ndim() - 1] == weight.shape()[0];
+    if !ours {
+        return Ok(mlx_rs::fast::rms_norm(x, Some(weight), eps)?);
+    }
+    // SAFETY (inside `call`): valid handles owned by the caller.
+    call("CPU rms_norm", |res| unsafe {
+        mlx_bun_cpu_rms_norm(res, x.as_ptr(), weight.as_ptr(), eps)
+    })
+}
+
+/// `fast::rope(x, dims, traditional, base, scale, offset, freqs)`. On the CPU
+/// MLX 0.32 expands it into about 20 ops; for float32 rotate-half RoPE this is
+/// one primitive computing the same formula.
+#[allow(clippy::too_many_arguments)]
+pub fn rope(
+    x: &Array,
+    dims: i32,
+    traditional: bool,
+    base: Option<f32>,
+    scale: f32,
+    offset: i32,
+    freqs: Option<&Array>,
+) -> Result<Array> {
+    let ours = enabled()
+        && !traditional
+        && x.dtype() == Dtype::Float32
+        && x.ndim() >= 2
+        && dims > 0
+        && dims % 2 == 0
+        && dims <= x.shape()[x.ndim() - 1]
+        && (freqs.is_some() || base.is_some())
+        && freqs.is_none_or(|f| f.dtype() == Dtype::Float32);
+    if !ours {
+        return Ok(mlx_rs::fast::rope(
+            x,
+            dims,
+            traditional,
+            base,
+            scale,
+            offset,
+            freqs,
+        )?);
+    }
+    // SAFETY (inside `call`): valid handles owned by the caller; an empty
+    // handle stands for "no freqs".
+    call("CPU rope", |res| unsafe {
+        let none = mlx_sys::mlx_array_new();
+        let f = freqs.map_or(none, |f| f.as_ptr());
+        mlx_bun_cpu_rope(res, x.as_ptr(), dims, base.unwrap_or(0.0), scale, offset, f)
+    })
+}
+
+/// `quantized_matmul(x, w, scales, biases, transpose = true)`: by mlx-bun's
+/// CPU kernel where it applies (CPU, float32, 4 or 8 bits), else by MLX.
+/// MLX's CPU kernel costs the same per row at any row count, so this one is
+/// faster at every count; `Linear` sends long prompts to its dense path first.
+pub fn quantized_matmul_t(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: &Array,
+    spec: QuantSpec,
+) -> Result<Array> {
+    if kernel_applies(x, w, scales, biases, spec) {
+        return cpu_quantized_matmul(x, w, scales, biases, spec.group_size, spec.bits);
+    }
+    Ok(quantized_matmul(
+        x,
+        w,
+        scales,
+        biases,
+        true,
+        spec.group_size,
+        spec.bits,
+    )?)
+}
+
+fn kernel_applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> bool {
+    if !enabled() || x.ndim() == 0 || w.ndim() != 2 {
+        return false;
+    }
+    let in_features = x.shape()[x.ndim() - 1];
+    x.size() > 0
+        && x.dtype() == Dtype::Float32
+        && scales.dtype() == Dtype::Float32
+        && biases.dtype() == Dtype::Float32
+        && w.dtype() == Dtype::Uint32
+        && supported(in_features, spec)
+}
+
+/// True when the kernel handles layers of this width and quantization.
+pub fn supported(in_features: i32, spec: QuantSpec) -> bool {
+    // SAFETY: a pure function of its integer arguments.
+    unsafe { mlx_bun_cpu_qmm_supported(in_features, spec.group_size, spec.bits) == 1 }
+}
+
+/// The most rows the kernel takes, or None when it is off (GPU, or
+/// `MLX_BUN_CPU_KERNEL=0`).
+fn max_rows() -> Option<usize> {
+    static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| {
+        if crate::mlx_ext::on_gpu() || std::env::var("MLX_BUN_CPU_KERNEL").is_ok_and(|v| v == "0") {
+            return None;
+        }
+        let rows = std::env::var("MLX_BUN_CPU_KERNEL_ROWS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_MAX_ROWS);
+        (rows > 0).then_some(rows)
+    })
+}
+
+/// Whether `Linear` and the tied output head use the kernel.
+pub fn enabled() -> bool {
+    max_rows().is_some()
+}
+
+/// The most rows for which `Linear` prefers the kernel to its dense path
+/// (0 when the kernel is off).
+pub fn preferred_rows() -> usize {
+    max_rows().unwrap_or(0)
+}
+
+/// The instruction set the kernel uses here: `avx512`, `avx2`, `neon` or `scalar`.
+pub fn isa() -> &'static str {
+    // SAFETY: returns a pointer to a static C string.
+    unsafe { CStr::from_ptr(mlx_bun_cpu_isa()) }
+        .to_str()
+        .unwrap_or("unknown")
+}
+
+/// Threads one product is split over, the MLX worker included.
+pub fn threads() -> usize {
+    // SAFETY: plain query; starts the kernel's helper threads on first use.
+    unsafe { mlx_bun_cpu_threads() as usize }
+}
+
+/// Products the kernel has computed at `bits` (4 or 8) in this process, and
+/// the wall time MLX's CPU stream spent in them.
+pub fn stats(bits: i32) -> (u64, std::time::Duration) {
+    let (mut calls, mut ns) = (0u64, 0u64);
+    // SAFETY: writes two integers through valid pointers.
+    unsafe { mlx_bun_cpu_qmm_stats(bits, &mut calls, &mut ns) };
+    (calls, std::time::Duration::from_nanos(ns))
+}

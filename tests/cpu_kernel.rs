@@ -1,0 +1,330 @@
+//! mlx-bun's CPU quantized matmul kernel against MLX's `quantized_matmul`:
+//! random shapes, rows 1..=16, group sizes 32/64/128, 4 and 8 bits, strided
+//! inputs, the layer dispatch and the gradient with respect to the input.
+
+use mlx_bun::kernels::{cpu_quantized_matmul, quantized_matmul_t};
+use mlx_bun::model::layers::QuantSpec;
+use mlx_rs::error::Exception;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::{quantize, quantized_matmul};
+use mlx_rs::transforms::{eval, value_and_grad_with_argnums};
+use mlx_rs::Array;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+fn random_array(rng: &mut StdRng, shape: &[i32], scale: f32) -> Array {
+    let n: i32 = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|_| rng.gen_range(-scale..scale)).collect();
+    Array::from_slice(&data, shape)
+}
+
+struct Layer {
+    w: Array,
+    scales: Array,
+    biases: Array,
+    spec: QuantSpec,
+}
+
+fn random_layer(rng: &mut StdRng, out: i32, inp: i32, group_size: i32, bits: i32) -> Layer {
+    let dense = random_array(rng, &[out, inp], 0.1);
+    let (w, scales, biases) = quantize(&dense, group_size, bits).unwrap();
+    eval([&w, &scales, &biases]).unwrap();
+    Layer {
+        w,
+        scales,
+        biases,
+        spec: QuantSpec { group_size, bits },
+    }
+}
+
+fn mlx_reference(x: &Array, l: &Layer) -> Array {
+    quantized_matmul(
+        x,
+        &l.w,
+        &l.scales,
+        &l.biases,
+        true,
+        l.spec.group_size,
+        l.spec.bits,
+    )
+    .unwrap()
+}
+
+/// Largest |a - b| relative to the largest |b| (plus one).
+fn assert_close(got: &Array, want: &Array, what: &str) {
+    assert_eq!(got.shape(), want.shape(), "{what}: shape");
+    let g = got.as_slice::<f32>().to_vec();
+    let w = want.as_slice::<f32>().to_vec();
+    let scale = w.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    let worst = g
+        .iter()
+        .zip(&w)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        g.iter().all(|v| v.is_finite()) && worst <= 2e-5 * scale,
+        "{what}: max difference {worst} (scale {scale})"
+    );
+}
+
+#[test]
+fn matches_mlx_over_random_shapes() {
+    let mut rng = StdRng::seed_from_u64(16);
+    let mut cases = 0;
+    for &bits in &[4, 8] {
+        for &group_size in &[32, 64, 128] {
+            for _ in 0..6 {
+                let inp = group_size * rng.gen_range(1..=12);
+                // Output widths that are and are not multiples of the kernel's block.
+                let out = rng.gen_range(1..=300);
+                let rows = rng.gen_range(1..=16);
+                let layer = random_layer(&mut rng, out, inp, group_size, bits);
+                let x = random_array(&mut rng, &[1, rows, inp], 1.0);
+                let got = cpu_quantized_matmul(
+                    &x,
+                    &layer.w,
+                    &layer.scales,
+                    &layer.biases,
+                    group_size,
+                    bits,
+                )
+                .unwrap();
+                let want = mlx_reference(&x, &layer);
+                eval([&got, &want]).unwrap();
+                let what = format!("bits {bits} group {group_size} rows {rows} {out}x{inp}");
+                assert_close(&got, &want, &what);
+                cases += 1;
+            }
+        }
+    }
+    assert_eq!(cases, 36);
+}
+
+#[test]
+fn every_row_count_up_to_sixteen_on_model_shapes() {
+    let mut rng = StdRng::seed_from_u64(135);
+    // SmolLM2-135M's projections (576 wide, MLP 1536) and a large output.
+    let layers = [
+        random_layer(&mut rng, 576, 576, 32, 4),
+        random_layer(&mut rng, 1536, 576, 32, 4),
+        random_layer(&mut rng, 576, 1536, 32, 4),
+        random_layer(&mut rng, 4099, 576, 32, 8),
+    ];
+    for layer in &layers {
+        let inp = layer.w.shape()[1] * 32 / layer.spec.bits;
+        for rows in 1..=16 {
+            let x = random_array(&mut rng, &[rows, 1, inp], 2.0);
+            let got = cpu_quantized_matmul(
+                &x,
+                &layer.w,
+                &layer.scales,
+                &layer.biases,
+                layer.spec.group_size,
+                layer.spec.bits,
+            )
+            .unwrap();
+            let want = mlx_reference(&x, layer);
+            eval([&got, &want]).unwrap();
+            assert_close(
+                &got,
+                &want,
+                &format!("rows {rows} of {:?}", layer.w.shape()),
+            );
+        }
+    }
+}
+
+#[test]
+fn strided_input_is_read_correctly() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let layer = random_layer(&mut rng, 96, 128, 64, 4);
+    // [128, 5] transposed: rows are not contiguous in memory.
+    let x = random_array(&mut rng, &[128, 5], 1.0).t();
+    let got = cpu_quantized_matmul(&x, &layer.w, &layer.scales, &layer.biases, 64, 4).unwrap();
+    let want = mlx_reference(&x, &layer);
+    eval([&got, &want]).unwrap();
+    assert_close(&got, &want, "transposed input");
+    // A slice of a larger array (non-zero offset).
+    let big = random_array(&mut rng, &[6, 256], 1.0);
+    let x = big.index((1..4, 128..));
+    let got = cpu_quantized_matmul(&x, &layer.w, &layer.scales, &layer.biases, 64, 4).unwrap();
+    let want = mlx_reference(&x, &layer);
+    eval([&got, &want]).unwrap();
+    assert_close(&got, &want, "sliced input");
+}
+
+#[test]
+fn layer_dispatch_matches_mlx_for_small_and_large_row_counts() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let layer = random_layer(&mut rng, 200, 256, 32, 4);
+    for rows in [1, 3, 16, 17, 40, 130] {
+        let x = random_array(&mut rng, &[rows, 256], 1.0);
+        let got =
+            quantized_matmul_t(&x, &layer.w, &layer.scales, &layer.biases, layer.spec).unwrap();
+        let want = mlx_reference(&x, &layer);
+        eval([&got, &want]).unwrap();
+        assert_close(&got, &want, &format!("dispatch with {rows} rows"));
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_not_crashes() {
+    let mut rng = StdRng::seed_from_u64(9);
+    let layer = random_layer(&mut rng, 64, 128, 32, 4);
+    let x = random_array(&mut rng, &[2, 96], 1.0);
+    let err = cpu_quantized_matmul(&x, &layer.w, &layer.scales, &layer.biases, 32, 4).unwrap_err();
+    assert!(err.to_string().contains("weight shape"), "{err}");
+    let x = random_array(&mut rng, &[2, 128], 1.0);
+    let err = cpu_quantized_matmul(&x, &layer.w, &layer.scales, &layer.biases, 32, 3).unwrap_err();
+    assert!(err.to_string().contains("unsupported"), "{err}");
+    let half = x.as_dtype(mlx_rs::Dtype::Float16).unwrap();
+    let err =
+        cpu_quantized_matmul(&half, &layer.w, &layer.scales, &layer.biases, 32, 4).unwrap_err();
+    assert!(err.to_string().contains("float32"), "{err}");
+}
+
+#[test]
+fn gradient_with_respect_to_the_input_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let layer = random_layer(&mut rng, 48, 64, 32, 8);
+    let x = random_array(&mut rng, &[3, 64], 1.0);
+    let grad_of = |use_kernel: bool| {
+        let (w, s, b) = (layer.w.clone(), layer.scales.clone(), layer.biases.clone());
+        let f = move |args: &[Array]| -> Result<Vec<Array>, Exception> {
+            let y = if use_kernel {
+                cpu_quantized_matmul(&args[0], &w, &s, &b, 32, 8)
+                    .map_err(|e| Exception::custom(e.to_string()))?
+            } else {
+                quantized_matmul(&args[0], &w, &s, &b, true, 32, 8)?
+            };
+            Ok(vec![(&y * &y).sum_axes(&[0, 1], None)?])
+        };
+        let mut vg = value_and_grad_with_argnums(f, &[0][..]);
+        let (_, grads) = vg(std::slice::from_ref(&x)).unwrap();
+        eval(grads.iter()).unwrap();
+        grads[0].clone()
+    };
+    assert_close(&grad_of(true), &grad_of(false), "gradient");
+}
+
+#[test]
+fn uses_simd_where_the_cpu_has_it() {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::env::var("MLX_BUN_CPU_ISA").is_err() {
+        assert_ne!(mlx_bun::kernels::isa(), "scalar");
+    }
+    #[cfg(target_arch = "aarch64")]
+    assert_eq!(mlx_bun::kernels::isa(), "neon");
+    assert!(mlx_bun::kernels::threads() >= 1);
+}
+
+/// The AVX2 and scalar variants, forced in a child process (the choice is
+/// made once per process), pass the same property test.
+#[test]
+fn narrower_instruction_sets_match_mlx_too() {
+    if std::env::var("MLX_BUN_CPU_ISA").is_ok() {
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    for isa in ["avx2", "scalar"] {
+        let out = std::process::Command::new(&exe)
+            .args([
+                "--exact",
+                "matches_mlx_over_random_shapes",
+                "--test-threads",
+                "1",
+            ])
+            .env("MLX_BUN_CPU_ISA", isa)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("1 passed"),
+            "{isa}: {text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn rms_norm_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(21);
+    for shape in [vec![1, 1, 576], vec![2, 7, 64], vec![3, 100]] {
+        let d = *shape.last().unwrap();
+        let x = random_array(&mut rng, &shape, 3.0);
+        let w = random_array(&mut rng, &[d], 1.0);
+        let got = mlx_bun::kernels::rms_norm(&x, &w, 1e-5).unwrap();
+        let want = mlx_rs::fast::rms_norm(&x, Some(&w), 1e-5).unwrap();
+        eval([&got, &want]).unwrap();
+        assert_close(&got, &want, &format!("rms_norm {shape:?}"));
+    }
+    // A transposed (strided) input.
+    let x = random_array(&mut rng, &[64, 5], 1.0).t();
+    let w = random_array(&mut rng, &[64], 1.0);
+    let got = mlx_bun::kernels::rms_norm(&x, &w, 1e-6).unwrap();
+    let want = mlx_rs::fast::rms_norm(&x, Some(&w), 1e-6).unwrap();
+    eval([&got, &want]).unwrap();
+    assert_close(&got, &want, "rms_norm strided");
+}
+
+#[test]
+fn rope_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(22);
+    let freqs = Array::from_slice(
+        &(0..16).map(|i| 1.0 + i as f32 * 3.5).collect::<Vec<_>>(),
+        &[16],
+    );
+    // (shape [B, L, H, D] transposed to [B, H, L, D], dims, base, scale, offset, freqs)
+    type Case<'a> = (Vec<i32>, i32, Option<f32>, f32, i32, Option<&'a Array>);
+    let cases: Vec<Case> = vec![
+        (vec![1, 1, 9, 64], 64, Some(100000.0), 1.0, 70, None),
+        (vec![1, 6, 3, 64], 64, Some(10000.0), 1.0, 0, None),
+        (vec![2, 5, 2, 48], 32, Some(10000.0), 0.5, 9, None),
+        (vec![1, 4, 2, 32], 32, None, 1.0, 1000, Some(&freqs)),
+    ];
+    for (shape, dims, base, scale, offset, f) in cases {
+        let x = random_array(&mut rng, &shape, 2.0)
+            .transpose_axes(&[0, 2, 1, 3])
+            .unwrap();
+        let got = mlx_bun::kernels::rope(&x, dims, false, base, scale, offset, f).unwrap();
+        let want = mlx_rs::fast::rope(&x, dims, false, base, scale, offset, f).unwrap();
+        eval([&got, &want]).unwrap();
+        assert_close(
+            &got,
+            &want,
+            &format!("rope {shape:?} dims {dims} offset {offset}"),
+        );
+    }
+}
+
+#[test]
+fn rms_norm_and_rope_gradients_match_mlx() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let x = random_array(&mut rng, &[1, 3, 4, 32], 1.0);
+    let w = random_array(&mut rng, &[32], 1.0);
+    let grad_of = |ours: bool| {
+        let w = w.clone();
+        let f = move |args: &[Array]| -> Result<Vec<Array>, Exception> {
+            let (n, r) = if ours {
+                let n = mlx_bun::kernels::rms_norm(&args[0], &args[1], 1e-5)
+                    .map_err(|e| Exception::custom(e.to_string()))?;
+                let r = mlx_bun::kernels::rope(&n, 32, false, Some(10000.0), 1.0, 5, None)
+                    .map_err(|e| Exception::custom(e.to_string()))?;
+                (n, r)
+            } else {
+                let n = mlx_rs::fast::rms_norm(&args[0], Some(&args[1]), 1e-5)?;
+                let r = mlx_rs::fast::rope(&n, 32, false, Some(10000.0), 1.0, 5, None)?;
+                (n, r)
+            };
+            let _ = n;
+            Ok(vec![(&r * &r).sum_axes(&[0, 1, 2, 3], None)?])
+        };
+        let mut vg = value_and_grad_with_argnums(f, &[0, 1][..]);
+        let (_, grads) = vg(&[x.clone(), w.clone()]).unwrap();
+        eval(grads.iter()).unwrap();
+        grads
+    };
+    let (ours, theirs) = (grad_of(true), grad_of(false));
+    assert_close(&ours[0], &theirs[0], "gradient wrt x");
+    assert_close(&ours[1], &theirs[1], "gradient wrt the norm weight");
+}
