@@ -298,7 +298,7 @@ impl Rope {
                 } else {
                     Some(self.base)
                 };
-                fast::rope_dynamic(
+                mlx_rs::fast::rope_dynamic(
                     x,
                     self.dims,
                     self.traditional,
