@@ -118,8 +118,10 @@ fn main() -> Result<()> {
 }
 
 extern "C" {
-    fn fopen(path: *const std::os::raw::c_char, mode: *const std::os::raw::c_char)
-        -> *mut mlx_sys::FILE;
+    fn fopen(
+        path: *const std::os::raw::c_char,
+        mode: *const std::os::raw::c_char,
+    ) -> *mut mlx_sys::FILE;
     fn fclose(file: *mut mlx_sys::FILE) -> std::os::raw::c_int;
 }
 
