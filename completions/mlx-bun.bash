@@ -25,6 +25,12 @@ _mlx__bun() {
             mlx__bun,convert)
                 cmd="mlx__bun__subcmd__convert"
                 ;;
+            mlx__bun,evals)
+                cmd="mlx__bun__subcmd__evals"
+                ;;
+            mlx__bun,fit)
+                cmd="mlx__bun__subcmd__fit"
+                ;;
             mlx__bun,generate)
                 cmd="mlx__bun__subcmd__generate"
                 ;;
@@ -37,17 +43,47 @@ _mlx__bun() {
             mlx__bun,train)
                 cmd="mlx__bun__subcmd__train"
                 ;;
+            mlx__bun__subcmd__bench,feature-matrix)
+                cmd="mlx__bun__subcmd__bench__subcmd__feature__subcmd__matrix"
+                ;;
             mlx__bun__subcmd__bench,forward)
                 cmd="mlx__bun__subcmd__bench__subcmd__forward"
                 ;;
             mlx__bun__subcmd__bench,help)
                 cmd="mlx__bun__subcmd__bench__subcmd__help"
                 ;;
+            mlx__bun__subcmd__bench__subcmd__help,feature-matrix)
+                cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__feature__subcmd__matrix"
+                ;;
             mlx__bun__subcmd__bench__subcmd__help,forward)
                 cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__forward"
                 ;;
             mlx__bun__subcmd__bench__subcmd__help,help)
                 cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__help"
+                ;;
+            mlx__bun__subcmd__evals,compare)
+                cmd="mlx__bun__subcmd__evals__subcmd__compare"
+                ;;
+            mlx__bun__subcmd__evals,help)
+                cmd="mlx__bun__subcmd__evals__subcmd__help"
+                ;;
+            mlx__bun__subcmd__evals,list)
+                cmd="mlx__bun__subcmd__evals__subcmd__list"
+                ;;
+            mlx__bun__subcmd__evals,show)
+                cmd="mlx__bun__subcmd__evals__subcmd__show"
+                ;;
+            mlx__bun__subcmd__evals__subcmd__help,compare)
+                cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__compare"
+                ;;
+            mlx__bun__subcmd__evals__subcmd__help,help)
+                cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__help"
+                ;;
+            mlx__bun__subcmd__evals__subcmd__help,list)
+                cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__list"
+                ;;
+            mlx__bun__subcmd__evals__subcmd__help,show)
+                cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__show"
                 ;;
             mlx__bun__subcmd__help,bench)
                 cmd="mlx__bun__subcmd__help__subcmd__bench"
@@ -57,6 +93,12 @@ _mlx__bun() {
                 ;;
             mlx__bun__subcmd__help,convert)
                 cmd="mlx__bun__subcmd__help__subcmd__convert"
+                ;;
+            mlx__bun__subcmd__help,evals)
+                cmd="mlx__bun__subcmd__help__subcmd__evals"
+                ;;
+            mlx__bun__subcmd__help,fit)
+                cmd="mlx__bun__subcmd__help__subcmd__fit"
                 ;;
             mlx__bun__subcmd__help,generate)
                 cmd="mlx__bun__subcmd__help__subcmd__generate"
@@ -70,8 +112,20 @@ _mlx__bun() {
             mlx__bun__subcmd__help,train)
                 cmd="mlx__bun__subcmd__help__subcmd__train"
                 ;;
+            mlx__bun__subcmd__help__subcmd__bench,feature-matrix)
+                cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__feature__subcmd__matrix"
+                ;;
             mlx__bun__subcmd__help__subcmd__bench,forward)
                 cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__forward"
+                ;;
+            mlx__bun__subcmd__help__subcmd__evals,compare)
+                cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__compare"
+                ;;
+            mlx__bun__subcmd__help__subcmd__evals,list)
+                cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__list"
+                ;;
+            mlx__bun__subcmd__help__subcmd__evals,show)
+                cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__show"
                 ;;
             mlx__bun__subcmd__help__subcmd__train,fuse)
                 cmd="mlx__bun__subcmd__help__subcmd__train__subcmd__fuse"
@@ -95,7 +149,7 @@ _mlx__bun() {
 
     case "${cmd}" in
         mlx__bun)
-            opts="-h -V --help --version generate serve convert train bench completions help"
+            opts="-h -V --help --version generate serve convert train bench evals fit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -109,7 +163,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench)
-            opts="-h --help forward help"
+            opts="-h --help feature-matrix forward help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -122,8 +176,50 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__bench__subcmd__feature__subcmd__matrix)
+            opts="-m -h --model --draft-model --cells --smoke --out --db --ready-timeout --json --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --draft-model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --cells)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --out)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ready-timeout)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__forward)
-            opts="-m -h --model --lengths --context --runs --json --help"
+            opts="-m -h --model --lengths --context --runs --json --no-db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -157,8 +253,22 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__help)
-            opts="forward help"
+            opts="feature-matrix forward help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__bench__subcmd__help__subcmd__feature__subcmd__matrix)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -252,6 +362,214 @@ _mlx__bun() {
                     return 0
                     ;;
                 --q-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals)
+            opts="-h --db --help list show compare help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__compare)
+            opts="-h --k --threshold --check --json --db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --k)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --threshold)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__help)
+            opts="list show compare help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__help__subcmd__compare)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__help__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__help__subcmd__show)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__list)
+            opts="-h --kind --limit --json --db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --kind)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__show)
+            opts="-h --json --db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__fit)
+            opts="-m -h --model --draft-model --num-draft-tokens --context --batch --kv-bits --memory --prefill-step-size --json --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --draft-model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-draft-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --context)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
+                    COMPREPLY=($(compgen -W "4 8" -- "${cur}"))
+                    return 0
+                    ;;
+                --memory)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefill-step-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -381,7 +699,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help)
-            opts="generate serve convert train bench completions help"
+            opts="generate serve convert train bench evals fit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -395,8 +713,22 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__bench)
-            opts="forward"
+            opts="feature-matrix forward"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__bench__subcmd__feature__subcmd__matrix)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -437,6 +769,76 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__convert)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__evals)
+            opts="list show compare"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__evals__subcmd__compare)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__evals__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__evals__subcmd__show)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__fit)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

@@ -31,6 +31,8 @@ complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "serve" -d 'Serve an
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "completions" -d 'Print shell completions'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
@@ -123,7 +125,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_se
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l sft-scope -d 'ORPO: NLL over prompt+chosen (full, default) or the chosen response only' -r -f -a "full\t''
 response\t''"
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l loss-chunk-tokens -d 'Token rows per output-head chunk in the loss' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l db -d 'Eval database (default: <cache>/eval.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l grad-checkpoint -d 'Recompute each adapted layer\'s activations in the backward pass'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l mask-prompt -d 'SFT: supervise only the completion (the last message)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l test -d 'Evaluate on test.jsonl after training'
@@ -139,24 +141,77 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from forward help" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix forward help" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix forward help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l draft-model -d 'Draft model of the spec cells (default: the model itself)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l cells -d 'Only these cells (comma-separated names; default: all)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l out -d 'Folder for the markdown report and the PNG plot' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l ready-timeout -d 'Seconds to wait for a server to report ready' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l smoke -d 'A small version for CI: tiny token counts, one or two requests per cell'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l json -d 'Print the results as JSON'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s m -l model -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l lengths -d 'Comma-separated numbers of new tokens per forward pass' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l context -d 'Context already in the cache' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l runs -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l json -d 'Print JSON lines instead of a table'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l no-db -d 'Do not record the run in the eval database'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -f -a "list" -d 'The newest runs, one line each'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -f -a "show" -d 'One run: provenance, flags and every metric'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -f -a "compare" -d 'Metric by metric, run B against baseline A; flags regressions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from list" -l kind -d 'Only runs of this kind (bench, sft, orpo, perplexity, evaluate, ...)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from list" -l limit -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from list" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from list" -l json
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from list" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from show" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from show" -l json
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from show" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -l k -d 'With repeated samples, a change must exceed K pooled standard deviations' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -l threshold -d '... and this relative change (alone it decides for single samples)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -l check -d 'Exit with status 1 when any metric regressed'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -l json
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "list" -d 'The newest runs, one line each'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "show" -d 'One run: provenance, flags and every metric'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "compare" -d 'Metric by metric, run B against baseline A; flags regressions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l draft-model -d 'Draft model for speculative decoding' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l num-draft-tokens -d 'Tokens the draft proposes per step' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l context -d 'Tokens of context per sequence (default: the model\'s maximum)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l batch -d 'Sequences decoded at once' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8)' -r -f -a "4\t''
+8\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l memory -d 'Memory to fit into, in GiB (default: MemAvailable of this machine)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-size -d 'Prompt tokens per prefill chunk' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand completions" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "completions" -d 'Print shell completions'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from train" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "list" -d 'The newest runs, one line each'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "show" -d 'One run: provenance, flags and every metric'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "compare" -d 'Metric by metric, run B against baseline A; flags regressions'

@@ -17,7 +17,8 @@ cargo test --release "$@"
 # The serving feature matrix, small: every cell against the real server.
 # Batch cells need `serve --decode-concurrency`; without it they are left out.
 cells=serial,serial+grammar,serial+spec,serial+grammar+spec
-if ./target/release/mlx-bun serve --help | grep -q -- --decode-concurrency; then
+serve_help=$(./target/release/mlx-bun serve --help)
+if [[ $serve_help == *--decode-concurrency* ]]; then
   cells=all
 fi
 smoke_dir=target/bench-smoke

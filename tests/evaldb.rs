@@ -360,3 +360,36 @@ fn evals_commands_list_show_and_flag_regressions() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("no run 999"));
 }
+
+#[test]
+fn runs_record_their_provenance() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(model.join("config.json"), r#"{"model_type": "llama"}"#).unwrap();
+    std::fs::write(model.join("model.safetensors"), vec![0u8; 100]).unwrap();
+    let db = EvalDb::open(&dir.path().join("p.db")).unwrap();
+    // `start_run` (what `train` calls) detects host and fingerprint itself.
+    let id = db
+        .start_run("sft", model.to_str().unwrap(), &json!({}))
+        .unwrap();
+    let run = db.get(id).unwrap().unwrap();
+    assert!(run.host.as_deref().is_some_and(|h| !h.is_empty()));
+    let fp = mlx_bun::evaldb::model_fingerprint(&model).unwrap();
+    assert_eq!(run.model_fingerprint.as_deref(), Some(fp.as_str()));
+    // The fingerprint follows the weight files and the config, not the folder.
+    let copy = dir.path().join("copy");
+    std::fs::create_dir(&copy).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(model.join(f), copy.join(f)).unwrap();
+    }
+    assert_eq!(mlx_bun::evaldb::model_fingerprint(&copy).unwrap(), fp);
+    std::fs::write(copy.join("model.safetensors"), vec![0u8; 101]).unwrap();
+    assert_ne!(mlx_bun::evaldb::model_fingerprint(&copy).unwrap(), fp);
+    std::fs::write(copy.join("model.safetensors"), vec![0u8; 100]).unwrap();
+    std::fs::write(copy.join("config.json"), r#"{"model_type": "qwen2"}"#).unwrap();
+    assert_ne!(mlx_bun::evaldb::model_fingerprint(&copy).unwrap(), fp);
+    // A missing config is a clear error.
+    let err = mlx_bun::evaldb::model_fingerprint(dir.path()).unwrap_err();
+    assert!(format!("{err:#}").contains("config.json"));
+}
