@@ -15,14 +15,7 @@ cargo build --release --all-targets --quiet
 ./target/release/mlx-bun generate --prompt "Hi" --max-tokens 1 >/dev/null
 cargo test --release "$@"
 # The serving feature matrix, small: every cell against the real server.
-# Batch cells need `serve --decode-concurrency`; without it they are left out.
-cells=serial,serial+grammar,serial+spec,serial+grammar+spec
-serve_help=$(./target/release/mlx-bun serve --help)
-if [[ $serve_help == *--decode-concurrency* ]]; then
-  cells=all
-fi
 smoke_dir=target/bench-smoke
 rm -rf "$smoke_dir" && mkdir -p "$smoke_dir"
-if [[ $cells == all ]]; then cell_args=(); else cell_args=(--cells "$cells"); fi
 MLX_BUN_EVAL_DB="$smoke_dir/evals.db" ./target/release/mlx-bun bench feature-matrix \
-  --smoke --out "$smoke_dir" "${cell_args[@]}"
+  --smoke --out "$smoke_dir"
