@@ -94,6 +94,7 @@ pub fn load_params(
     file: &Path,
     fallback: Option<&[Array]>,
 ) -> Result<Vec<Array>> {
+    crate::model::weights::check_safetensors_file(file)?;
     let mut loaded: HashMap<String, Array> = Array::load_safetensors(file)
         .map_err(|e| anyhow!("loading adapter weights {}: {e}", file.display()))?;
     let names = layout.names();

@@ -342,6 +342,40 @@ fn corrupt_weights_and_tokenizers_name_the_file() {
 }
 
 #[test]
+fn a_corrupt_adapter_file_names_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let config =
+        r#"{"num_layers": 4, "lora_parameters": {"rank": 8, "scale": 20.0, "dropout": 0.0}}"#;
+    std::fs::write(dir.path().join("adapter_config.json"), config).unwrap();
+    let file = dir.path().join("adapters.safetensors");
+    let mut bytes = 68u64.to_le_bytes().to_vec();
+    bytes.extend_from_slice(
+        br#"{"a":{"dtype":"F32","shape":[1000000],"data_offsets":[0,4000000]}}  "#,
+    );
+    std::fs::write(&file, &bytes).unwrap();
+    let e = fails(
+        &[
+            "generate",
+            "--prompt",
+            "Hi",
+            "-n",
+            "1",
+            "--adapter-path",
+            dir.path().to_str().unwrap(),
+        ],
+        1,
+    );
+    assert_mentions(
+        &e,
+        &[
+            "invalid safetensors file",
+            &file.display().to_string(),
+            "outside",
+        ],
+    );
+}
+
+#[test]
 fn a_broken_chat_template_names_its_file() {
     let m = model_copy();
     let tc = file(m.path(), "tokenizer_config.json");

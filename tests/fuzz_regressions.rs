@@ -43,3 +43,39 @@ fn saved_fuzz_inputs_do_not_panic() {
     }
     eprintln!("replayed {replayed} inputs");
 }
+
+/// The seeds are valid inputs, so fuzzing starts past the first error.
+#[test]
+fn seeds_parse_cleanly() {
+    use mlx_bun::convert::{gguf::GgufHeader, gguf_llama, gguf_tokenizer};
+    let corpus = common::repo_root().join("fuzz/corpus");
+
+    let bytes = std::fs::read(corpus.join("gguf/tiny-llama.gguf")).unwrap();
+    let h = GgufHeader::from_bytes(&bytes).unwrap();
+    let tok = gguf_tokenizer::build(&h).unwrap();
+    let heads = gguf_llama::Heads::read(&h).unwrap();
+    assert_eq!((heads.n_head, heads.n_kv_head), (2, 1));
+    gguf_llama::config(&h, &tok, true, false, "float32").unwrap();
+    for t in &h.tensors {
+        gguf_llama::hf_name(&t.name).unwrap();
+    }
+
+    for file in inputs(&corpus.join("safetensors_header")) {
+        let bytes = std::fs::read(&file).unwrap();
+        mlx_bun::model::weights::check_safetensors_bytes(&bytes).unwrap();
+    }
+
+    use mlx_bun::server::request::{parse, Endpoint};
+    for file in inputs(&corpus.join("request_json")) {
+        let body: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        let endpoint = if body.get("messages").is_some() {
+            Endpoint::Chat
+        } else {
+            Endpoint::Completions
+        };
+        if let Err(e) = parse(endpoint, &body, 49152) {
+            panic!("{}: {}", file.display(), e.message);
+        }
+    }
+}

@@ -154,6 +154,7 @@ fn read_tensors(dir: &Path) -> Result<HashMap<String, Array>> {
             .map(|n| n.to_string_lossy().to_string())
             .unwrap_or_default();
         if name.ends_with(".safetensors") && !name.starts_with("adapters") {
+            crate::model::weights::check_safetensors_file(&path)?;
             let loaded = Array::load_safetensors(&path)
                 .map_err(|e| anyhow!("loading {}: {e}", path.display()))?;
             tensors.extend(loaded);
