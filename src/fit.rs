@@ -67,6 +67,8 @@ fn dtype_size(dtype: &str) -> Option<(u64, bool)> {
 
 /// `(name, dtype, shape)` of every tensor in a safetensors file, from its header.
 fn safetensors_header(path: &Path) -> Result<Vec<(String, String, Vec<u64>)>> {
+    // The loader's own checks first: the same errors for a corrupt file.
+    crate::model::weights::check_safetensors_file(path)?;
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len)
