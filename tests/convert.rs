@@ -442,7 +442,7 @@ fn bad_inputs_fail_with_one_clear_error() {
             "unsupported GGUF architecture \"mamba\"",
         ),
         (&["--gguf", &q6k], "has type Q6_K"),
-        (&["--gguf", &truncated], "extends past the end of the file"),
+        (&["--gguf", &truncated], "beyond the end of the file"),
         (&["--model", not_a_model], "not an mlx-lm model directory"),
         (&["--model", &exists, "--dtype", "int8"], "unknown --dtype"),
         (
