@@ -93,6 +93,15 @@ pub struct Args {
     adapter_path: Option<PathBuf>,
     #[command(flatten)]
     constraint: ConstraintArgs,
+    /// Continue from a KV cache saved by `cache-prompt` (or mlx_lm.cache_prompt);
+    /// the prompt is what follows the cached text.
+    #[arg(long, conflicts_with_all = ["batch_file", "messages_file"])]
+    prompt_cache_file: Option<PathBuf>,
+    /// Bound the KV cache to this many positions (the first 4 are kept).
+    #[arg(long, conflicts_with = "batch_file")]
+    max_kv_size: Option<usize>,
+    #[command(flatten)]
+    kv: crate::cache_prompt::KvArgs,
 }
 
 /// Structured-output flags: at most one of them.
@@ -220,13 +229,30 @@ pub fn run(args: Args) -> Result<()> {
     let input = prompt_input(&args)?;
     let sampling = sampling(&args)?;
     let constraint_spec = args.constraint.spec()?;
-    let dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let cache_file = crate::cache_prompt::open_file(args.prompt_cache_file.as_deref())?;
+    let model_arg = crate::cache_prompt::model_arg(args.model.as_deref(), cache_file.as_ref());
+    let dir = crate::model_arg::resolve(model_arg.as_deref())?;
     let mut model = Model::load(&dir)?;
     if let Some(adapter) = &args.adapter_path {
         mlx_bun::adapters::apply(&mut model, adapter)?;
     }
     let tokenizer = Tokenizer::load(&dir)?;
-    let (_, prompt) = build_prompt(&tokenizer, &input)?;
+    let kv = args.kv.settings(&model)?;
+    let (prompt, mut caches) = match cache_file {
+        Some(file) => crate::cache_prompt::continue_from(
+            file,
+            args.prompt_cache_file.as_deref().unwrap(),
+            &model,
+            &tokenizer,
+            &input,
+            args.max_kv_size,
+            kv,
+        )?,
+        None => (
+            build_prompt(&tokenizer, &input)?.1,
+            model.decoder.make_caches_with(args.max_kv_size, kv)?,
+        ),
+    };
     let mut constraint = match &constraint_spec {
         Some(spec) => Some(GrammarEngine::new(&tokenizer)?.constraint(spec)?),
         None => None,
@@ -241,7 +267,6 @@ pub fn run(args: Args) -> Result<()> {
         logprobs: None,
         prefill_step: args.prefill_step_size,
     };
-    let mut caches = model.make_caches();
     let stream = !args.json;
     let mut stdout = std::io::stdout();
     let mut on_token = |ev: &mlx_bun::generate::TokenEvent| {

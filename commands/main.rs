@@ -3,6 +3,7 @@
 
 mod batch_file;
 mod bench;
+mod cache_prompt;
 mod completions;
 mod convert;
 mod generate;
@@ -30,6 +31,8 @@ pub struct Cli {
 enum Command {
     /// Generate text from a prompt or a chat.
     Generate(generate::Args),
+    /// Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt).
+    CachePrompt(cache_prompt::Args),
     /// Serve an OpenAI-compatible HTTP API.
     Serve(serve::Args),
     /// Convert a GGUF file into an mlx-lm model directory.
@@ -53,6 +56,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::CachePrompt(args) => cache_prompt::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => train::run(args),

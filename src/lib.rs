@@ -13,6 +13,7 @@ pub mod gateway;
 pub mod generate;
 pub mod grammar;
 pub mod hub;
+pub mod kv_file;
 pub mod mlx_ext;
 pub mod model;
 pub mod prompt;
