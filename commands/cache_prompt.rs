@@ -160,6 +160,9 @@ pub fn model_arg(model: Option<&str>, file: Option<&kv_file::CacheFile>) -> Opti
         .or_else(|| file.and_then(|f| f.metadata.get("model").cloned()))
 }
 
+/// Prompt tokens and the caches they continue.
+pub type Continuation = (Vec<u32>, Vec<Box<dyn mlx_bun::cache::KvCache>>);
+
 /// Checks a loaded cache file against the model and flags, and returns the
 /// prompt tokens that follow the cached text with the caches to continue.
 pub fn continue_from(
@@ -170,7 +173,7 @@ pub fn continue_from(
     input: &mlx_bun::prompt::PromptInput,
     max_kv_size: Option<usize>,
     kv: Option<KvQuantization>,
-) -> Result<(Vec<u32>, Vec<Box<dyn mlx_bun::cache::KvCache>>)> {
+) -> Result<Continuation> {
     use mlx_bun::prompt::PromptInput;
     kv_file::check_compatible(&file, model, path)?;
     let p = path.display();

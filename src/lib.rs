@@ -3,6 +3,7 @@
 
 pub mod adapters;
 pub mod cache;
+pub mod chat;
 pub mod chat_template;
 pub mod constraint;
 pub mod convert;
