@@ -181,7 +181,7 @@ pub fn run(args: Args) -> Result<()> {
         eprintln!(
             "[prompt: {} tokens processed, {} reused · reply: {} tokens, {:.1} tok/s{}]",
             result.prompt_tokens - result.cached_tokens,
-            result.cached_tokens,
+            session.reused(),
             result.generation_tokens,
             result.generation_tps,
             if result.finish_reason == mlx_bun::generate::FinishReason::Cancelled {

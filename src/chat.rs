@@ -34,6 +34,7 @@ pub struct ChatSession<'m> {
     continue_file_turn: bool,
     system: Option<String>,
     history: Vec<Message>,
+    reused: usize,
 }
 
 impl<'m> ChatSession<'m> {
@@ -58,6 +59,7 @@ impl<'m> ChatSession<'m> {
             continue_file_turn: false,
             system,
             history: Vec::new(),
+            reused: 0,
         })
     }
 
@@ -78,6 +80,11 @@ impl<'m> ChatSession<'m> {
         self.from_file = false;
         self.continue_file_turn = false;
         Ok(())
+    }
+
+    /// Positions the last turn found in the cache and did not process.
+    pub fn reused(&self) -> usize {
+        self.reused
     }
 
     /// Positions the cache holds.
@@ -144,6 +151,11 @@ impl<'m> ChatSession<'m> {
             bail!("the message adds no tokens");
         }
         let appended = cached == 0 && self.cached_positions() > 0;
+        self.reused = if appended {
+            self.cached_positions()
+        } else {
+            cached
+        };
         let result = generate(
             self.model,
             self.tokenizer,

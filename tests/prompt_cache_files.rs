@@ -216,8 +216,45 @@ fn kv_bits_and_max_kv_size_decode_as_mlx_lm() {
     assert!(theirs["prompt_tokens"].as_u64().unwrap() > 24);
     assert_eq!(ours["token_ids"], theirs["token_ids"], "--max-kv-size 24");
 
-    // A quantized cache file written by us continues in mlx-lm.
     let tmp = tempfile::tempdir().unwrap();
+    // A bounded cache file (a RotatingKVCache that has wrapped) continues
+    // the same in mlx-lm and in mlx-bun.
+    let rot = tmp.path().join("rot.safetensors");
+    let rs = rot.to_str().unwrap();
+    run_ok(&[
+        "cache-prompt",
+        "--model",
+        m,
+        "--prompt",
+        CACHED,
+        "--prompt-cache-file",
+        rs,
+        "--max-kv-size",
+        "24",
+    ]);
+    let ours = ours_text(&[
+        "--model",
+        m,
+        "--prompt-cache-file",
+        rs,
+        "--prompt",
+        FOLLOW,
+        "-n",
+        "10",
+    ]);
+    let theirs = oracle_generate(&[
+        "--model",
+        m,
+        "--prompt-cache-file",
+        rs,
+        "--prompt",
+        FOLLOW,
+        "--max-tokens",
+        "10",
+    ]);
+    assert_eq!(ours, theirs, "bounded cache file");
+
+    // A quantized cache file written by us continues in mlx-lm.
     let q = tmp.path().join("q8.safetensors");
     let qs = q.to_str().unwrap();
     run_ok(&[
