@@ -337,7 +337,8 @@ fn load_layer(p: &Parsed, i: usize, class: &str) -> Result<Box<dyn KvCache>> {
             let max_size = p.scalar(&format!("{i}.4"))?;
             let idx = p.scalar(&format!("{i}.5"))?;
             let len = k.shape()[2] as usize;
-            if idx > len || keep > len.max(keep.min(offset)) || len > max_size.max(offset) {
+            let ring = idx != len && idx < offset;
+            if idx > len || keep > max_size || len > max_size.max(offset) || (ring && idx < keep) {
                 bail!("inconsistent ring (len {len}, idx {idx}, keep {keep}, max {max_size})");
             }
             // mlx-lm's `_temporal_order`.

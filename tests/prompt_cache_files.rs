@@ -455,4 +455,32 @@ fn bad_files_are_refused_with_clear_errors() {
         std::fs::read(&good).unwrap(),
         "the file was modified"
     );
+
+    // A ring whose write index falls inside the kept positions.
+    let rot = tmp.path().join("rot.safetensors");
+    let rs = rot.to_str().unwrap();
+    run_ok(&[
+        "cache-prompt",
+        "--model",
+        m,
+        "--prompt",
+        "Hi",
+        "--prompt-cache-file",
+        rs,
+        "--max-kv-size",
+        "8",
+    ]);
+    let ring = tmp.path().join("ring.safetensors");
+    craft(&rot, &ring, |t, _| {
+        for (n, _, _, data) in t.iter_mut() {
+            if n == "2.5" {
+                data.copy_from_slice(&1i32.to_le_bytes());
+            }
+        }
+    });
+    let err = try_file(&ring);
+    assert!(
+        err.contains("layer 2") && err.contains("inconsistent ring"),
+        "{err}"
+    );
 }
