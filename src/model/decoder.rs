@@ -249,8 +249,8 @@ impl Decoder {
         if max_kv_size.is_some() && kv.is_some() {
             anyhow::bail!("--max-kv-size and --kv-bits cannot be combined (as in mlx-lm)");
         }
-        if max_kv_size == Some(0) {
-            anyhow::bail!("--max-kv-size must be at least 1");
+        if max_kv_size.is_some_and(|n| n <= 4) {
+            anyhow::bail!("--max-kv-size must exceed the 4 positions it always keeps");
         }
         Ok((0..self.layers.len())
             .map(|i| -> Box<dyn KvCache> {
