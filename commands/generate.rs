@@ -93,6 +93,15 @@ pub struct Args {
     adapter_path: Option<PathBuf>,
     #[command(flatten)]
     constraint: ConstraintArgs,
+    /// Continue from a KV cache saved by `cache-prompt` (or mlx_lm.cache_prompt);
+    /// the prompt is what follows the cached text.
+    #[arg(long, conflicts_with_all = ["batch_file", "messages_file"])]
+    prompt_cache_file: Option<PathBuf>,
+    /// Bound the KV cache to this many positions (the first 4 are kept).
+    #[arg(long, conflicts_with = "batch_file")]
+    max_kv_size: Option<usize>,
+    #[command(flatten)]
+    kv: crate::cache_prompt::KvArgs,
 }
 
 /// Structured-output flags: at most one of them.
@@ -220,16 +229,26 @@ pub fn run(args: Args) -> Result<()> {
     let input = prompt_input(&args)?;
     let sampling = sampling(&args)?;
     let constraint_spec = args.constraint.spec()?;
-    let dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let cache_file = crate::cache_prompt::open_file(args.prompt_cache_file.as_deref())?;
+    let model_arg = crate::cache_prompt::model_arg(args.model.as_deref(), cache_file.as_ref());
+    let dir = crate::model_arg::resolve(model_arg.as_deref())?;
     let tokenizer = Tokenizer::load(&dir)?;
-    let (_, prompt) = build_prompt(&tokenizer, &input)?;
-    let draft_dir = match args.draft_model.as_deref() {
-        Some(spec) if spec != "ngram" => Some(crate::model_arg::resolve(Some(spec))?),
-        _ => None,
+    // Without a cache file the prompt is known before the model loads:
+    // refuse at once what cannot fit in memory.
+    let plain_prompt = match &cache_file {
+        Some(_) => None,
+        None => {
+            let (_, prompt) = build_prompt(&tokenizer, &input)?;
+            let draft_dir = match args.draft_model.as_deref() {
+                Some(spec) if spec != "ngram" => Some(crate::model_arg::resolve(Some(spec))?),
+                _ => None,
+            };
+            let context = prompt.len() + args.max_tokens;
+            let n_draft = args.num_draft_tokens;
+            mlx_bun::fit::check_fits(&dir, draft_dir.as_deref(), context, n_draft, 0)?;
+            Some(prompt)
+        }
     };
-    let context = prompt.len() + args.max_tokens;
-    let n_draft = args.num_draft_tokens;
-    mlx_bun::fit::check_fits(&dir, draft_dir.as_deref(), context, n_draft, 0)?;
     let mut model = Model::load(&dir)?;
     if let Some(id) = sampling
         .logit_bias
@@ -244,6 +263,22 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(adapter) = &args.adapter_path {
         mlx_bun::adapters::apply(&mut model, adapter)?;
     }
+    let kv = args.kv.settings(&model)?;
+    let (prompt, mut caches) = match cache_file {
+        Some(file) => crate::cache_prompt::continue_from(
+            file,
+            args.prompt_cache_file.as_deref().unwrap(),
+            &model,
+            &tokenizer,
+            &input,
+            args.max_kv_size,
+            kv,
+        )?,
+        None => (
+            plain_prompt.unwrap_or_default(),
+            model.decoder.make_caches_with(args.max_kv_size, kv)?,
+        ),
+    };
     let mut constraint = match &constraint_spec {
         Some(spec) => Some(GrammarEngine::new(&tokenizer)?.constraint(spec)?),
         None => None,
@@ -258,7 +293,6 @@ pub fn run(args: Args) -> Result<()> {
         logprobs: None,
         prefill_step: args.prefill_step_size,
     };
-    let mut caches = model.make_caches();
     let stream = !args.json;
     let mut stdout = std::io::stdout();
     // A failed write (the reader went away) stops generating; the error is

@@ -3,6 +3,8 @@
 
 mod batch_file;
 mod bench;
+mod cache_prompt;
+mod chat;
 mod completions;
 mod convert;
 mod evals;
@@ -33,6 +35,10 @@ pub struct Cli {
 enum Command {
     /// Generate text from a prompt or a chat.
     Generate(generate::Args),
+    /// Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt).
+    CachePrompt(cache_prompt::Args),
+    /// Chat interactively, keeping the KV cache across turns (as mlx_lm.chat).
+    Chat(chat::Args),
     /// Serve an OpenAI-compatible HTTP API.
     Serve(serve::Args),
     /// Convert a GGUF file into an mlx-lm model directory.
@@ -60,6 +66,8 @@ fn main() -> ExitCode {
     let cli = parse_args();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::CachePrompt(args) => cache_prompt::run(args),
+        Command::Chat(args) => chat::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Train(args) => train::run(args),

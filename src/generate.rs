@@ -269,19 +269,34 @@ pub fn prefill(
     tokens: &[u32],
     step: usize,
 ) -> Result<()> {
+    prefill_with_progress(model, caches, tokens, step, &mut |_, _| {})
+}
+
+/// `prefill` reporting the tokens processed so far (and the total) after
+/// every chunk.
+pub fn prefill_with_progress(
+    model: &Model,
+    caches: &mut [Box<dyn KvCache>],
+    tokens: &[u32],
+    step: usize,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<()> {
+    let mut done = 0;
     for chunk in tokens.chunks(step.max(1)) {
         let ids: Vec<i32> = chunk.iter().map(|&t| t as i32).collect();
         let input = Array::from_slice(&ids, &[1, ids.len() as i32]);
         model.decoder.hidden(&input, caches)?;
-        let mut states = Vec::new();
-        for c in caches.iter() {
-            if let Some((k, v)) = c.state() {
-                states.push(k);
-                states.push(v);
-            }
-        }
-        eval(states.iter())?;
+        eval_caches(caches)?;
+        done += chunk.len();
+        progress(done, tokens.len());
     }
+    Ok(())
+}
+
+/// Evaluates every cache's arrays.
+pub fn eval_caches(caches: &[Box<dyn KvCache>]) -> Result<()> {
+    let arrays: Vec<Array> = caches.iter().flat_map(|c| c.arrays()).collect();
+    eval(arrays.iter())?;
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 
 pub mod adapters;
 pub mod cache;
+pub mod chat;
 pub mod chat_template;
 pub mod constraint;
 pub mod convert;
@@ -15,6 +16,7 @@ pub mod generate;
 pub mod grammar;
 pub mod hub;
 pub mod kernels;
+pub mod kv_file;
 pub mod mlx_ext;
 pub mod model;
 pub mod prompt;

@@ -8,8 +8,10 @@
 //! sequence and for a batch of rows of different lengths.
 
 mod batch;
+mod quantized;
 
 pub use batch::BatchKvCache;
+pub use quantized::{cast_state, KvQuantization, QuantizedCache, QuantizedState};
 
 use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
@@ -90,6 +92,28 @@ pub trait KvCache: Send {
     /// The batch cache behind this layer, when it is one.
     fn as_batch_mut(&mut self) -> Option<&mut BatchKvCache> {
         None
+    }
+    /// Leading positions a sliding window never evicts.
+    fn keep(&self) -> usize {
+        0
+    }
+    /// A quantized cache appends `keys`/`values` and returns everything
+    /// attention should see, quantized; dense caches return `None` without
+    /// touching anything (use `update_and_fetch`).
+    fn update_quantized(
+        &mut self,
+        _keys: &Array,
+        _values: &Array,
+    ) -> Result<Option<QuantizedState>> {
+        Ok(None)
+    }
+    /// The quantized contents of a quantized cache.
+    fn quantized_state(&self) -> Option<QuantizedState> {
+        None
+    }
+    /// The arrays to evaluate after a forward pass.
+    fn arrays(&self) -> Vec<Array> {
+        self.state().map(|(k, v)| vec![k, v]).unwrap_or_default()
     }
 }
 
@@ -310,6 +334,10 @@ impl KvCache for RotatingCache {
 
     fn max_size(&self) -> Option<usize> {
         Some(self.max_size)
+    }
+
+    fn keep(&self) -> usize {
+        self.keep
     }
 }
 

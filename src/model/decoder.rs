@@ -10,8 +10,9 @@ use mlx_rs::Array;
 
 use super::config::ModelArgs;
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
+use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
-use crate::cache::{KvCache, Mask, RotatingCache, StandardCache};
+use crate::cache::{KvCache, KvQuantization, Mask, QuantizedCache, RotatingCache, StandardCache};
 
 /// What differs between the families.
 #[derive(Clone, Debug, Default)]
@@ -93,6 +94,12 @@ impl Attention {
         let positions = cache.positions();
         let q = self.rope.forward_at(&q, &positions)?;
         let k = self.rope.forward_at(&k, &positions)?;
+        if let Some(kv) = cache.update_quantized(&k, &v)? {
+            let mask = cache.mask(l, kv.len())?;
+            let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
+            let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+            return self.o_proj.forward(&out);
+        }
         let (k, v) = cache.update_and_fetch(&k, &v)?;
         let out = match cache.mask(l, k.shape()[2])? {
             Mask::None => scaled_dot_product_attention(&q, &k, &v, self.scale, None, None)?,
@@ -229,6 +236,36 @@ impl Decoder {
         let h = self.hidden(inputs, caches)?;
         let last = h.index((.., -1, ..));
         self.project(&last)
+    }
+
+    /// Caches bounded to `max_kv_size` positions (mlx-lm's
+    /// `RotatingKVCache` keeping the first 4) or quantized from
+    /// `kv.start` on. Layers with their own sliding window keep it.
+    pub fn make_caches_with(
+        &self,
+        max_kv_size: Option<usize>,
+        kv: Option<KvQuantization>,
+    ) -> Result<Vec<Box<dyn KvCache>>> {
+        if max_kv_size.is_some() && kv.is_some() {
+            anyhow::bail!("--max-kv-size and --kv-bits cannot be combined (as in mlx-lm)");
+        }
+        if max_kv_size.is_some_and(|n| n <= 4) {
+            anyhow::bail!("--max-kv-size must exceed the 4 positions it always keeps");
+        }
+        Ok((0..self.layers.len())
+            .map(|i| -> Box<dyn KvCache> {
+                match (
+                    self.options.layer_windows.get(i).copied().flatten(),
+                    max_kv_size,
+                    kv,
+                ) {
+                    (Some(w), _, _) => Box::new(RotatingCache::new(w, 0)),
+                    (None, Some(n), _) => Box::new(RotatingCache::new(n, 4)),
+                    (None, None, Some(q)) => Box::new(QuantizedCache::new(q)),
+                    (None, None, None) => Box::new(StandardCache::new()),
+                }
+            })
+            .collect())
     }
 
     pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {

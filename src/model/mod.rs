@@ -4,6 +4,7 @@ pub mod config;
 pub mod decoder;
 pub mod layers;
 pub mod llama;
+pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
 pub mod weights;
