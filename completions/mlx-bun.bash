@@ -19,6 +19,12 @@ _mlx__bun() {
             mlx__bun,bench)
                 cmd="mlx__bun__subcmd__bench"
                 ;;
+            mlx__bun,cache-prompt)
+                cmd="mlx__bun__subcmd__cache__subcmd__prompt"
+                ;;
+            mlx__bun,chat)
+                cmd="mlx__bun__subcmd__chat"
+                ;;
             mlx__bun,completions)
                 cmd="mlx__bun__subcmd__completions"
                 ;;
@@ -88,6 +94,12 @@ _mlx__bun() {
             mlx__bun__subcmd__help,bench)
                 cmd="mlx__bun__subcmd__help__subcmd__bench"
                 ;;
+            mlx__bun__subcmd__help,cache-prompt)
+                cmd="mlx__bun__subcmd__help__subcmd__cache__subcmd__prompt"
+                ;;
+            mlx__bun__subcmd__help,chat)
+                cmd="mlx__bun__subcmd__help__subcmd__chat"
+                ;;
             mlx__bun__subcmd__help,completions)
                 cmd="mlx__bun__subcmd__help__subcmd__completions"
                 ;;
@@ -149,7 +161,7 @@ _mlx__bun() {
 
     case "${cmd}" in
         mlx__bun)
-            opts="-h -V --help --version generate serve convert train bench evals fit completions help"
+            opts="-h -V --help --version generate cache-prompt chat serve convert train bench evals fit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -301,6 +313,150 @@ _mlx__bun() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__cache__subcmd__prompt)
+            opts="-m -p -h --model --prompt --prompt-file --messages-file --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --prefill-step-size --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --messages-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-cache-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-kv-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --quantized-kv-start)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefill-step-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__chat)
+            opts="-m -n -h --model --system --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --seed --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --prompt-cache-file --prefill-step-size --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --system)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -n)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --temp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --top-p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --top-k)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --min-p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --repetition-penalty)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-kv-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --quantized-kv-start)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-cache-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefill-step-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -581,7 +737,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__generate)
-            opts="-m -p -n -v -h --model --prompt --prompt-file --messages-file --system --ignore-chat-template --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --repetition-context-size --logit-bias --seed --stop --json --verbose --prefill-step-size --draft-model --num-draft-tokens --adapter-path --json-schema --json-object --regex --choice --grammar --help"
+            opts="-m -p -n -v -h --model --prompt --batch-file --decode-concurrency --prompt-concurrency --prompt-file --messages-file --system --ignore-chat-template --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --repetition-context-size --logit-bias --seed --stop --json --verbose --prefill-step-size --draft-model --num-draft-tokens --adapter-path --json-schema --json-object --regex --choice --grammar --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -600,6 +756,18 @@ _mlx__bun() {
                     return 0
                     ;;
                 -p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --decode-concurrency)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-concurrency)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -691,6 +859,26 @@ _mlx__bun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --prompt-cache-file)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-kv-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --quantized-kv-start)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -699,7 +887,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help)
-            opts="generate serve convert train bench evals fit completions help"
+            opts="generate cache-prompt chat serve convert train bench evals fit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -743,6 +931,34 @@ _mlx__bun() {
         mlx__subcmd__bun__subcmd__help__subcmd__bench__subcmd__forward)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__cache__subcmd__prompt)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__chat)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -923,7 +1139,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__serve)
-            opts="-m -h --model --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --shutdown-grace --help"
+            opts="-m -h --model --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --temp --top-p --top-k --min-p --allowed-origins --shutdown-grace --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -978,6 +1194,38 @@ _mlx__bun() {
                     return 0
                     ;;
                 --num-draft-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --decode-concurrency)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-concurrency)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-budget)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --temp)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --top-p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --top-k)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --min-p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --allowed-origins)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -27,6 +27,8 @@ end
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -s V -l version -d 'Print version'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
@@ -37,6 +39,9 @@ complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "completions" -d 'Pr
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s p -l prompt -d 'Prompt text; `-` reads standard input' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l batch-file -d 'Run every line of a JSONL file (a prompt string, a messages array, or an object with "prompt"/"messages" and per-line "max_tokens", "temperature", "seed", "stop", "json_schema"…) as one continuous batch; results print in input order (one JSON object per line with --json)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l decode-concurrency -d 'With --batch-file: rows decoded together' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l prompt-concurrency -d 'With --batch-file: prompts prefilled at once' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l prompt-file -d 'Read the prompt text from a file' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l messages-file -d 'An OpenAI-style JSON array of chat messages' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l system -d 'System message put before the prompt' -r
@@ -58,11 +63,43 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json-schema
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l regex -d 'Constrain the output to a regular expression' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l choice -d 'Constrain the output to one of these comma-separated choices' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l grammar -d 'Constrain the output to a Lark grammar file' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l prompt-cache-file -d 'Continue from a KV cache saved by `cache-prompt` (or mlx_lm.cache_prompt); the prompt is what follows the cached text' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l max-kv-size -d 'Bound the KV cache to this many positions (the first 4 are kept)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l kv-group-size -d 'Group size of KV quantization' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l ignore-chat-template -d 'Use the prompt as is, without the chat template'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json -d 'Print one JSON object with the text and statistics instead of streaming'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s v -l verbose -d 'Print prompt/decode speed and peak memory to stderr'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json-object -d 'Constrain the output to any JSON object'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s p -l prompt -d 'The text to cache; `-` reads standard input' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l prompt-file -d 'Read the text to cache from a file' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l messages-file -d 'A JSON array of chat messages; the last one is left open' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l prompt-cache-file -d 'Where to save the cache (`.safetensors` is appended when missing)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l max-kv-size -d 'Bound the cache to this many positions (the first 4 are kept)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l kv-group-size -d 'Group size of KV quantization' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l prefill-step-size -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l system -d 'System message for every turn' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -s n -l max-tokens -d 'Maximum tokens per reply' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l temp -d 'Sampling temperature; 0 is greedy' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l top-p -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l top-k -d '0 disables top-k' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l min-p -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l repetition-penalty -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l seed -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l max-kv-size -d 'Bound the KV cache to this many positions (the first 4 are kept)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l kv-group-size -d 'Group size of KV quantization' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l prompt-cache-file -d 'Start from a KV cache saved by `cache-prompt`: the first message completes the cached user turn' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l prefill-step-size -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l host -d 'Address to listen on; anything but loopback exposes the server to the network' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l port -d 'Port to listen on; 0 picks a free one (the ready line shows it)' -r
@@ -75,6 +112,14 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l log-level -d '
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l adapter-path -d 'LoRA adapter directory to apply to the model' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l draft-model -d 'Draft model for speculative decoding' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l num-draft-tokens -d 'Tokens the draft model proposes per step' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l decode-concurrency -d 'Rows decoded together in one batch (continuous batching); 1 turns batching off. Requests with a draft model run speculatively instead' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l prompt-concurrency -d 'Prompts prefilled at once while the batch keeps decoding' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-budget -d 'KV cache budget in GiB for admitted requests (default: half the memory available after loading). Requests wait while the batch would exceed it; one that can never fit gets a 400' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l temp -d 'Sampling temperature for requests that give none (mlx-lm\'s server flag)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-p -d 'top_p for requests that give none' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-k -d 'top_k for requests that give none; 0 is off' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-p -d 'min_p for requests that give none' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-origins -d 'Browser origins that may call the API: `loopback` (localhost, 127.0.0.1, [::1], any port), `*`, or a comma-separated list' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l gguf -d 'A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors)' -r -F
@@ -200,15 +245,17 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-siz
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand completions" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "completions" -d 'Print shell completions'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate serve convert train bench evals fit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from train" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
