@@ -66,7 +66,15 @@ fn dtype_size(dtype: &str) -> Option<(u64, bool)> {
 }
 
 /// `(name, dtype, shape)` of every tensor in a safetensors file, from its header.
+/// A file the header cannot be read from gets the loader's error for it.
 fn safetensors_header(path: &Path) -> Result<Vec<(String, String, Vec<u64>)>> {
+    read_safetensors_header(path).or_else(|e| {
+        crate::model::weights::check_safetensors_file(path)?;
+        Err(e)
+    })
+}
+
+fn read_safetensors_header(path: &Path) -> Result<Vec<(String, String, Vec<u64>)>> {
     let mut f = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len)
