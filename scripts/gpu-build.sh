@@ -56,6 +56,8 @@ mkdir -p "$OUT/lib"
 strip -o "$OUT/mlx-bun" "$ROOT/target/gpu/release/mlx-bun"
 cp "$WHEEL_DIR/mlx/lib/"*.so* "$OUT/lib/"
 [ -d "$WHEEL_DIR/mlx_cuda_13.libs" ] && cp "$WHEEL_DIR/mlx_cuda_13.libs/"* "$OUT/lib/" || true
+# The link also pulls in the mlx-cpu wheel's bundled BLAS/LAPACK.
+cp "$CPU_DIR/mlx_cpu.libs/"* "$OUT/lib/"
 cat >"$OUT/run.sh" <<'RUN'
 #!/usr/bin/env bash
 # Runs mlx-bun on a machine with an NVIDIA GPU and CUDA 13's libraries: the

@@ -145,12 +145,14 @@ pub(crate) fn run(
             Some(d) => warm_up(d),
             None => Ok(()),
         })
-        .and_then(|()| {
+        .map(|()| {
             let full = std::env::var("MLX_BUN_WARMUP").is_ok_and(|v| v == "full");
             if crate::mlx_ext::on_gpu() || full {
-                warm_up_kernels(&models.model, &shared.tokenizer, plan.limits)
-            } else {
-                Ok(())
+                // A kernel that cannot be compiled here fails the requests that
+                // need it, not the server: warn and serve the rest.
+                if let Err(e) = warm_up_kernels(&models.model, &shared.tokenizer, plan.limits) {
+                    tracing::warn!("warm-up: {e:#}");
+                }
             }
         });
     tracing::info!("warm-up took {:.2} s", started.elapsed().as_secs_f64());
