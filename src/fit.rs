@@ -117,20 +117,7 @@ impl Footprint {
     /// floats at `dtype_bytes` each (4 on CPU: see `mlx_ext::compute_dtype`).
     pub fn read(dir: &Path, dtype_bytes: u64) -> Result<Self> {
         let (args, _) = crate::model::read_config(dir)?;
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .with_context(|| format!("reading {}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.extension().is_some_and(|e| e == "safetensors")
-                    && !p
-                        .file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("adapters"))
-            })
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            bail!("no *.safetensors weights in {}", dir.display());
-        }
+        let files = crate::model::weights::weight_files(dir)?;
         let (mut weight_bytes, mut file_bytes) = (0u64, 0u64);
         let mut per_layer: std::collections::HashMap<String, u64> = Default::default();
         let mut lm_head_dense = 0u64;

@@ -27,24 +27,6 @@ fn goldens() -> Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
 }
 
-/// A float32 (dequantized) copy of the default model.
-fn float32_model() -> PathBuf {
-    let dir = mlx_bun::hub::cache_dir().join("test-models/smol-f32");
-    if dir.join("model.safetensors").is_file() {
-        return dir;
-    }
-    let gguf = mlx_bun::default_model::ensure_gguf().unwrap();
-    common::run_ok(&[
-        "convert",
-        "--gguf",
-        gguf.to_str().unwrap(),
-        "-o",
-        dir.to_str().unwrap(),
-        "-d",
-    ]);
-    dir
-}
-
 fn sha256_file(path: &std::path::Path) -> String {
     let out = std::process::Command::new("sha256sum")
         .arg(path)
@@ -180,7 +162,7 @@ fn q4_rows_match_mlx_lm_batch_generator() {
 
 #[test]
 fn float32_rows_match_mlx_lm_batch_generator() {
-    check_model("f32", float32_model());
+    check_model("f32", common::float32_model());
 }
 
 fn schema_case(i: usize) -> (Value, &'static str) {

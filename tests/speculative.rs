@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Mutex;
 
 use mlx_bun::generate::{generate, GenerateOptions, GenerationResult};
@@ -16,25 +15,6 @@ use serde_json::Value;
 
 /// MLX work in one process runs one test at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-/// A float32 (dequantized) copy of the default model: the speculative target
-/// of the goldens, with the 4-bit default model as its draft.
-fn float32_target() -> PathBuf {
-    let dir = mlx_bun::hub::cache_dir().join("test-models/smol-f32");
-    if dir.join("model.safetensors").is_file() {
-        return dir;
-    }
-    let gguf = mlx_bun::default_model::ensure_gguf().unwrap();
-    common::run_ok(&[
-        "convert",
-        "--gguf",
-        gguf.to_str().unwrap(),
-        "-o",
-        dir.to_str().unwrap(),
-        "-d",
-    ]);
-    dir
-}
 
 fn plain(
     model: &Model,
@@ -56,7 +36,7 @@ fn two_model_speculation_matches_mlx_lm() {
         &std::fs::read_to_string(common::repo_root().join("goldens/speculative.json")).unwrap(),
     )
     .unwrap();
-    let target_dir = float32_target();
+    let target_dir = common::float32_model();
     let target = Model::load(&target_dir).unwrap();
     let tok = Tokenizer::load(&target_dir).unwrap();
     let draft = Model::load(&common::model_dir()).unwrap();

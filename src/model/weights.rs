@@ -28,20 +28,7 @@ impl Weights {
         quantization: Option<serde_json::Value>,
         compute_dtype: Dtype,
     ) -> Result<Self> {
-        let mut files: Vec<_> = std::fs::read_dir(dir)
-            .with_context(|| format!("reading {}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                p.extension().is_some_and(|e| e == "safetensors")
-                    && !p
-                        .file_name()
-                        .is_some_and(|n| n.to_string_lossy().starts_with("adapters"))
-            })
-            .collect();
-        files.sort();
-        if files.is_empty() {
-            bail!("no *.safetensors weights in {}", dir.display());
-        }
+        let files = weight_files(dir)?;
         let mut tensors = HashMap::new();
         for file in &files {
             check_safetensors_file(file)?;
@@ -298,6 +285,25 @@ impl Weights {
         }
         Ok(())
     }
+}
+
+/// The model's weight files in `dir` (`*.safetensors`, adapters excluded), sorted.
+pub fn weight_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.extension().is_some_and(|e| e == "safetensors")
+                && !p
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("adapters"))
+        })
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        bail!("no *.safetensors weights in {}", dir.display());
+    }
+    Ok(files)
 }
 
 /// Reads the header of a safetensors file and checks it against the file:

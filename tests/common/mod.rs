@@ -71,3 +71,22 @@ pub fn missing(what: &str, fix: &str) {
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
+
+/// A float32 (dequantized) copy of the default model, converted once into
+/// the user cache.
+pub fn float32_model() -> PathBuf {
+    let dir = mlx_bun::hub::cache_dir().join("test-models/smol-f32");
+    if dir.join("model.safetensors").is_file() {
+        return dir;
+    }
+    let gguf = mlx_bun::default_model::ensure_gguf().unwrap();
+    run_ok(&[
+        "convert",
+        "--gguf",
+        gguf.to_str().unwrap(),
+        "-o",
+        dir.to_str().unwrap(),
+        "-d",
+    ]);
+    dir
+}
