@@ -315,9 +315,26 @@ impl EvalDb {
             .with_context(|| format!("opening eval database {}", path.display()))?;
         conn.busy_timeout(std::time::Duration::from_secs(30))?;
         // WAL lets readers run beside a writer and writers queue on the lock.
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .with_context(|| format!("{} is not an SQLite database", path.display()))?;
+        // Switching to it needs the lock, and SQLite answers "busy" at once
+        // (without the busy handler) while another connection switches.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        let mode: String = loop {
+            match conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0)) {
+                Ok(mode) => break mode,
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if matches!(
+                        e.code,
+                        rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked
+                    ) && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("{} is not an SQLite database", path.display()))
+                }
+            }
+        };
         if !mode.eq_ignore_ascii_case("wal") {
             tracing::warn!("{}: journal mode {mode}, not WAL", path.display());
         }
