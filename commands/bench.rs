@@ -3,12 +3,14 @@
 
 mod feature_matrix;
 mod plot;
+mod qmv;
 
 use std::io::Write;
 use std::time::Instant;
 
 use anyhow::{bail, Result};
 use mlx_bun::evaldb::{EvalDb, Metric, RunMeta};
+use mlx_bun::model::layers::QuantSpec;
 use mlx_bun::model::Model;
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
@@ -24,10 +26,28 @@ pub struct Args {
 enum What {
     /// Every serving feature combination against the real `mlx-bun serve`.
     FeatureMatrix(feature_matrix::Args),
+    /// mlx-bun's CUDA quantized matrix-vector kernel against MLX's, on random
+    /// weights (GPU).
+    Qmv(qmv::Args),
     /// Time one forward pass over L new tokens after a fixed context.
     Forward {
         #[arg(long, short)]
         model: Option<String>,
+        /// Random weights of a known shape instead of a model folder:
+        /// llama-8b, llama-1b or smollm2-135m.
+        #[arg(long, conflicts_with = "model")]
+        synthetic: Option<String>,
+        /// Bits of the synthetic model's quantized weights (0: unquantized).
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(0..=8))]
+        q_bits: i32,
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i32).range(32..=128))]
+        q_group_size: i32,
+        /// The synthetic model's dtype: bfloat16, float16 or float32.
+        #[arg(long, default_value = "bfloat16")]
+        dtype: String,
+        /// Time every length with mlx-bun's CUDA kernel on and off (GPU).
+        #[arg(long)]
+        compare_kernel: bool,
         /// Comma-separated numbers of new tokens per forward pass.
         #[arg(long, value_delimiter = ',', default_value = "1,2,4,8", value_parser = crate::validate::at_least_one)]
         lengths: Vec<usize>,
@@ -48,101 +68,206 @@ enum What {
 pub fn run(args: Args) -> Result<()> {
     match args.what {
         What::FeatureMatrix(args) => feature_matrix::run(args),
+        What::Qmv(args) => qmv::run(args),
         What::Forward {
             model,
+            synthetic,
+            q_bits,
+            q_group_size,
+            dtype,
+            compare_kernel,
             lengths,
             context,
             runs,
             json,
             no_db,
-        } => forward(model.as_deref(), &lengths, context, runs, json, no_db),
+        } => {
+            let source = match synthetic {
+                Some(shape) => {
+                    let dtype = mlx_bun::mlx_ext::parse_dtype(&dtype)
+                        .ok_or_else(|| anyhow::anyhow!("unknown --dtype {dtype:?}"))?;
+                    let quant = (q_bits > 0).then_some(QuantSpec {
+                        group_size: q_group_size,
+                        bits: q_bits,
+                    });
+                    Source::Synthetic {
+                        shape,
+                        quant,
+                        dtype,
+                    }
+                }
+                None => Source::Folder(model),
+            };
+            let plan = Plan {
+                lengths: &lengths,
+                context,
+                runs,
+                json,
+                no_db,
+                compare_kernel,
+            };
+            forward(source, &plan)
+        }
     }
 }
 
-fn forward(
-    model: Option<&str>,
-    lengths: &[usize],
+enum Source {
+    Folder(Option<String>),
+    Synthetic {
+        shape: String,
+        quant: Option<QuantSpec>,
+        dtype: mlx_rs::Dtype,
+    },
+}
+
+struct Plan<'a> {
+    lengths: &'a [usize],
     context: usize,
     runs: usize,
     json: bool,
     no_db: bool,
-) -> Result<()> {
-    if runs == 0 || lengths.contains(&0) {
+    compare_kernel: bool,
+}
+
+fn forward(source: Source, plan: &Plan<'_>) -> Result<()> {
+    if plan.runs == 0 || plan.lengths.contains(&0) {
         bail!("--runs and every --lengths entry must be at least 1");
     }
-    let dir = crate::model_arg::resolve(model)?;
-    let model = Model::load(&dir)?;
-    let db = if no_db {
+    if plan.compare_kernel && !mlx_bun::mlx_ext::on_gpu() {
+        bail!("--compare-kernel needs a GPU (mlx-bun's CUDA kernel runs only there)");
+    }
+    let (model, label) = match &source {
+        Source::Folder(model) => {
+            let dir = crate::model_arg::resolve(model.as_deref())?;
+            (Model::load(&dir)?, dir.display().to_string())
+        }
+        Source::Synthetic {
+            shape,
+            quant,
+            dtype,
+        } => {
+            let config = mlx_bun::model::synthetic::shape_config(shape)?;
+            eprintln!("building a random {shape} model...");
+            let model = Model::synthetic(config, *quant, *dtype)?;
+            let bits = quant.map_or("dense".to_string(), |q| {
+                format!("q{}g{}", q.bits, q.group_size)
+            });
+            (model, format!("synthetic:{shape}:{bits}"))
+        }
+    };
+    let db = if plan.no_db {
         None
     } else {
         let db = EvalDb::open(&mlx_bun::evaldb::default_path())?;
-        let flags = serde_json::json!({"lengths": lengths, "context": context, "runs": runs});
-        let meta = RunMeta::detect(Some(&dir));
-        let id = db.start_run_with(
-            "bench",
-            Some("forward"),
-            &dir.display().to_string(),
-            &flags,
-            &meta,
-        )?;
+        let flags = serde_json::json!({
+            "lengths": plan.lengths,
+            "context": plan.context,
+            "runs": plan.runs,
+            "compare_kernel": plan.compare_kernel,
+        });
+        let meta = match &source {
+            Source::Folder(_) => RunMeta::detect(Some(std::path::Path::new(&label))),
+            Source::Synthetic { .. } => RunMeta::detect(None),
+        };
+        let id = db.start_run_with("bench", Some("forward"), &label, &flags, &meta)?;
         Some((db, id))
     };
-    let ctx: Vec<u32> = (0..context as u32).map(|i| 100 + i % 1000).collect();
+    let ctx: Vec<u32> = (0..plan.context as u32).map(|i| 100 + i % 1000).collect();
     let mut out = std::io::stdout();
-    if !json {
+    let kernels: &[Option<bool>] = if plan.compare_kernel {
+        &[Some(false), Some(true)]
+    } else {
+        &[None]
+    };
+    if !plan.json {
         writeln!(
             out,
-            "{:>6} {:>12} {:>14}",
-            "tokens", "ms/forward", "ms/token"
+            "{:>6} {:>8} {:>12} {:>14}",
+            "tokens", "kernel", "ms/forward", "ms/token"
         )?;
     }
-    for &len in lengths {
-        let mut times = Vec::new();
-        for run in 0..runs + 1 {
-            let mut caches = model.make_caches();
-            mlx_bun::generate::prefill(&model, &mut caches, &ctx, 2048)?;
-            let ids: Vec<i32> = (0..len as i32).map(|i| 200 + i).collect();
-            let input = Array::from_slice(&ids, &[1, len as i32]);
-            let t = Instant::now();
-            let logits = model.forward(&input, &mut caches)?;
-            eval([&logits])?;
-            if run > 0 {
-                times.push(t.elapsed().as_secs_f64() * 1e3);
+    for &len in plan.lengths {
+        for &kernel in kernels {
+            if let Some(on) = kernel {
+                mlx_bun::kernels::cuda::set_enabled(on);
             }
-        }
-        if let Some((db, id)) = &db {
-            let name = format!("ms_per_forward.{len}");
-            for &t in &times {
-                db.record_metrics(
-                    *id,
-                    &[Metric {
-                        name: &name,
-                        value: t,
-                        unit: "ms",
-                        higher_is_better: Some(false),
-                    }],
+            let times = time_forward(&model, &ctx, len, plan.runs)?;
+            let tag = match kernel {
+                Some(true) => "mlx-bun",
+                Some(false) => "mlx",
+                None => "default",
+            };
+            if let Some((db, id)) = &db {
+                let name = match kernel {
+                    Some(_) => format!("ms_per_forward.{len}.{tag}"),
+                    None => format!("ms_per_forward.{len}"),
+                };
+                for &t in &times {
+                    db.record_metrics(
+                        *id,
+                        &[Metric {
+                            name: &name,
+                            value: t,
+                            unit: "ms",
+                            higher_is_better: Some(false),
+                        }],
+                    )?;
+                }
+            }
+            let median = times[times.len() / 2];
+            if plan.json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({"tokens": len, "kernel": tag, "ms_per_forward": median, "ms_per_token": median / len as f64})
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{len:>6} {tag:>8} {median:>12.2} {:>14.2}",
+                    median / len as f64
                 )?;
             }
-        }
-        times.sort_by(f64::total_cmp);
-        let median = times[times.len() / 2];
-        if json {
-            writeln!(
-                out,
-                "{}",
-                serde_json::json!({"tokens": len, "ms_per_forward": median, "ms_per_token": median / len as f64})
-            )?;
-        } else {
-            writeln!(out, "{len:>6} {median:>12.2} {:>14.2}", median / len as f64)?;
         }
     }
     if let Some((db, id)) = &db {
         db.finish_run(*id, "done", &serde_json::json!({}))?;
-        if !json {
+        if !plan.json {
             writeln!(out, "recorded as run {id} in {}", db.path().display())?;
         }
     }
     Ok(())
+}
+
+/// Sorted times (ms) of `runs` forward passes over `len` new tokens after
+/// `ctx`, after one untimed warm-up pass. `MLX_BUN_BENCH_BUILD=1` also
+/// prints the median time spent building the lazy graph (host side).
+fn time_forward(model: &Model, ctx: &[u32], len: usize, runs: usize) -> Result<Vec<f64>> {
+    let mut times = Vec::new();
+    let mut builds = Vec::new();
+    for run in 0..runs + 1 {
+        let mut caches = model.make_caches();
+        mlx_bun::generate::prefill(model, &mut caches, ctx, 2048)?;
+        let ids: Vec<i32> = (0..len as i32).map(|i| 200 + i).collect();
+        let input = Array::from_slice(&ids, &[1, len as i32]);
+        let t = Instant::now();
+        let logits = model.forward(&input, &mut caches)?;
+        let built = t.elapsed().as_secs_f64() * 1e3;
+        eval([&logits])?;
+        if run > 0 {
+            times.push(t.elapsed().as_secs_f64() * 1e3);
+            builds.push(built);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    builds.sort_by(f64::total_cmp);
+    if std::env::var("MLX_BUN_BENCH_BUILD").is_ok_and(|v| v == "1") {
+        eprintln!(
+            "{len} tokens: graph built in {:.2} ms (median)",
+            builds[builds.len() / 2]
+        );
+    }
+    Ok(times)
 }
 
 /// Today's UTC date as YYYY-MM-DD (for report file names).

@@ -56,6 +56,11 @@ mkdir -p "$OUT/lib"
 strip -o "$OUT/mlx-bun" "$ROOT/target/gpu/release/mlx-bun"
 cp "$WHEEL_DIR/mlx/lib/"*.so* "$OUT/lib/"
 [ -d "$WHEEL_DIR/mlx_cuda_13.libs" ] && cp "$WHEEL_DIR/mlx_cuda_13.libs/"* "$OUT/lib/" || true
+# MLX's CUDA JIT (NVRTC) looks for the CUDA C++ standard library headers
+# (CCCL) and CUTLASS/CuTe (quantized matmul kernels) in include/ beside the
+# folder holding libmlx.so.
+mkdir -p "$OUT/include"
+cp -r "$WHEEL_DIR/mlx/include/"{cccl,cute,cutlass} "$OUT/include/"
 # The link also pulls in the mlx-cpu wheel's bundled BLAS/LAPACK.
 cp "$CPU_DIR/mlx_cpu.libs/"* "$OUT/lib/"
 cat >"$OUT/run.sh" <<'RUN'

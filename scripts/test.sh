@@ -10,6 +10,8 @@ if [[ -x scripts/oracle/setup.sh ]]; then
 fi
 cargo fmt --check
 cargo clippy --release --all-targets --quiet -- -D warnings
+# The engine builds without the HTTP stack.
+cargo clippy --release --lib --no-default-features --quiet -- -D warnings
 cargo build --release --all-targets --quiet
 # Prepare the default model once, before tests run in parallel.
 ./target/release/mlx-bun generate --prompt "Hi" --max-tokens 1 >/dev/null

@@ -22,6 +22,7 @@ pub mod model;
 pub mod prompt;
 pub mod prompt_cache;
 pub mod sampling;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod speculative;
 pub mod stop;

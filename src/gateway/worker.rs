@@ -95,32 +95,52 @@ fn warm_up(model: &Model) -> Result<()> {
 
 /// On a GPU, MLX compiles each kernel the first time a shape class is used
 /// (tens of seconds in all). Before the server says it is ready, run what a
-/// request will: prefill chunks of the sizes the batch lane uses, decode
-/// steps at every batch size up to `decode_concurrency` (rows that finish
-/// one after another shrink the batch through each size), greedy and
-/// sampled rows with log-probabilities.
+/// request will: prefill chunks of every tile class of MLX's quantized
+/// matmul (short cached-suffix prefills to long prompts), decode steps at
+/// every batch size up to `decode_concurrency` (rows that finish one after
+/// another shrink the batch through each size), and the sampling paths:
+/// greedy, seeded and unseeded sampling with top-p, top-k and min-p, with and
+/// without log-probabilities.
 fn warm_up_kernels(model: &Model, tokenizer: &Tokenizer, limits: BatchLimits) -> Result<()> {
     use crate::decode::{BatchScheduler, Row};
     use crate::generate::GenerateOptions;
     use crate::sampling::SamplingParams;
+    const PROMPT_LENGTHS: [usize; 6] = [5, 20, 40, 100, 600, 12];
     let vocab = model.vocab_size().max(2) as u32;
     let mut scheduler = BatchScheduler::new(model, limits);
-    let rows = limits.decode_concurrency.max(1);
+    let rows = limits.decode_concurrency.max(PROMPT_LENGTHS.len());
     for i in 0..rows {
-        let len = [40usize, 600][i % 2];
+        let len = PROMPT_LENGTHS[i % PROMPT_LENGTHS.len()];
         let prompt: Vec<u32> = (0..len as u32)
             .map(|t| 1 + (t * 7 + i as u32) % (vocab - 1))
             .collect();
-        let sampled = i % 2 == 1;
-        let opts = GenerateOptions {
-            max_tokens: 2 + i,
-            sampling: SamplingParams {
-                temperature: if sampled { 0.7 } else { 0.0 },
-                top_p: if sampled { 0.9 } else { 1.0 },
-                seed: sampled.then_some(i as u64),
+        let sampling = match i % 4 {
+            0 => SamplingParams {
+                temperature: 0.0,
                 ..SamplingParams::default()
             },
-            logprobs: sampled.then_some(2),
+            1 => SamplingParams {
+                temperature: 0.7,
+                top_p: 0.9,
+                seed: Some(i as u64),
+                ..SamplingParams::default()
+            },
+            2 => SamplingParams {
+                temperature: 0.7,
+                top_p: 0.9,
+                ..SamplingParams::default()
+            },
+            _ => SamplingParams {
+                temperature: 0.8,
+                top_k: 20,
+                min_p: 0.05,
+                ..SamplingParams::default()
+            },
+        };
+        let opts = GenerateOptions {
+            max_tokens: 2 + i,
+            sampling,
+            logprobs: (i % 2 == 1).then_some(2),
             ..GenerateOptions::default()
         };
         let row = Row::new(model, tokenizer, prompt, 0, &opts, None, Box::new(|_| true))?;

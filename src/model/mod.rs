@@ -7,6 +7,7 @@ pub mod llama;
 pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
+pub mod synthetic;
 pub mod weights;
 
 use std::path::{Path, PathBuf};

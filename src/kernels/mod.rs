@@ -18,6 +18,8 @@ use mlx_rs::{Array, Dtype};
 
 use crate::model::layers::QuantSpec;
 
+pub mod cuda;
+
 extern "C" {
     fn mlx_bun_cpu_qmm(
         res: *mut mlx_sys::mlx_array,
@@ -164,7 +166,8 @@ pub fn rope(
 }
 
 /// `quantized_matmul(x, w, scales, biases, transpose = true)`: by mlx-bun's
-/// CPU kernel where it applies (CPU, float32, 4 or 8 bits), else by MLX.
+/// CPU kernel where it applies (CPU, float32, 4 or 8 bits), by its CUDA
+/// kernel for few rows on an NVIDIA GPU, else by MLX.
 /// MLX's CPU kernel costs the same per row at any row count, so this one is
 /// faster at every count; `Linear` sends long prompts to its dense path first.
 pub fn quantized_matmul_t(
@@ -176,6 +179,9 @@ pub fn quantized_matmul_t(
 ) -> Result<Array> {
     if kernel_applies(x, w, scales, biases, spec) {
         return cpu_quantized_matmul(x, w, scales, biases, spec.group_size, spec.bits);
+    }
+    if cuda::applies(x, w, scales, biases, spec) {
+        return cuda::quantized_matvec(x, w, scales, biases, spec);
     }
     Ok(quantized_matmul(
         x,

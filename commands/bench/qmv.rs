@@ -1,0 +1,184 @@
+//! `mlx-bun bench qmv`: mlx-bun's CUDA quantized matrix-vector kernel against
+//! MLX's `quantized_matmul`, on random weights of a model's layer shapes, in
+//! one process. Reports the largest difference, the time per product and the
+//! bandwidth reached as a share of the GPU's limit.
+
+use std::io::Write;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use mlx_bun::kernels::cuda;
+use mlx_bun::model::layers::QuantSpec;
+use mlx_rs::ops::{quantize, quantized_matmul};
+use mlx_rs::transforms::eval;
+use mlx_rs::Array;
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Layer shapes as OUTxIN (Llama 3 8B's q/o, k/v, gate/up and down by default).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "4096x4096,1024x4096,14336x4096,4096x14336"
+    )]
+    shapes: Vec<String>,
+    /// Rows of activations (1 = single-sequence decode).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    rows: Vec<usize>,
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(i32).range(4..=8))]
+    bits: i32,
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i32).range(32..=128))]
+    group_size: i32,
+    /// Activation dtype: bfloat16, float16 or float32.
+    #[arg(long, default_value = "bfloat16")]
+    dtype: String,
+    /// Products per timed graph (one evaluation launches them all).
+    #[arg(long, default_value_t = 200, value_parser = crate::validate::at_least_one)]
+    batch: usize,
+    #[arg(long, default_value_t = 5, value_parser = crate::validate::at_least_one)]
+    runs: usize,
+    /// The GPU's memory bandwidth in GB/s (H200: 4800).
+    #[arg(long, default_value_t = 4800.0)]
+    peak_gbps: f64,
+    #[arg(long)]
+    json: bool,
+    /// Exit with an error when the kernel's output differs from MLX's by more
+    /// than float tolerance (relative to the largest output).
+    #[arg(long)]
+    check: bool,
+}
+
+pub fn run(args: Args) -> Result<()> {
+    if !mlx_bun::mlx_ext::on_gpu() {
+        bail!("bench qmv needs a GPU: mlx-bun's CUDA kernel runs only there");
+    }
+    let dtype = mlx_bun::mlx_ext::parse_dtype(&args.dtype)
+        .with_context(|| format!("unknown --dtype {:?}", args.dtype))?;
+    let spec = QuantSpec {
+        group_size: args.group_size,
+        bits: args.bits,
+    };
+    cuda::set_enabled(true);
+    let tolerance = if dtype == mlx_rs::Dtype::Float32 {
+        1e-4
+    } else {
+        1e-2
+    };
+    let mut failures = Vec::new();
+    let mut out = std::io::stdout();
+    if !args.json {
+        writeln!(
+            out,
+            "{:>12} {:>4} {:>10} {:>10} {:>8} {:>9} {:>9} {:>10}",
+            "shape", "rows", "mlx us", "ours us", "speedup", "mlx %bw", "ours %bw", "max diff"
+        )?;
+    }
+    for shape in &args.shapes {
+        let (n, k) = parse_shape(shape)?;
+        let w = mlx_rs::random::normal::<f32>(&[n, k][..], None, 0.02, None)?.as_dtype(dtype)?;
+        let (wq, scales, biases) = quantize(&w, spec.group_size, spec.bits)?;
+        eval([&wq, &scales, &biases])?;
+        let weight_bytes = wq.nbytes() + scales.nbytes() + biases.nbytes();
+        for &rows in &args.rows {
+            let x = mlx_rs::random::normal::<f32>(&[rows as i32, k][..], None, None, None)?
+                .as_dtype(dtype)?;
+            eval([&x])?;
+            if !cuda::applies(&x, &wq, &scales, &biases, spec) {
+                bail!("the kernel does not take shape {shape} with {rows} rows");
+            }
+            let reference =
+                quantized_matmul(&x, &wq, &scales, &biases, true, spec.group_size, spec.bits)?;
+            let ours = cuda::quantized_matvec(&x, &wq, &scales, &biases, spec)?;
+            eval([&reference, &ours])?;
+            let diff = reference
+                .as_dtype(mlx_rs::Dtype::Float32)?
+                .subtract(&ours.as_dtype(mlx_rs::Dtype::Float32)?)?
+                .abs()?
+                .max(None)?
+                .item_cast::<f32>();
+            let scale = reference
+                .as_dtype(mlx_rs::Dtype::Float32)?
+                .abs()?
+                .max(None)?
+                .item_cast::<f32>();
+            let mlx_us = time_products(args.batch, args.runs, || {
+                Ok(quantized_matmul(
+                    &x,
+                    &wq,
+                    &scales,
+                    &biases,
+                    true,
+                    spec.group_size,
+                    spec.bits,
+                )?)
+            })?;
+            let ours_us = time_products(args.batch, args.runs, || {
+                cuda::quantized_matvec(&x, &wq, &scales, &biases, spec)
+            })?;
+            let bytes = (weight_bytes + x.nbytes() + x.nbytes() / k as usize * n as usize) as f64;
+            let pct = |us: f64| bytes / (us * 1e-6) / (args.peak_gbps * 1e9) * 100.0;
+            let rel = diff / scale.max(f32::MIN_POSITIVE);
+            if !(rel <= tolerance) {
+                failures.push(format!(
+                    "{shape} with {rows} rows: relative difference {rel:.2e}"
+                ));
+            }
+            if args.json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::json!({
+                        "shape": shape, "rows": rows, "bits": spec.bits,
+                        "group_size": spec.group_size, "dtype": args.dtype,
+                        "mlx_us": mlx_us, "ours_us": ours_us, "speedup": mlx_us / ours_us,
+                        "mlx_pct_bw": pct(mlx_us), "ours_pct_bw": pct(ours_us),
+                        "max_abs_diff": diff, "max_rel_diff": rel,
+                    })
+                )?;
+            } else {
+                writeln!(
+                    out,
+                    "{shape:>12} {rows:>4} {mlx_us:>10.2} {ours_us:>10.2} {:>7.2}x {:>8.1}% {:>8.1}% {rel:>10.2e}",
+                    mlx_us / ours_us,
+                    pct(mlx_us),
+                    pct(ours_us)
+                )?;
+            }
+        }
+    }
+    if args.check && !failures.is_empty() {
+        bail!(
+            "the CUDA kernel differs from MLX's quantized_matmul beyond {tolerance:e}: {}",
+            failures.join("; ")
+        );
+    }
+    Ok(())
+}
+
+fn parse_shape(s: &str) -> Result<(i32, i32)> {
+    let (n, k) = s
+        .split_once('x')
+        .with_context(|| format!("shape {s:?} is not OUTxIN"))?;
+    let n: i32 = n.parse().with_context(|| format!("shape {s:?}"))?;
+    let k: i32 = k.parse().with_context(|| format!("shape {s:?}"))?;
+    if n < 1 || k < 1 {
+        bail!("shape {s:?} must be positive");
+    }
+    Ok((n, k))
+}
+
+/// Median microseconds per product: `batch` products built into one graph and
+/// evaluated together, `runs` times after a warm-up.
+fn time_products(batch: usize, runs: usize, f: impl Fn() -> Result<Array>) -> Result<f64> {
+    let mut times = Vec::new();
+    for run in 0..=runs {
+        let outs: Vec<Array> = (0..batch).map(|_| f()).collect::<Result<_>>()?;
+        let t = Instant::now();
+        eval(outs.iter())?;
+        if run > 0 {
+            times.push(t.elapsed().as_secs_f64() * 1e6 / batch as f64);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
