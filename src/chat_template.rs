@@ -6,12 +6,23 @@ use minijinja::{context, Environment, Error, ErrorKind, Value};
 use serde::{Deserialize, Serialize};
 
 /// One chat message. `content` is plain text; OpenAI content-part arrays are
-/// flattened to their text parts on the way in.
+/// flattened to their text parts on the way in. An assistant turn may carry
+/// `tool_calls` (OpenAI's objects; their `arguments` are given to templates
+/// as JSON objects, as mlx-lm does) and a tool turn its `tool_call_id`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Message {
     pub role: String,
     #[serde(deserialize_with = "content_text", default)]
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<serde_json::Value>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// An earlier turn's reasoning, for templates that render it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl Message {
@@ -19,7 +30,29 @@ impl Message {
         Self {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
+            name: None,
+            reasoning_content: None,
         }
+    }
+
+    /// The message as templates see it: call arguments given as JSON strings
+    /// (OpenAI's spelling) become objects.
+    fn for_template(&self) -> Self {
+        let mut m = self.clone();
+        for call in m.tool_calls.iter_mut().flatten() {
+            let f = match call.get_mut("function") {
+                Some(f) => f,
+                None => call,
+            };
+            if let Some(serde_json::Value::String(s)) = f.get("arguments") {
+                if let Ok(v) = serde_json::from_str::<serde_json::Value>(s) {
+                    f["arguments"] = v;
+                }
+            }
+        }
+        m
     }
 }
 
@@ -78,6 +111,7 @@ const TEMPLATE_FUEL: u64 = 20_000_000;
 
 pub struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
     bos_token: Option<String>,
     eos_token: Option<String>,
 }
@@ -142,10 +176,11 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
-        env.add_template_owned("chat", source)
+        env.add_template_owned("chat", source.clone())
             .map_err(|e| anyhow!("invalid chat template: {e}"))?;
         Ok(Self {
             env,
+            source,
             bos_token,
             eos_token,
         })
@@ -154,12 +189,32 @@ impl ChatTemplate {
     /// Renders `messages`; with `add_generation_prompt` the text ends where
     /// the assistant's reply begins.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        self.render_with(messages, add_generation_prompt, None, &Default::default())
+    }
+
+    /// The template's source text.
+    pub fn source(&self) -> &str {
+        &self.source
+    }
+
+    /// [`render`](Self::render) with OpenAI `tools` and extra variables
+    /// (`chat_template_kwargs` such as `enable_thinking`).
+    pub fn render_with(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&[serde_json::Value]>,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
         let tmpl = self.env.get_template("chat")?;
+        let messages: Vec<Message> = messages.iter().map(Message::for_template).collect();
         tmpl.render(context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token.clone().unwrap_or_default(),
             eos_token => self.eos_token.clone().unwrap_or_default(),
+            tools => tools,
+            ..Value::from_serialize(kwargs)
         })
         .map_err(|e| anyhow!("chat template failed: {e}"))
     }
