@@ -84,6 +84,8 @@ pub struct ReasoningSplitter {
     markers: ReasoningMarkers,
     inside: bool,
     held: String,
+    /// Just left a reasoning block: the answer's leading blank lines go.
+    trim_answer: bool,
 }
 
 /// The longest tail of `text` that begins `marker` (a marker possibly cut).
@@ -103,6 +105,7 @@ impl ReasoningSplitter {
             markers,
             inside,
             held: String::new(),
+            trim_answer: false,
         }
     }
 
@@ -121,11 +124,8 @@ impl ReasoningSplitter {
                     self.held.drain(..at + marker.len());
                     self.emit(&mut out, before);
                     self.inside = !self.inside;
-                    if !self.inside {
-                        // The answer usually starts after a blank line.
-                        let trimmed = self.held.trim_start().len();
-                        self.held.drain(..self.held.len() - trimmed);
-                    }
+                    // The answer usually starts after a blank line.
+                    self.trim_answer = !self.inside;
                 }
                 None => {
                     let keep = partial_tail(&self.held, marker);
@@ -146,7 +146,14 @@ impl ReasoningSplitter {
         out
     }
 
-    fn emit(&self, out: &mut Vec<Piece>, text: String) {
+    fn emit(&mut self, out: &mut Vec<Piece>, text: String) {
+        let text = if self.trim_answer && !self.inside {
+            let t = text.trim_start().to_string();
+            self.trim_answer = t.is_empty();
+            t
+        } else {
+            text
+        };
         if text.is_empty() {
             return;
         }

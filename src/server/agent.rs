@@ -158,6 +158,9 @@ pub struct AnswerPlan {
     pub reasoning: Option<ReasoningMarkers>,
     /// The prompt opened a reasoning block: the answer begins inside it.
     pub opens: bool,
+    /// The prompt ends with a closed (empty) reasoning block, as templates
+    /// write it when thinking is off: the answer starts at once.
+    pub closed: bool,
     /// At most one call (`parallel_tool_calls: false`).
     pub single_call: bool,
 }
@@ -182,10 +185,14 @@ impl AnswerPlan {
             None => ReasoningMarkers::infer(tokenizer, source),
         };
         let opens = reasoning.as_ref().is_some_and(|m| m.prompt_opens(prompt));
+        let closed = reasoning
+            .as_ref()
+            .is_some_and(|m| prompt.trim_end().ends_with(m.end.as_str()));
         Self {
             tools,
             reasoning,
             opens,
+            closed,
             single_call: !request.parallel,
         }
     }
@@ -195,7 +202,12 @@ impl AnswerPlan {
         self.tools.is_some() || self.reasoning.is_some()
     }
 
+    /// The reasoning a grammar lets come first; none when the prompt
+    /// already closed the block.
     fn prefix(&self) -> Option<ReasoningPrefix> {
+        if self.closed {
+            return None;
+        }
         self.reasoning.as_ref().map(|m| ReasoningPrefix {
             start: m.start.clone(),
             end: m.end.clone(),
@@ -463,6 +475,7 @@ mod tests {
             tools,
             reasoning: think.then(|| ReasoningMarkers::new("<think>", "</think>")),
             opens: false,
+            closed: false,
             single_call: false,
         }
     }

@@ -181,6 +181,12 @@ pub fn to_chat_request(body: &Value) -> Result<Value, ApiError> {
         ("stream", "stream"),
         ("stop_sequences", "stop"),
         ("model", "model"),
+        // mlx-bun's structured-output extensions, as on the chat route.
+        ("guided_json", "guided_json"),
+        ("guided_regex", "guided_regex"),
+        ("guided_choice", "guided_choice"),
+        ("guided_grammar", "guided_grammar"),
+        ("seed", "seed"),
     ] {
         if let Some(v) = obj.get(from).filter(|v| !v.is_null()) {
             chat.insert(to.into(), v.clone());
