@@ -120,6 +120,59 @@ fn raise_exception(msg: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, msg))
 }
 
+/// Python's `json.dumps` layout, as Hugging Face's `tojson` writes it: keys
+/// in their order, `", "` and `": "` separators, no HTML escaping (minijinja's
+/// own filter escapes `<` and `&`, which would change tool descriptions).
+fn py_json(v: &serde_json::Value, out: &mut String) {
+    match v {
+        serde_json::Value::Object(m) => {
+            out.push('{');
+            for (i, (k, x)) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                out.push_str(&serde_json::Value::String(k.clone()).to_string());
+                out.push_str(": ");
+                py_json(x, out);
+            }
+            out.push('}');
+        }
+        serde_json::Value::Array(items) => {
+            out.push('[');
+            for (i, x) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                py_json(x, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+fn py_tojson(value: &Value, indent: Option<usize>) -> Result<Value, Error> {
+    let v = serde_json::to_value(value)
+        .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+    let text = match indent {
+        Some(n) => {
+            let pad = " ".repeat(n);
+            let mut buf = Vec::new();
+            let fmt = serde_json::ser::PrettyFormatter::with_indent(pad.as_bytes());
+            let mut ser = serde_json::Serializer::with_formatter(&mut buf, fmt);
+            serde::Serialize::serialize(&v, &mut ser)
+                .map_err(|e| Error::new(ErrorKind::InvalidOperation, format!("tojson: {e}")))?;
+            String::from_utf8(buf).expect("JSON is UTF-8")
+        }
+        None => {
+            let mut out = String::new();
+            py_json(&v, &mut out);
+            out
+        }
+    };
+    Ok(Value::from_safe_string(text))
+}
+
 fn strftime_now(format: String) -> String {
     // Templates use it for "today's date"; render the UTC date in the common formats.
     let secs = std::time::SystemTime::now()
@@ -176,6 +229,7 @@ impl ChatTemplate {
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", py_tojson);
         env.add_template_owned("chat", source.clone())
             .map_err(|e| anyhow!("invalid chat template: {e}"))?;
         Ok(Self {
@@ -237,6 +291,71 @@ mod tests {
         assert_eq!(
             ok.render(&[Message::new("user", "hi")], true).unwrap(),
             "hi"
+        );
+    }
+
+    /// The same conversation rendered by transformers (scripts/oracle/make_template_golden.py).
+    #[test]
+    fn tool_prompt_equals_transformers_rendering() {
+        let golden: serde_json::Value = serde_json::from_str(include_str!(
+            "../tests/data/qwen3_template_tools_golden.json"
+        ))
+        .unwrap();
+        let t = ChatTemplate::new(
+            include_str!("../tests/data/qwen3_chat_template.jinja").into(),
+            None,
+            None,
+        )
+        .unwrap();
+        let messages: Vec<Message> = serde_json::from_value(golden["messages"].clone()).unwrap();
+        let tools = golden["tools"].as_array().unwrap().clone();
+        for thinking in [true, false] {
+            let mut kwargs = serde_json::Map::new();
+            kwargs.insert("enable_thinking".into(), thinking.into());
+            let ours = t
+                .render_with(&messages, true, Some(&tools), &kwargs)
+                .unwrap();
+            assert_eq!(
+                ours,
+                golden["rendered"][thinking.to_string()],
+                "enable_thinking={thinking}"
+            );
+        }
+    }
+
+    #[test]
+    fn tool_turns_round_trip_through_a_qwen3_template() {
+        let t = ChatTemplate::new(
+            include_str!("../tests/data/qwen3_chat_template.jinja").into(),
+            None,
+            None,
+        )
+        .unwrap();
+        let mut call = Message::new("assistant", "");
+        call.tool_calls = Some(vec![serde_json::json!({"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}})]);
+        let mut result = Message::new("tool", "21 C");
+        result.tool_call_id = Some("call_1".into());
+        let messages = [Message::new("user", "Weather in Paris?"), call, result];
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "get_weather"}})];
+        let mut kwargs = serde_json::Map::new();
+        kwargs.insert("enable_thinking".into(), false.into());
+        let text = t
+            .render_with(&messages, true, Some(&tools), &kwargs)
+            .unwrap();
+        assert!(text.contains("<tools>\n{"), "{text}");
+        assert!(text.contains("\"name\": \"get_weather\""), "{text}");
+        assert!(
+            text.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
+            "{text}"
+        );
+        assert!(
+            text.contains("<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+            "{text}"
         );
     }
 }
