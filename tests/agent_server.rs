@@ -329,3 +329,91 @@ fn forcing_grammars_compile_on_a_real_vocabulary() {
     .unwrap_err();
     assert!(err.to_string().contains("function_gemma"));
 }
+
+#[test]
+fn parser_flag_and_anthropic_key_header() {
+    let server = Server::start(
+        &common::model_dir(),
+        &["--tool-call-parser", "mistral", "--api-key", "k1"],
+    );
+    let client = reqwest::blocking::Client::new();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}}]);
+    let r: Value = client
+        .post(format!("{}/v1/chat/completions", server.base))
+        .bearer_auth("k1")
+        .json(&json!({
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+            "max_tokens": 40, "return_token_ids": true,
+        }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{r}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{r}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{r}");
+    // The forced text was Mistral's.
+    let tokenizer = mlx_bun::tokenizer::Tokenizer::load(&common::model_dir()).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).unwrap();
+    let text = tokenizer.decode(&ids).unwrap();
+    assert!(
+        text.starts_with("[TOOL_CALLS][{\"name\": \"get_weather\""),
+        "{text}"
+    );
+
+    // Anthropic's key header.
+    let body =
+        json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]});
+    let ok = client
+        .post(format!("{}/v1/messages", server.base))
+        .header("x-api-key", "k1")
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let m: Value = ok.json().unwrap();
+    assert_eq!(m["type"], "message");
+    assert_eq!(m["stop_reason"], "max_tokens", "{m}");
+    let denied = client
+        .post(format!("{}/v1/messages", server.base))
+        .header("x-api-key", "nope")
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+}
+
+#[test]
+fn bad_agent_flags_are_clear_errors() {
+    let model = common::model_dir();
+    let model = model.to_str().unwrap();
+    for (flags, expected) in [
+        (
+            vec!["--tool-call-parser", "nope"],
+            "unknown tool-call parser",
+        ),
+        (
+            vec!["--reasoning-parser", "nope"],
+            "unknown reasoning parser",
+        ),
+        (vec!["--chat-template-args", "[1]"], "must be a JSON object"),
+        (
+            vec!["--chat-template", "/nonexistent.jinja"],
+            "--chat-template",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mlx-bun"))
+            .args(["serve", "--port", "0", "--model", model])
+            .args(&flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} should fail");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+}
