@@ -89,7 +89,7 @@ pub struct ReasoningSplitter {
 }
 
 /// The longest tail of `text` that begins `marker` (a marker possibly cut).
-fn partial_tail(text: &str, marker: &str) -> usize {
+pub(crate) fn partial_tail(text: &str, marker: &str) -> usize {
     (1..marker.len().min(text.len() + 1))
         .rev()
         .find(|&n| {

@@ -8,7 +8,7 @@ use serde_json::{json, Map, Value};
 use super::error::ApiError;
 use super::fields::Fields;
 use crate::grammar::ConstraintSpec;
-use crate::reasoning::{Piece, ReasoningMarkers, ReasoningSplitter};
+use crate::reasoning::{partial_tail, Piece, ReasoningMarkers, ReasoningSplitter};
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{
     call_grammar, grammar_head, ReasoningPrefix, ToolCall, ToolChoice, ToolFormat,
@@ -387,15 +387,6 @@ impl AnswerStream {
         self.content_sent = true;
         Some(Delta::Content(text))
     }
-}
-
-fn partial_tail(text: &str, marker: &str) -> usize {
-    (1..marker.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| {
-            text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])
-        })
-        .unwrap_or(0)
 }
 
 /// A whole answer, split.
