@@ -6,10 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use mlx_bun::chat_template::ChatTemplate;
 use mlx_bun::gateway::{Gateway, GatewayConfig, LoadedModels};
 use mlx_bun::model::Model;
+use mlx_bun::reasoning::ReasoningMarkers;
+use mlx_bun::server::agent::AgentConfig;
 use mlx_bun::server::{AppState, ServerConfig};
 use mlx_bun::tokenizer::Tokenizer;
+use mlx_bun::tool_calls::ToolFormat;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -77,6 +81,21 @@ pub struct Args {
     /// 127.0.0.1, [::1], any port), `*`, or a comma-separated list.
     #[arg(long, default_value = "loopback")]
     allowed_origins: String,
+    /// Tool-call format to parse (json_tools, llama3, mistral, function_gemma,
+    /// phi, harmony); by default the one the chat template implies.
+    #[arg(long)]
+    tool_call_parser: Option<String>,
+    /// Reasoning markers to split off (think, longcat, gemma4, or none); by
+    /// default the ones the vocabulary or the chat template has.
+    #[arg(long)]
+    reasoning_parser: Option<String>,
+    /// A Jinja chat template file to use instead of the model's.
+    #[arg(long)]
+    chat_template: Option<PathBuf>,
+    /// Template variables for every request, as a JSON object, e.g.
+    /// '{"enable_thinking": false}'; a request's chat_template_kwargs win.
+    #[arg(long)]
+    chat_template_args: Option<String>,
     /// Seconds to let running requests finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
@@ -135,6 +154,30 @@ fn check(args: &Args) -> Result<()> {
     Ok(())
 }
 
+fn agent_config(args: &Args) -> Result<AgentConfig> {
+    let tool_call_parser = match &args.tool_call_parser {
+        Some(name) => Some(ToolFormat::from_name(name).context("--tool-call-parser")?),
+        None => None,
+    };
+    let reasoning_parser = match &args.reasoning_parser {
+        Some(name) => Some(ReasoningMarkers::from_name(name).context("--reasoning-parser")?),
+        None => None,
+    };
+    let chat_template_args = match &args.chat_template_args {
+        None => Default::default(),
+        Some(text) => match serde_json::from_str(text) {
+            Ok(serde_json::Value::Object(map)) => map,
+            Ok(_) => bail!("--chat-template-args must be a JSON object"),
+            Err(e) => bail!("--chat-template-args is not valid JSON: {e}"),
+        },
+    };
+    Ok(AgentConfig {
+        tool_call_parser,
+        reasoning_parser,
+        chat_template_args,
+    })
+}
+
 fn model_id(args: &Args, dir: &std::path::Path) -> String {
     match &args.model {
         Some(spec) => spec.trim_end_matches('/').to_string(),
@@ -174,7 +217,21 @@ pub fn run(args: Args) -> Result<()> {
 
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     let (model_args, _) = mlx_bun::model::read_config(&dir)?;
-    let tokenizer = Arc::new(Tokenizer::load(&dir)?);
+    let mut tokenizer = Tokenizer::load(&dir)?;
+    if let Some(path) = &args.chat_template {
+        let source = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --chat-template {}", path.display()))?;
+        tokenizer.chat_template = Some(
+            ChatTemplate::new(
+                source,
+                tokenizer.bos_token.clone(),
+                tokenizer.eos_token.clone(),
+            )
+            .with_context(|| format!("--chat-template {}", path.display()))?,
+        );
+    }
+    let agent = agent_config(&args)?;
+    let tokenizer = Arc::new(tokenizer);
     let draft_dir = match &args.draft_model {
         Some(spec) => {
             let draft_dir = mlx_bun::hub::resolve_model(spec)?;
@@ -211,6 +268,7 @@ pub fn run(args: Args) -> Result<()> {
             ..Default::default()
         },
         cors: mlx_bun::server::cors::AllowedOrigins::parse(&args.allowed_origins),
+        agent,
     };
     let load_dir = dir.clone();
     let adapter = args.adapter_path.clone();

@@ -120,6 +120,10 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-p -d 'top_
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-k -d 'top_k for requests that give none; 0 is off' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-p -d 'min_p for requests that give none' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-origins -d 'Browser origins that may call the API: `loopback` (localhost, 127.0.0.1, [::1], any port), `*`, or a comma-separated list' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l tool-call-parser -d 'Tool-call format to parse (json_tools, llama3, mistral, function_gemma, phi, harmony); by default the one the chat template implies' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l reasoning-parser -d 'Reasoning markers to split off (think, longcat, gemma4, or none); by default the ones the vocabulary or the chat template has' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template -d 'A Jinja chat template file to use instead of the model\'s' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template-args -d 'Template variables for every request, as a JSON object, e.g. \'{"enable_thinking": false}\'; a request\'s chat_template_kwargs win' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l gguf -d 'A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors)' -r -F

@@ -8,6 +8,8 @@ bash scripts/bootstrap.sh
 if [[ -x scripts/oracle/setup.sh ]]; then
   bash scripts/oracle/setup.sh >/dev/null
 fi
+# The pinned openai/anthropic clients the agent tests drive the server with.
+bash scripts/clients-setup.sh >/dev/null
 cargo fmt --check
 cargo clippy --release --all-targets --quiet -- -D warnings
 # The engine builds without the HTTP stack.

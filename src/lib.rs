@@ -21,12 +21,14 @@ pub mod mlx_ext;
 pub mod model;
 pub mod prompt;
 pub mod prompt_cache;
+pub mod reasoning;
 pub mod sampling;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod speculative;
 pub mod stop;
 pub mod tokenizer;
+pub mod tool_calls;
 pub mod train;
 
 pub fn version() -> &'static str {

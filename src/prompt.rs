@@ -15,8 +15,37 @@ pub enum PromptInput {
     },
     /// A whole conversation.
     Messages(Vec<Message>),
+    /// A conversation with tools and extra template variables.
+    Chat(ChatInput),
     /// Token ids given directly.
     Tokens(Vec<u32>),
+}
+
+/// A conversation as an agent sends it: the tools it offers (OpenAI
+/// objects) and variables for the template (`enable_thinking`, …).
+#[derive(Clone, Debug, Default)]
+pub struct ChatInput {
+    pub messages: Vec<Message>,
+    pub tools: Vec<serde_json::Value>,
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Renders a conversation with tools: templates that know tools get them;
+/// for the others they are described in the system message (see
+/// [`crate::tool_calls::with_tools_in_prompt`]).
+fn render_chat(template: &crate::chat_template::ChatTemplate, chat: &ChatInput) -> Result<String> {
+    let native = crate::tool_calls::template_supports_tools(template.source());
+    let uses_tools = !chat.tools.is_empty()
+        || chat
+            .messages
+            .iter()
+            .any(|m| m.tool_calls.is_some() || m.role == "tool");
+    if uses_tools && !native {
+        let messages = crate::tool_calls::with_tools_in_prompt(&chat.messages, &chat.tools);
+        return template.render_with(&messages, true, None, &chat.kwargs);
+    }
+    let tools = (!chat.tools.is_empty()).then_some(chat.tools.as_slice());
+    template.render_with(&chat.messages, true, tools, &chat.kwargs)
 }
 
 /// The rendered prompt text (when a template or text is involved) and its ids.
@@ -46,6 +75,13 @@ pub fn build_prompt(tok: &Tokenizer, input: &PromptInput) -> Result<(Option<Stri
                     template.render(&messages, true)?
                 }
                 _ => text.clone(),
+            }
+        }
+        PromptInput::Chat(chat) => {
+            validate_messages(&chat.messages)?;
+            match &tok.chat_template {
+                Some(template) => render_chat(template, chat)?,
+                None => bail!("the model has no chat template; send a plain prompt instead"),
             }
         }
         PromptInput::Messages(messages) => {

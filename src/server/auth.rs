@@ -1,4 +1,5 @@
-//! `--api-key`: every route but `/health` needs `Authorization: Bearer <key>`.
+//! `--api-key`: every route but `/health` needs `Authorization: Bearer <key>`
+//! (or Anthropic's `x-api-key: <key>`).
 
 use std::sync::Arc;
 
@@ -38,11 +39,15 @@ pub async fn require_api_key(
 ) -> Response {
     if let Some(expected) = &app.config.api_key {
         if request.uri().path() != "/health" {
-            let header = request
-                .headers()
-                .get(AUTHORIZATION)
-                .and_then(|v| v.to_str().ok());
-            if let Err(e) = authorized(expected, header) {
+            let headers = request.headers();
+            let header = match headers.get(AUTHORIZATION) {
+                Some(v) => v.to_str().ok().map(str::to_string),
+                None => headers
+                    .get("x-api-key")
+                    .and_then(|v| v.to_str().ok())
+                    .map(|k| format!("Bearer {k}")),
+            };
+            if let Err(e) = authorized(expected, header.as_deref()) {
                 return e.into_response();
             }
         }

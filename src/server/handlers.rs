@@ -10,6 +10,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::{json, Value};
 
+use super::agent::AnswerPlan;
 use super::error::ApiError;
 use super::metrics::{prometheus, stats_json};
 use super::request::{self, completion_budget, Endpoint, ParsedRequest};
@@ -19,7 +20,10 @@ use crate::gateway::{GatewayEvent, GatewayRequest, Ticket};
 use crate::generate::{GenerateOptions, GenerationResult, DEFAULT_PREFILL_STEP};
 use crate::prompt::{build_prompt, PromptInput};
 
-fn read_json(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Value, ApiError> {
+pub(crate) fn read_json(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Value, ApiError> {
     let bytes = body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(limit)
@@ -36,19 +40,20 @@ fn read_json(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Value,
         .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
 }
 
-/// Tokenizes the prompt off the async threads (templates and long texts).
+/// Tokenizes the prompt off the async threads (templates and long texts);
+/// returns the rendered text too, when there is one.
 async fn tokenize(
     app: &AppState,
     endpoint: Endpoint,
     input: PromptInput,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<(String, Vec<u32>), ApiError> {
     let tokenizer = app.tokenizer.clone();
     let built = tokio::task::spawn_blocking(move || build_prompt(&tokenizer, &input))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?;
-    let (_, ids) =
+    let (text, ids) =
         built.map_err(|e| ApiError::invalid(endpoint.prompt_param(), format!("{e:#}")))?;
-    Ok(ids)
+    Ok((text.unwrap_or_default(), ids))
 }
 
 /// Waits until the worker has taken the request, so that errors found there
@@ -62,7 +67,7 @@ async fn wait_started(ticket: &mut Ticket) -> Result<(), ApiError> {
     }
 }
 
-async fn collect(ticket: &mut Ticket) -> Result<GenerationResult, ApiError> {
+pub(crate) async fn collect(ticket: &mut Ticket) -> Result<GenerationResult, ApiError> {
     loop {
         match ticket.events.recv().await {
             Some(GatewayEvent::Done(result)) => return Ok(*result),
@@ -79,12 +84,20 @@ fn choice_seed(seed: Option<u64>, j: usize) -> Option<u64> {
     seed.map(|s| s.wrapping_add(j as u64))
 }
 
-async fn run_generation(
-    app: Arc<AppState>,
+/// A request whose choices have all started: what the response needs.
+pub(crate) struct Started {
+    pub reply: Reply,
+    pub tickets: Vec<Ticket>,
+    pub stream: bool,
+}
+
+/// Parses, tokenizes and submits a request, and waits until every choice
+/// has started (so that errors still get a status code).
+pub(crate) async fn start_generation(
+    app: &Arc<AppState>,
     endpoint: Endpoint,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = read_json(body, app.config.max_body_bytes)?;
+    body: &Value,
+) -> Result<Started, ApiError> {
     let ParsedRequest {
         inputs,
         n,
@@ -95,12 +108,13 @@ async fn run_generation(
         stream,
         include_usage,
         return_token_ids,
-        constraint,
-        constraint_param,
+        mut constraint,
+        mut constraint_param,
+        agent,
         ..
     } = request::parse_with_defaults(
         endpoint,
-        &body,
+        body,
         app.config.vocab_size,
         &app.config.default_sampling,
     )?;
@@ -108,8 +122,30 @@ async fn run_generation(
     // the choices of one request run as rows of the same batch.
     let mut prompts = Vec::with_capacity(inputs.len() * n);
     let mut requests = Vec::with_capacity(inputs.len() * n);
-    for input in inputs {
-        let prompt = tokenize(&app, endpoint, input).await?;
+    let mut plan = None;
+    for mut input in inputs {
+        if let PromptInput::Chat(chat) = &mut input {
+            for (k, v) in &app.config.agent.chat_template_args {
+                chat.kwargs.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        let (text, prompt) = tokenize(app, endpoint, input).await?;
+        if let Some(agent) = &agent {
+            let answer = AnswerPlan::for_request(&app.config.agent, &app.tokenizer, agent, &text);
+            if let Some(call) = answer.call_constraint(agent, &app.tokenizer)? {
+                if let Some(param) = constraint_param {
+                    return Err(ApiError::invalid(
+                        param,
+                        format!("{param} cannot be combined with a tool_choice that forces a call"),
+                    ));
+                }
+                constraint = Some(call);
+                constraint_param = Some("tool_choice");
+            } else if let Some(spec) = constraint.take() {
+                constraint = Some(answer.answer_constraint(spec));
+            }
+            plan = answer.is_active().then_some(answer);
+        }
         let max_tokens = completion_budget(
             endpoint,
             max_tokens,
@@ -147,19 +183,37 @@ async fn run_generation(
                 _ => e,
             })?;
     }
-    let reply = Reply {
-        endpoint,
-        id: new_id(endpoint),
-        created: unix_now(),
-        model: app.config.model_id.clone(),
-        fingerprint: app.config.fingerprint.clone(),
-        tokenizer: app.tokenizer.clone(),
-        include_usage,
-        return_token_ids,
-        logprobs: logprobs.is_some(),
-        prompts,
-        n,
-    };
+    Ok(Started {
+        reply: Reply {
+            endpoint,
+            id: new_id(endpoint),
+            created: unix_now(),
+            model: app.config.model_id.clone(),
+            fingerprint: app.config.fingerprint.clone(),
+            tokenizer: app.tokenizer.clone(),
+            include_usage,
+            return_token_ids,
+            logprobs: logprobs.is_some(),
+            prompts,
+            n,
+            plan,
+        },
+        tickets,
+        stream,
+    })
+}
+
+async fn run_generation(
+    app: Arc<AppState>,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = read_json(body, app.config.max_body_bytes)?;
+    let Started {
+        reply,
+        mut tickets,
+        stream,
+    } = start_generation(&app, endpoint, &body).await?;
     if stream {
         return Ok(sse::stream(reply, tickets).into_response());
     }

@@ -1,6 +1,8 @@
 //! The OpenAI-compatible HTTP API over the gateway: routes, request and
 //! response shapes, streaming, errors, authentication and metrics.
 
+pub mod agent;
+pub mod anthropic;
 pub mod auth;
 pub mod cors;
 pub mod error;
@@ -43,6 +45,8 @@ pub struct ServerConfig {
     pub default_sampling: crate::sampling::SamplingParams,
     /// Browser origins allowed to call the API.
     pub cors: cors::AllowedOrigins,
+    /// Tool-call format, reasoning split and template variables.
+    pub agent: agent::AgentConfig,
 }
 
 pub struct AppState {
@@ -79,6 +83,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/models/{*id}", get(handlers::get_model))
         .route("/v1/chat/completions", post(handlers::chat_completions))
         .route("/v1/completions", post(handlers::completions))
+        .route("/v1/messages", post(anthropic::messages))
         // The paths without `/v1`, which some clients use.
         .route("/models", get(handlers::list_models))
         .route("/chat/completions", post(handlers::chat_completions))

@@ -10,7 +10,7 @@ use super::error::ApiError;
 use super::fields::Fields;
 use crate::chat_template::{validate_messages, Message};
 use crate::grammar::ConstraintSpec;
-use crate::prompt::PromptInput;
+use crate::prompt::{ChatInput, PromptInput};
 use crate::sampling::SamplingParams;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +55,8 @@ pub struct ParsedRequest {
     pub constraint: Option<ConstraintSpec>,
     /// The field the constraint came from, for errors about it.
     pub constraint_param: Option<&'static str>,
+    /// Chat only: tools, `tool_choice` and `parallel_tool_calls`.
+    pub agent: Option<super::agent::AgentRequest>,
 }
 
 /// The request fields that can carry a structured-output constraint.
@@ -271,7 +273,11 @@ pub fn parse_with_defaults(
     f.string("user")?;
     let n = f.integer("n", 1, MAX_N)?.unwrap_or(1) as usize;
     let inputs = match endpoint {
-        Endpoint::Chat => vec![PromptInput::Messages(parse_messages(f.get("messages"))?)],
+        Endpoint::Chat => vec![PromptInput::Chat(ChatInput {
+            messages: parse_messages(f.get("messages"))?,
+            tools: Vec::new(),
+            kwargs: super::agent::parse_template_kwargs(&f)?,
+        })],
         Endpoint::Completions => {
             if f.bool("echo")?.unwrap_or(false) {
                 return Err(ApiError::invalid("echo", "echo is not supported"));
@@ -314,7 +320,16 @@ pub fn parse_with_defaults(
             format!("{e:#}"),
         )
     })?;
+    let agent = match endpoint {
+        Endpoint::Chat => Some(super::agent::parse_request(&f)?),
+        Endpoint::Completions => None,
+    };
+    let mut inputs = inputs;
+    if let (Some(agent), [PromptInput::Chat(chat)]) = (&agent, inputs.as_mut_slice()) {
+        chat.tools = agent.tools.clone();
+    }
     Ok(ParsedRequest {
+        agent,
         endpoint,
         inputs,
         n,

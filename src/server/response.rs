@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
+use super::agent::{openai_call, openai_message, Answer, AnswerPlan, Delta};
 use super::request::Endpoint;
 use crate::generate::{FinishReason, GenerationResult, TokenLogprob};
 use crate::tokenizer::Tokenizer;
@@ -24,6 +25,8 @@ pub struct Reply {
     pub prompts: Vec<Vec<u32>>,
     /// Choices per prompt (`n`).
     pub n: usize,
+    /// Chat answers with tools or reasoning markers: how to split them.
+    pub plan: Option<AnswerPlan>,
 }
 
 /// A random id such as `chatcmpl-3kT9...`.
@@ -173,15 +176,23 @@ impl Reply {
             .iter()
             .enumerate()
             .map(|(index, result)| {
-                let mut choice = match self.endpoint {
-                    Endpoint::Chat => json!({
+                let mut reason = finish_reason(result.finish_reason);
+                let mut choice = match (self.endpoint, &self.plan) {
+                    (Endpoint::Chat, Some(plan)) => {
+                        let answer = Answer::of(plan, &result.text);
+                        if !answer.calls.is_empty() {
+                            reason = "tool_calls";
+                        }
+                        json!({"index": index, "message": openai_message(&answer)})
+                    }
+                    (Endpoint::Chat, None) => json!({
                         "index": index,
                         "message": {"role": "assistant", "content": result.text},
                     }),
-                    Endpoint::Completions => json!({"index": index, "text": result.text}),
+                    (Endpoint::Completions, _) => json!({"index": index, "text": result.text}),
                 };
                 choice["logprobs"] = self.logprobs_value(&result.logprobs, 0);
-                choice["finish_reason"] = json!(finish_reason(result.finish_reason));
+                choice["finish_reason"] = json!(reason);
                 if self.return_token_ids {
                     choice["token_ids"] = json!(result.token_ids);
                     choice["prompt_token_ids"] = json!(self.prompts[index]);
@@ -244,9 +255,62 @@ impl Reply {
         }
     }
 
-    /// The chunk that ends the choice, with its finish reason.
-    pub fn closing_chunk(&self, index: usize, result: &GenerationResult) -> Value {
-        let reason = finish_reason(result.finish_reason);
+    /// Chunks for a split answer's steps; `calls` counts the choice's calls
+    /// so far (each call's `index`). Logprobs ride on the first chunk.
+    pub fn delta_chunks(
+        &self,
+        index: usize,
+        deltas: Vec<Delta>,
+        logprob: Option<&TokenLogprob>,
+        calls: &mut usize,
+    ) -> Vec<Value> {
+        let mut logprobs = match logprob {
+            Some(lp) => self.logprobs_value(std::slice::from_ref(lp), 0),
+            None => Value::Null,
+        };
+        let mut chunks = Vec::new();
+        // A token that shows no text still reports its logprobs.
+        let deltas = if deltas.is_empty() && logprobs != Value::Null {
+            vec![Delta::Content(String::new())]
+        } else {
+            deltas
+        };
+        let mut push = |delta: Value| {
+            chunks.push(self.chunk(json!({
+                "index": index,
+                "delta": delta,
+                "logprobs": std::mem::take(&mut logprobs),
+                "finish_reason": null,
+            })));
+        };
+        for d in deltas {
+            match d {
+                Delta::Reasoning(t) => push(json!({"reasoning_content": t, "reasoning": t})),
+                Delta::Content(t) => push(json!({"content": t})),
+                Delta::Call(call) => {
+                    let mut head = openai_call(&call);
+                    let arguments =
+                        std::mem::replace(&mut head["function"]["arguments"], json!(""));
+                    head["index"] = json!(*calls);
+                    push(json!({"tool_calls": [head]}));
+                    push(
+                        json!({"tool_calls": [{"index": *calls, "function": {"arguments": arguments}}]}),
+                    );
+                    *calls += 1;
+                }
+            }
+        }
+        chunks
+    }
+
+    /// The chunk that ends the choice, with its finish reason
+    /// (`tool_calls` when `called`).
+    pub fn closing_chunk(&self, index: usize, result: &GenerationResult, called: bool) -> Value {
+        let reason = if called {
+            "tool_calls"
+        } else {
+            finish_reason(result.finish_reason)
+        };
         let mut choice = match self.endpoint {
             Endpoint::Chat => json!({"index": index, "delta": {}, "logprobs": null}),
             Endpoint::Completions => json!({"index": index, "text": "", "logprobs": null}),

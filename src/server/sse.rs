@@ -9,6 +9,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::Value;
 
+use super::agent::AnswerStream;
 use super::error::ApiError;
 use super::response::Reply;
 use crate::gateway::{GatewayEvent, Ticket};
@@ -32,6 +33,9 @@ struct StreamState {
     offsets: Vec<usize>,
     results: Vec<Option<GenerationResult>>,
     finished: bool,
+    /// Per choice, for split answers: the splitter and the calls sent.
+    answers: Vec<Option<AnswerStream>>,
+    calls: Vec<usize>,
 }
 
 impl StreamState {
@@ -45,6 +49,16 @@ impl StreamState {
                 if text.is_empty() && logprob.is_none() {
                     return Vec::new();
                 }
+                if let Some(answer) = &mut self.answers[index] {
+                    let deltas = answer.push(&text);
+                    let chunks = self.reply.delta_chunks(
+                        index,
+                        deltas,
+                        logprob.as_ref(),
+                        &mut self.calls[index],
+                    );
+                    return chunks.iter().map(data).collect();
+                }
                 let chunk =
                     self.reply
                         .text_chunk(index, &text, logprob.as_ref(), self.offsets[index]);
@@ -52,7 +66,16 @@ impl StreamState {
                 vec![data(&chunk)]
             }
             Some(GatewayEvent::Done(result)) => {
-                let mut events = vec![data(&self.reply.closing_chunk(index, &result))];
+                let mut events = Vec::new();
+                if let Some(answer) = &mut self.answers[index] {
+                    let deltas = answer.finish();
+                    let chunks =
+                        self.reply
+                            .delta_chunks(index, deltas, None, &mut self.calls[index]);
+                    events.extend(chunks.iter().map(data));
+                }
+                let called = self.calls[index] > 0;
+                events.push(data(&self.reply.closing_chunk(index, &result, called)));
                 self.results[index] = Some(*result);
                 if self.results.iter().all(Option::is_some) {
                     self.finished = true;
@@ -109,11 +132,16 @@ pub fn stream(
             .enumerate()
             .map(|(i, t)| choice_events(i, t).boxed()),
     );
+    let plan = reply.plan.clone();
     let state = StreamState {
         reply,
         offsets: vec![0; choices],
         results: (0..choices).map(|_| None).collect(),
         finished: false,
+        answers: (0..choices)
+            .map(|_| plan.clone().map(AnswerStream::new))
+            .collect(),
+        calls: vec![0; choices],
     };
     let body = stream::unfold((state, merged), |(mut state, mut merged)| async move {
         if state.finished {

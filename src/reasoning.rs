@@ -1,0 +1,236 @@
+//! Reasoning ("thinking") text split from the answer. The markers are the
+//! ones mlx-lm knows (`<think>…</think>`, `<longcat_think>…`,
+//! `<|think:start|>…<|think:end|>`, Gemma's `<|channel>thought…<channel|>`),
+//! found as tokens of the vocabulary, as mlx-lm finds them, or named by the
+//! chat template. The splitter works on streamed text: a marker cut across
+//! two pieces is held back until it is whole.
+
+use crate::tokenizer::Tokenizer;
+
+/// The text that opens and closes a reasoning block.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReasoningMarkers {
+    pub start: String,
+    pub end: String,
+}
+
+const SINGLE_TOKEN: [(&str, &str); 3] = [
+    ("<think>", "</think>"),
+    ("<longcat_think>", "</longcat_think>"),
+    ("<|think:start|>", "<|think:end|>"),
+];
+
+impl ReasoningMarkers {
+    pub fn new(start: &str, end: &str) -> Self {
+        Self {
+            start: start.into(),
+            end: end.into(),
+        }
+    }
+
+    /// The markers of a model: a pair whose both halves are vocabulary
+    /// tokens, else a pair its chat template writes.
+    pub fn infer(tokenizer: &Tokenizer, template: Option<&str>) -> Option<Self> {
+        for (start, end) in SINGLE_TOKEN {
+            if tokenizer.token_to_id(start).is_some() && tokenizer.token_to_id(end).is_some() {
+                return Some(Self::new(start, end));
+            }
+        }
+        if tokenizer.token_to_id("<|channel>").is_some()
+            && tokenizer.token_to_id("<channel|>").is_some()
+        {
+            return Some(Self::new("<|channel>thought", "<channel|>"));
+        }
+        let template = template?;
+        SINGLE_TOKEN
+            .into_iter()
+            .find(|(s, e)| template.contains(s) && template.contains(e))
+            .map(|(s, e)| Self::new(s, e))
+    }
+
+    /// By name for `--reasoning-parser`: `think` (and `qwen3`, `deepseek_r1`),
+    /// `longcat`, `gemma4`, or `none` (no split).
+    pub fn from_name(name: &str) -> anyhow::Result<Option<Self>> {
+        Ok(match name {
+            "think" | "qwen3" | "deepseek_r1" => Some(Self::new("<think>", "</think>")),
+            "longcat" => Some(Self::new("<longcat_think>", "</longcat_think>")),
+            "gemma4" => Some(Self::new("<|channel>thought", "<channel|>")),
+            "none" => None,
+            other => anyhow::bail!(
+                "unknown reasoning parser {other:?}; expected think, longcat, gemma4 or none"
+            ),
+        })
+    }
+
+    /// Whether a prompt leaves the model inside a reasoning block (templates
+    /// that open `<think>` for the model).
+    pub fn prompt_opens(&self, prompt: &str) -> bool {
+        match prompt.rfind(&self.start) {
+            Some(at) => !prompt[at..].contains(&self.end),
+            None => false,
+        }
+    }
+}
+
+/// A piece of output: reasoning or answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Piece {
+    Reasoning(String),
+    Answer(String),
+}
+
+/// Splits streamed output into reasoning and answer.
+pub struct ReasoningSplitter {
+    markers: ReasoningMarkers,
+    inside: bool,
+    held: String,
+    /// Just left a reasoning block: the answer's leading blank lines go.
+    trim_answer: bool,
+}
+
+/// The longest tail of `text` that begins `marker` (a marker possibly cut).
+pub(crate) fn partial_tail(text: &str, marker: &str) -> usize {
+    (1..marker.len().min(text.len() + 1))
+        .rev()
+        .find(|&n| {
+            text.is_char_boundary(text.len() - n) && marker.starts_with(&text[text.len() - n..])
+        })
+        .unwrap_or(0)
+}
+
+impl ReasoningSplitter {
+    /// `inside`: the prompt already opened a reasoning block.
+    pub fn new(markers: ReasoningMarkers, inside: bool) -> Self {
+        Self {
+            markers,
+            inside,
+            held: String::new(),
+            trim_answer: false,
+        }
+    }
+
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        self.held.push_str(text);
+        let mut out = Vec::new();
+        loop {
+            let marker = if self.inside {
+                &self.markers.end
+            } else {
+                &self.markers.start
+            };
+            match self.held.find(marker.as_str()) {
+                Some(at) => {
+                    let before = self.held[..at].to_string();
+                    self.held.drain(..at + marker.len());
+                    self.emit(&mut out, before);
+                    self.inside = !self.inside;
+                    // The answer usually starts after a blank line.
+                    self.trim_answer = !self.inside;
+                }
+                None => {
+                    let keep = partial_tail(&self.held, marker);
+                    let ready = self.held[..self.held.len() - keep].to_string();
+                    self.held.drain(..self.held.len() - keep);
+                    self.emit(&mut out, ready);
+                    return out;
+                }
+            }
+        }
+    }
+
+    /// The rest at the end of the output.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        let rest = std::mem::take(&mut self.held);
+        self.emit(&mut out, rest);
+        out
+    }
+
+    fn emit(&mut self, out: &mut Vec<Piece>, text: String) {
+        let text = if self.trim_answer && !self.inside {
+            let t = text.trim_start().to_string();
+            self.trim_answer = t.is_empty();
+            t
+        } else {
+            text
+        };
+        if text.is_empty() {
+            return;
+        }
+        out.push(if self.inside {
+            Piece::Reasoning(text)
+        } else {
+            Piece::Answer(text)
+        });
+    }
+}
+
+/// Splits a whole output into (reasoning, answer).
+pub fn split(markers: &ReasoningMarkers, inside: bool, text: &str) -> (String, String) {
+    let mut s = ReasoningSplitter::new(markers.clone(), inside);
+    let mut pieces = s.push(text);
+    pieces.extend(s.finish());
+    let (mut reasoning, mut answer) = (String::new(), String::new());
+    for p in pieces {
+        match p {
+            Piece::Reasoning(t) => reasoning.push_str(&t),
+            Piece::Answer(t) => answer.push_str(&t),
+        }
+    }
+    (reasoning.trim().to_string(), answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn think() -> ReasoningMarkers {
+        ReasoningMarkers::new("<think>", "</think>")
+    }
+
+    #[test]
+    fn whole_and_streamed_agree() {
+        // Qwen3 with thinking on.
+        let out = "<think>\nThe user wants 2+2. That is 4.\n</think>\n\nThe answer is 4.";
+        assert_eq!(
+            split(&think(), false, out),
+            (
+                "The user wants 2+2. That is 4.".into(),
+                "The answer is 4.".into()
+            )
+        );
+        for cut in 1..out.len() {
+            if !out.is_char_boundary(cut) {
+                continue;
+            }
+            let mut s = ReasoningSplitter::new(think(), false);
+            let mut pieces = s.push(&out[..cut]);
+            pieces.extend(s.push(&out[cut..]));
+            pieces.extend(s.finish());
+            let answer: String = pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Answer(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(answer, "The answer is 4.", "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn prompt_that_opens_the_block() {
+        // DeepSeek-R1 / Qwen3-Thinking-2507 templates end the prompt with `<think>\n`.
+        let prompt = "<|im_start|>assistant\n<think>\n";
+        assert!(think().prompt_opens(prompt));
+        assert!(!think().prompt_opens("<think>\n\n</think>\n\n"));
+        assert_eq!(
+            split(&think(), true, "Just add.\n</think>\n\n4"),
+            ("Just add.".into(), "4".into())
+        );
+        assert_eq!(
+            split(&think(), false, "no thinking"),
+            ("".into(), "no thinking".into())
+        );
+    }
+}

@@ -1,0 +1,44 @@
+//! Phi-4-mini calls: a JSON list (or one object) between `<|tool_call|>`
+//! and `<|/tool_call|>`.
+
+use anyhow::Result;
+use serde_json::Value;
+
+use super::{call_from_json, json_values, ToolCall};
+
+pub const START: &str = "<|tool_call|>";
+const END: &str = "<|/tool_call|>";
+
+pub fn parse(text: &str) -> Result<Vec<ToolCall>> {
+    let mut calls = Vec::new();
+    for part in text.split(START).skip(1) {
+        let inner = part.split(END).next().unwrap_or_default();
+        let (values, _) = json_values(inner);
+        for v in values {
+            match v {
+                Value::Array(items) => {
+                    for item in &items {
+                        calls.push(call_from_json(item)?);
+                    }
+                }
+                other => calls.push(call_from_json(&other)?),
+            }
+        }
+    }
+    Ok(calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phi_4_mini_list() {
+        // Phi-4-mini-instruct, its model card's tool example.
+        let out = "<|tool_call|>[{\"type\": \"function\", \"name\": \"get_weather_updates\", \"arguments\": {\"location\": \"London\"}}]<|/tool_call|>";
+        let calls = parse(out).unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].name, "get_weather_updates");
+        assert_eq!(calls[0].arguments["location"], "London");
+    }
+}

@@ -1,0 +1,419 @@
+//! Agents against `mlx-bun serve`: the official `openai` and `anthropic`
+//! Python clients (pinned, set up by `scripts/clients-setup.sh`) drive a
+//! multi-turn tool-calling conversation, streamed and not, on the default
+//! model (whose template knows no tools) and on a tiny random-weight Qwen3
+//! model served with a Qwen3 chat template (`<tool_call>`, `<think>`). The
+//! calls are forced with a named `tool_choice`, so the grammar makes them
+//! valid even from random weights. Also: the reasoning split end to end,
+//! and that every format's forcing grammar compiles on a real vocabulary.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
+use mlx_bun::tool_calls::{call_grammar, Function, ReasoningPrefix, ToolChoice, ToolFormat};
+use mlx_rs::Array;
+use serde_json::{json, Value};
+
+struct Server {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    base: String,
+}
+
+impl Server {
+    fn start(model: &Path, extra: &[&str]) -> Server {
+        let log = std::env::temp_dir().join(format!(
+            "mlx-bun-agent-test-{}-{}.log",
+            std::process::id(),
+            model.file_name().unwrap().to_string_lossy()
+        ));
+        let stderr = std::fs::File::create(&log).unwrap();
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(r#""$@" & pid=$!; read _; kill -TERM $pid; wait $pid"#)
+            .arg("sh")
+            .arg(env!("CARGO_BIN_EXE_mlx-bun"))
+            .args([
+                "serve",
+                "--port",
+                "0",
+                "--max-tokens-default",
+                "64",
+                "--model",
+            ])
+            .arg(model)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("starting mlx-bun serve");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(300);
+        let base = loop {
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(line) => {
+                    if let Some(at) = line.find("http://") {
+                        break line[at..].split_whitespace().next().unwrap().to_string();
+                    }
+                }
+                Err(_) => panic!(
+                    "server did not become ready: {}",
+                    std::fs::read_to_string(&log).unwrap_or_default()
+                ),
+            }
+        };
+        Server { child, stdin, base }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+/// The clients' python, set up by the committed script; the test fails
+/// (unless skipping is allowed) when it cannot be.
+fn clients_python() -> Option<PathBuf> {
+    let out = Command::new("bash")
+        .arg(common::repo_root().join("scripts/clients-setup.sh"))
+        .output()
+        .expect("running scripts/clients-setup.sh");
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if out.status.success() && path.is_file() {
+        return Some(path);
+    }
+    common::missing(
+        "the openai/anthropic client environment",
+        &format!(
+            "run scripts/clients-setup.sh ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    );
+    None
+}
+
+/// Runs the driver for each client, streamed and not; returns their reports.
+fn conversations(python: &Path, base: &str, extra: &[&str]) -> Vec<Value> {
+    let script = common::repo_root().join("scripts/clients/tool_conversation.py");
+    let mut reports = Vec::new();
+    for client in ["openai", "anthropic"] {
+        for mode in ["plain", "stream"] {
+            let out = Command::new(python)
+                .arg(&script)
+                .args([base, client, mode])
+                .args(extra)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "{client} {mode}: {}\n{stdout}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let report: Value = serde_json::from_str(stdout.trim()).unwrap();
+            reports.push(report);
+        }
+    }
+    reports
+}
+
+#[test]
+fn default_model_tool_conversation_with_both_clients() {
+    let Some(python) = clients_python() else {
+        return;
+    };
+    let server = Server::start(&common::model_dir(), &[]);
+    let reports = conversations(&python, &server.base, &[]);
+    for r in &reports {
+        // The default model reads the city from the question.
+        let city = r
+            .pointer("/arguments/city")
+            .or_else(|| r.pointer("/tool_use/input/city"));
+        assert_eq!(city, Some(&json!("Paris")), "{r}");
+    }
+    // The answer is the same greedy text whichever client or mode asked.
+    assert_eq!(reports[0]["answer"], reports[1]["answer"]);
+    assert_eq!(reports[2]["answer"], reports[3]["answer"]);
+}
+
+/// A Qwen3 model with random weights, SmolLM2's tokenizer (no Qwen
+/// tokenizer can be fetched here) and a Qwen3 chat template given with
+/// `--chat-template`.
+fn tiny_qwen3() -> PathBuf {
+    let dir = mlx_bun::hub::cache_dir().join("test-models/qwen3-tiny-smoltok");
+    if dir.join("model.safetensors").is_file() {
+        return dir;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let golden = common::repo_root().join("goldens/arch/qwen3");
+    let smol = common::model_dir();
+    let mut config: Value =
+        serde_json::from_str(&std::fs::read_to_string(golden.join("config.json")).unwrap())
+            .unwrap();
+    config["vocab_size"] = json!(49152);
+    config["max_position_embeddings"] = json!(2048);
+    config["eos_token_id"] = json!(2);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut weights = Array::load_safetensors(golden.join("model.safetensors")).unwrap();
+    let key = mlx_rs::random::key(7).unwrap();
+    let embed = mlx_rs::random::normal::<f32>(&[49152, 64], None, Some(0.02), Some(&key)).unwrap();
+    weights.insert("model.embed_tokens.weight".into(), embed);
+    Array::save_safetensors(weights.iter(), None, dir.join("model.safetensors")).unwrap();
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::copy(smol.join(f), dir.join(f)).unwrap();
+    }
+    dir
+}
+
+fn qwen_template() -> String {
+    common::repo_root()
+        .join("tests/data/qwen3_chat_template.jinja")
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn qwen_template_model_tool_conversation_and_reasoning() {
+    let Some(python) = clients_python() else {
+        return;
+    };
+    let template = qwen_template();
+    let server = Server::start(&tiny_qwen3(), &["--chat-template", &template]);
+    let reports = conversations(&python, &server.base, &["--no-thinking"]);
+    assert_eq!(reports.len(), 4);
+
+    // Thinking on: the reasoning comes back apart from the answer.
+    let client = reqwest::blocking::Client::new();
+    let body = json!({
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "max_tokens": 40,
+        "guided_grammar": "start: \"<think>\\nI check.\\n</think>\\n\\nSunny.\"",
+    });
+    let r: Value = client
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&body)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let msg = &r["choices"][0]["message"];
+    assert_eq!(msg["reasoning_content"], "I check.", "{r}");
+    assert_eq!(msg["reasoning"], "I check.", "{r}");
+    assert_eq!(msg["content"], "Sunny.", "{r}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let text = client
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&streamed)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if let Ok(chunk) = serde_json::from_str::<Value>(line) {
+            let delta = &chunk["choices"][0]["delta"];
+            reasoning += delta["reasoning_content"].as_str().unwrap_or("");
+            content += delta["content"].as_str().unwrap_or("");
+        }
+    }
+    assert_eq!(reasoning.trim(), "I check.", "{text}");
+    assert_eq!(content, "Sunny.", "{text}");
+
+    // Anthropic's shape: a thinking block, then the text.
+    let body = json!({
+        "model": "m", "max_tokens": 40,
+        "messages": [{"role": "user", "content": "Weather?"}],
+        "guided_grammar": "start: \"<think>\\nI check.\\n</think>\\n\\nSunny.\"",
+    });
+    let r = client
+        .post(format!("{}/v1/messages", server.base))
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let r: Value = r.json().unwrap();
+    assert_eq!(r["content"][0]["type"], "thinking", "{r}");
+    assert_eq!(
+        r["content"][1],
+        json!({"type": "text", "text": "Sunny."}),
+        "{r}"
+    );
+
+    // Bad tool fields name themselves.
+    let bad = client
+        .post(format!("{}/v1/chat/completions", server.base))
+        .json(&json!({
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [{"type": "function", "function": {"name": "f"}}],
+            "tool_choice": {"type": "function", "function": {"name": "g"}},
+        }))
+        .send()
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let err: Value = bad.json().unwrap();
+    assert_eq!(err["error"]["param"], "tool_choice", "{err}");
+}
+
+#[test]
+fn forcing_grammars_compile_on_a_real_vocabulary() {
+    let tokenizer = mlx_bun::tokenizer::Tokenizer::load(&common::model_dir()).unwrap();
+    let engine = GrammarEngine::new(&tokenizer).unwrap();
+    let functions = vec![
+        Function {
+            name: "get_weather".into(),
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        },
+        Function {
+            name: "get_time".into(),
+            parameters: json!({}),
+        },
+    ];
+    let think = ReasoningPrefix {
+        start: "<think>".into(),
+        end: "</think>".into(),
+        open: false,
+    };
+    let lookup = |t: &str| tokenizer.token_to_id(t);
+    for format in [
+        ToolFormat::JsonTools,
+        ToolFormat::Llama3,
+        ToolFormat::Mistral,
+        ToolFormat::Phi,
+        ToolFormat::Harmony,
+    ] {
+        for choice in [
+            ToolChoice::Required,
+            ToolChoice::Function("get_time".into()),
+        ] {
+            for reasoning in [None, Some(&think)] {
+                for parallel in [true, false] {
+                    let g = call_grammar(format, &functions, &choice, parallel, reasoning, &lookup)
+                        .unwrap();
+                    engine
+                        .validate(&ConstraintSpec::Lark(g.clone()))
+                        .unwrap_or_else(|e| panic!("{format:?}: {e:#}\n{g}"));
+                }
+            }
+        }
+    }
+    let err = call_grammar(
+        ToolFormat::FunctionGemma,
+        &functions,
+        &ToolChoice::Required,
+        true,
+        None,
+        &lookup,
+    )
+    .unwrap_err();
+    assert!(err.to_string().contains("function_gemma"));
+}
+
+#[test]
+fn parser_flag_and_anthropic_key_header() {
+    let server = Server::start(
+        &common::model_dir(),
+        &["--tool-call-parser", "mistral", "--api-key", "k1"],
+    );
+    let client = reqwest::blocking::Client::new();
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 16}}, "required": ["city"]}}}]);
+    let r: Value = client
+        .post(format!("{}/v1/chat/completions", server.base))
+        .bearer_auth("k1")
+        .json(&json!({
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": tools, "tool_choice": "required", "parallel_tool_calls": false,
+            "max_tokens": 40, "return_token_ids": true,
+        }))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let choice = &r["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{r}");
+    let call = &choice["message"]["tool_calls"][0]["function"];
+    assert_eq!(call["name"], "get_weather", "{r}");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert!(args["city"].is_string(), "{r}");
+    // The forced text was Mistral's.
+    let tokenizer = mlx_bun::tokenizer::Tokenizer::load(&common::model_dir()).unwrap();
+    let ids: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).unwrap();
+    let text = tokenizer.decode(&ids).unwrap();
+    assert!(
+        text.starts_with("[TOOL_CALLS][{\"name\": \"get_weather\""),
+        "{text}"
+    );
+
+    // Anthropic's key header.
+    let body =
+        json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]});
+    let ok = client
+        .post(format!("{}/v1/messages", server.base))
+        .header("x-api-key", "k1")
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    let m: Value = ok.json().unwrap();
+    assert_eq!(m["type"], "message");
+    assert_eq!(m["stop_reason"], "max_tokens", "{m}");
+    let denied = client
+        .post(format!("{}/v1/messages", server.base))
+        .header("x-api-key", "nope")
+        .json(&body)
+        .send()
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+}
+
+#[test]
+fn bad_agent_flags_are_clear_errors() {
+    let model = common::model_dir();
+    let model = model.to_str().unwrap();
+    for (flags, expected) in [
+        (
+            vec!["--tool-call-parser", "nope"],
+            "unknown tool-call parser",
+        ),
+        (
+            vec!["--reasoning-parser", "nope"],
+            "unknown reasoning parser",
+        ),
+        (vec!["--chat-template-args", "[1]"], "must be a JSON object"),
+        (
+            vec!["--chat-template", "/nonexistent.jinja"],
+            "--chat-template",
+        ),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_mlx-bun"))
+            .args(["serve", "--port", "0", "--model", model])
+            .args(&flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flags:?} should fail");
+        assert!(stderr.contains(expected), "{flags:?}: {stderr}");
+    }
+}
