@@ -27,6 +27,7 @@ pub mod speculative;
 pub mod stop;
 pub mod tokenizer;
 pub mod train;
+pub mod upload;
 
 pub fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
