@@ -32,11 +32,7 @@ fn size_str(bytes: u64) -> String {
         value /= 1000.0;
         unit += 1;
     }
-    if unit == 0 {
-        format!("{bytes}")
-    } else {
-        format!("{value:.1}{}", units[unit])
-    }
+    format!("{value:.1}{}", units[unit])
 }
 
 fn ago(t: Option<SystemTime>) -> String {

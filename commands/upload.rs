@@ -45,7 +45,7 @@ pub fn upload_with_progress(dir: &Path, repo: &str, private: bool) -> Result<()>
             bar.set_message(path.to_string());
             bar.inc(bytes);
         }
-        UploadEvent::Retry { what, error } => bar.println(format!("retrying {what}: {error}")),
+        UploadEvent::Retry { what, error } => bar.suspend(|| eprintln!("retrying {what}: {error}")),
     })?;
     bar.finish_and_clear();
     eprintln!(

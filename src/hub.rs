@@ -198,9 +198,20 @@ pub fn scan_cache(pattern: &str) -> Result<Vec<CachedRepo>> {
             continue;
         }
         let path = entry.path();
+        // As huggingface_hub counts: every file of every snapshot, and the
+        // bytes of the distinct files they resolve to.
         let (mut size, mut files) = (0u64, 0usize);
         let (mut modified, mut accessed) = (None, None);
-        walk(&path.join("blobs"), &mut |_, meta| {
+        let mut seen = std::collections::HashSet::new();
+        walk(&path.join("snapshots"), &mut |file, _| {
+            files += 1;
+            let (Ok(real), Ok(meta)) = (std::fs::canonicalize(file), std::fs::metadata(file))
+            else {
+                return;
+            };
+            if !seen.insert(real) {
+                return;
+            }
             size += meta.len();
             let later = |a: Option<std::time::SystemTime>,
                          b: std::io::Result<std::time::SystemTime>| match (
@@ -213,7 +224,6 @@ pub fn scan_cache(pattern: &str) -> Result<Vec<CachedRepo>> {
             modified = later(modified, meta.modified());
             accessed = later(accessed, meta.accessed());
         });
-        walk(&path.join("snapshots"), &mut |_, _| files += 1);
         repos.push(CachedRepo {
             repo_id,
             repo_type,

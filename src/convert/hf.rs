@@ -317,6 +317,20 @@ impl Source {
         Ok(())
     }
 
+    /// Drops the input tensors of a written unit.
+    fn release(&mut self, unit: &Unit) {
+        match unit {
+            Unit::Plain(name) => {
+                self.tensors.remove(name);
+            }
+            Unit::Quantize(prefix, _) | Unit::Packed(prefix, _) => {
+                for part in ["weight", "scales", "biases"] {
+                    self.tensors.remove(&format!("{prefix}.{part}"));
+                }
+            }
+        }
+    }
+
     /// The dtype mlx-lm casts to: the flag, else config.json's `torch_dtype`.
     fn target_dtype(&self, flag: Option<Dtype>) -> Option<Dtype> {
         if flag.is_some() {
@@ -587,7 +601,7 @@ pub fn convert(dir: &Path, opts: &HfOptions, report: &mut dyn FnMut(Event)) -> R
         recipe.validate()?;
     }
     output::require_absent(&opts.output)?;
-    let source = Source::open(dir)?;
+    let mut source = Source::open(dir)?;
     let dtype = source.target_dtype(opts.dtype);
     let plan = plan(&source, opts)?;
 
@@ -635,6 +649,13 @@ pub fn convert(dir: &Path, opts: &HfOptions, report: &mut dyn FnMut(Event)) -> R
                     name,
                     bytes: array.nbytes() as u64,
                 });
+            }
+            // The inputs now hold their data: let them go, and MLX's buffers too.
+            drop(outs);
+            source.release(&plan.units[u]);
+            // SAFETY: a plain call into MLX's allocator, which is not in use elsewhere now.
+            unsafe {
+                mlx_sys::mlx_clear_cache();
             }
         }
         writer.finish()?;
