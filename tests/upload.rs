@@ -15,7 +15,7 @@ use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{post, put};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use base64::Engine;
 use common::{bin, model_dir, oracle_python, repo_root};
@@ -38,6 +38,8 @@ struct Hub {
     commits: Vec<(String, Vec<Value>)>,
     uploads: usize,
     unauthorized: usize,
+    /// Files served for download: repo → path → bytes.
+    served: HashMap<String, HashMap<String, Vec<u8>>>,
 }
 
 #[derive(Clone)]
@@ -274,6 +276,65 @@ async fn commit(
     Json(json!({"commitOid": "c0ffee", "commitUrl": format!("{}/{org}/{name}/commit/c0ffee", hub.base)})).into_response()
 }
 
+/// `GET /api/models/{org}/{name}/revision/{rev}`: the file list hf-hub reads.
+async fn repo_info(
+    State(app): State<App>,
+    UrlPath((org, name, _rev)): UrlPath<(String, String, String)>,
+) -> Response {
+    let hub = app.hub.lock().unwrap();
+    let Some(files) = hub.served.get(&format!("{org}/{name}")) else {
+        return (
+            StatusCode::NOT_FOUND,
+            Json(json!({"error": "Repository not found"})),
+        )
+            .into_response();
+    };
+    let siblings: Vec<Value> = files.keys().map(|f| json!({"rfilename": f})).collect();
+    Json(json!({"id": format!("{org}/{name}"), "sha": "5eed", "siblings": siblings}))
+        .into_response()
+}
+
+/// `GET /{org}/{name}/resolve/{rev}/{file}` with a `Range` header, as hf-hub asks.
+async fn resolve(
+    State(app): State<App>,
+    headers: HeaderMap,
+    UrlPath((org, name, _rev, file)): UrlPath<(String, String, String, String)>,
+) -> Response {
+    let hub = app.hub.lock().unwrap();
+    let Some(data) = hub
+        .served
+        .get(&format!("{org}/{name}"))
+        .and_then(|f| f.get(&file))
+    else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let range = headers
+        .get("range")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("bytes=0-");
+    let (start, end) = range.trim_start_matches("bytes=").split_once('-').unwrap();
+    let start: usize = start.parse().unwrap();
+    let end: usize = if end.is_empty() {
+        data.len().saturating_sub(1)
+    } else {
+        end.parse().unwrap()
+    };
+    let body = data[start.min(data.len())..(end + 1).min(data.len())].to_vec();
+    (
+        StatusCode::PARTIAL_CONTENT,
+        [
+            ("etag", format!("\"{}\"", sha256_hex(data))),
+            ("x-repo-commit", "5eed".to_string()),
+            (
+                "content-range",
+                format!("bytes {start}-{end}/{}", data.len()),
+            ),
+        ],
+        body,
+    )
+        .into_response()
+}
+
 /// Starts the hub on a loopback port; returns its state and address.
 fn start_hub() -> (App, String) {
     let app = App {
@@ -289,6 +350,8 @@ fn start_hub() -> (App, String) {
         .route("/lfs-part/{oid}/{n}", put(part))
         .route("/lfs-complete/{oid}", post(complete))
         .route("/lfs-verify", post(verify))
+        .route("/api/models/{org}/{name}/revision/{rev}", get(repo_info))
+        .route("/{org}/{name}/resolve/{rev}/{*file}", get(resolve))
         .with_state(app.clone());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -587,4 +650,97 @@ fn convert_upload_repo_uploads_the_converted_model() {
     let local = std::fs::read(out_dir.join("model.safetensors")).unwrap();
     let oid = files["model.safetensors"]["value"]["oid"].as_str().unwrap();
     assert_eq!(hub.objects[oid], local);
+}
+
+#[test]
+fn convert_downloads_a_hub_repo_through_hf_endpoint() {
+    let (app, base) = start_hub();
+    let tmp = tempfile::tempdir().unwrap();
+    let py = oracle_python().expect("the oracle is required");
+    let status = std::process::Command::new(py)
+        .arg(repo_root().join("scripts/oracle/make_tiny_hf.py"))
+        .arg(tmp.path().join("hf"))
+        .arg(model_dir())
+        .env("HF_HUB_OFFLINE", "1")
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let local = tmp.path().join("hf/llama");
+    let mut files = HashMap::new();
+    for entry in std::fs::read_dir(&local).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        files.insert(name, std::fs::read(&path).unwrap());
+    }
+    files.insert(
+        "README.md".into(),
+        b"---\nlicense: apache-2.0\ntags:\n- text-generation\n---\n# Tiny\n".to_vec(),
+    );
+    app.hub
+        .lock()
+        .unwrap()
+        .served
+        .insert("org/tiny-llama".into(), files);
+
+    let home = tmp.path().join("hf-home");
+    let from_hub = tmp.path().join("from-hub");
+    let out = upload_cmd(&base, TOKEN, &home)
+        .env_remove("HF_HUB_OFFLINE")
+        .env_remove("HF_HUB_CACHE")
+        .args([
+            "convert",
+            "--hf-path",
+            "org/tiny-llama",
+            "--mlx-path",
+            from_hub.to_str().unwrap(),
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let from_disk = tmp.path().join("from-disk");
+    let out = bin()
+        .args([
+            "convert",
+            "--hf-path",
+            local.to_str().unwrap(),
+            "--mlx-path",
+            from_disk.to_str().unwrap(),
+            "-q",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        std::fs::read(from_hub.join("model.safetensors")).unwrap(),
+        std::fs::read(from_disk.join("model.safetensors")).unwrap(),
+        "the downloaded checkpoint converts to other bytes than the local one"
+    );
+    // The card keeps the Hub card's metadata and names the source repo.
+    let card = std::fs::read_to_string(from_hub.join("README.md")).unwrap();
+    assert!(
+        card.contains("base_model: org/tiny-llama") && card.contains("license: apache-2.0"),
+        "{card}"
+    );
+    assert!(
+        card.contains("- text-generation") && card.contains("- mlx"),
+        "{card}"
+    );
+
+    // The download sits in the Hub cache, where manage finds it.
+    let scan = bin()
+        .args(["manage", "--scan", "--pattern", "tiny"])
+        .env("HF_HOME", &home)
+        .env_remove("HF_HUB_CACHE")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&scan.stdout);
+    assert!(
+        text.lines().any(|l| l.starts_with("org/tiny-llama ")),
+        "{text}"
+    );
 }
