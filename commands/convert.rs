@@ -1,65 +1,101 @@
-//! `mlx-bun convert`: a GGUF file into an mlx-lm model directory, or an
-//! mlx-lm directory into a quantized or re-typed copy.
+//! `mlx-bun convert`: a Hugging Face checkpoint (local folder or Hub repo id)
+//! or an mlx-lm folder into an mlx-lm model folder (as `mlx_lm.convert`),
+//! or a GGUF file into one.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use mlx_bun::convert::{self, output::Commit, ConvertOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+use mlx_bun::convert::hf::{self, Event, HfOptions, MixedRecipe, QuantRecipe};
+use mlx_bun::convert::output::Commit;
+use mlx_bun::convert::quantize::QuantMode;
+use mlx_bun::convert::{self, ConvertOptions};
 use mlx_bun::mlx_ext::parse_dtype;
 use mlx_bun::model::layers::QuantSpec;
 
 #[derive(clap::Args)]
 #[command(group = clap::ArgGroup::new("source").required(true))]
 pub struct Args {
+    /// A Hugging Face model: a local folder (Hugging Face or mlx-lm layout) or a Hub repo id.
+    #[arg(long, short = 'm', visible_alias = "model", group = "source")]
+    hf_path: Option<String>,
     /// A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors).
     #[arg(long, group = "source")]
     gguf: Option<PathBuf>,
-    /// An mlx-lm model directory to quantize (-q) or cast (--dtype).
-    #[arg(long, short, group = "source")]
-    model: Option<PathBuf>,
     /// The directory to create; it must not exist yet.
-    #[arg(long, short, visible_alias = "mlx-path")]
-    output: PathBuf,
-    /// Dtype of norms, scales, biases and dense weights: float32, bfloat16 or float16.
-    #[arg(long, default_value = "float32")]
-    dtype: String,
-    /// Store every quantized layer as a dense weight in --dtype.
+    #[arg(
+        long,
+        short = 'o',
+        visible_alias = "output",
+        default_value = "mlx_model"
+    )]
+    mlx_path: PathBuf,
+    /// Dtype of the floating tensors: float32, bfloat16 or float16 (default: config.json's
+    /// torch_dtype; float32 for GGUF).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Store every quantized layer as a dense weight.
     #[arg(long, short, conflicts_with = "quantize")]
     dequantize: bool,
-    /// Quantize every linear layer and the embedding (quantized ones are dequantized first).
+    /// Quantize every linear layer and the embedding.
     #[arg(long, short = 'q')]
     quantize: bool,
-    /// Bits per weight for -q.
-    #[arg(long, default_value_t = 4)]
-    q_bits: i32,
-    /// Weights per quantization group for -q.
-    #[arg(long, default_value_t = 64)]
-    q_group_size: i32,
+    /// Bits per weight for -q (default: 4; 8 for mxfp8).
+    #[arg(long)]
+    q_bits: Option<i32>,
+    /// Weights per quantization group for -q (default: 64 affine, 32 mxfp4/mxfp8, 16 nvfp4).
+    #[arg(long)]
+    q_group_size: Option<i32>,
+    /// Quantization mode for -q.
+    #[arg(long, default_value = "affine", value_parser = ["affine", "mxfp4", "nvfp4", "mxfp8"])]
+    q_mode: String,
+    /// Mixed-bit recipe for -q (more bits for some v_proj/down_proj layers and lm_head).
+    #[arg(long, value_parser = ["mixed_2_6", "mixed_3_4", "mixed_3_6", "mixed_4_6"])]
+    quant_predicate: Option<String>,
+    /// Upload the result to this Hub repo (user/name) once converted.
+    #[arg(long)]
+    upload_repo: Option<String>,
+}
+
+fn parse_dtype_flag(name: &str) -> Result<mlx_rs::Dtype> {
+    parse_dtype(name)
+        .filter(|d| mlx_bun::mlx_ext::is_float(*d) && *d != mlx_rs::Dtype::Float64)
+        .with_context(|| format!("unknown --dtype {name:?} (choose float32, bfloat16 or float16)"))
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let dtype = parse_dtype(&args.dtype).with_context(|| {
-        format!(
-            "unknown --dtype {:?} (choose float32, bfloat16 or float16)",
-            args.dtype
-        )
-    })?;
-    convert::output::require_absent(&args.output)?;
+    let dtype = args.dtype.as_deref().map(parse_dtype_flag).transpose()?;
+    if let Some(repo) = &args.upload_repo {
+        mlx_bun::upload::validate_repo_id(repo)?;
+    }
+    let output = match (&args.gguf, &args.hf_path) {
+        (Some(gguf), _) => run_gguf(&args, gguf, dtype)?,
+        (None, Some(spec)) => run_hf(&args, spec, dtype)?,
+        (None, None) => bail!("give --hf-path MODEL or --gguf FILE"),
+    };
+    if let Some(repo) = &args.upload_repo {
+        crate::upload::upload_with_progress(&output, repo, false)?;
+    }
+    Ok(())
+}
+
+fn run_gguf(args: &Args, gguf: &std::path::Path, dtype: Option<mlx_rs::Dtype>) -> Result<PathBuf> {
+    if args.q_mode != "affine" || args.quant_predicate.is_some() {
+        bail!("--q-mode and --quant-predicate apply to Hugging Face checkpoints; convert the GGUF first, then quantize the result");
+    }
+    convert::output::require_absent(&args.mlx_path)?;
+    let dtype = dtype.unwrap_or(mlx_rs::Dtype::Float32);
     let opts = ConvertOptions {
-        output: args.output.clone(),
+        output: args.mlx_path.clone(),
         dtype,
         dequantize: args.dequantize,
         quantize: args.quantize.then_some(QuantSpec {
-            group_size: args.q_group_size,
-            bits: args.q_bits,
+            group_size: args.q_group_size.unwrap_or(64),
+            bits: args.q_bits.unwrap_or(4),
         }),
         progress: true,
     };
-    let summary = match (&args.gguf, &args.model) {
-        (Some(gguf), _) => convert::from_gguf(gguf, &opts)?,
-        (None, Some(model)) => convert::from_model_dir(model, &opts)?,
-        (None, None) => bail!("give --gguf FILE or --model DIR"),
-    };
+    let summary = convert::from_gguf(gguf, &opts)?;
     if summary.commit == Commit::AlreadyThere {
         bail!(
             "{} appeared while converting; the new copy was discarded",
@@ -78,8 +114,80 @@ pub fn run(args: Args) -> Result<()> {
         summary.output.display(),
         summary.tensors,
         summary.bytes as f64 / 1e6,
-        args.dtype,
+        mlx_bun::mlx_ext::dtype_name(dtype),
         quantization
     );
-    Ok(())
+    Ok(summary.output)
+}
+
+fn run_hf(args: &Args, spec: &str, dtype: Option<mlx_rs::Dtype>) -> Result<PathBuf> {
+    let quantize = if args.quantize {
+        Some(QuantRecipe {
+            mode: QuantMode::parse(&args.q_mode)?,
+            group_size: args.q_group_size,
+            bits: args.q_bits,
+            mixed: args
+                .quant_predicate
+                .as_deref()
+                .map(MixedRecipe::parse)
+                .transpose()?,
+        })
+    } else {
+        if args.quant_predicate.is_some() || args.q_bits.is_some() || args.q_group_size.is_some() {
+            bail!("--q-bits, --q-group-size and --quant-predicate need -q");
+        }
+        None
+    };
+    if let Some(q) = &quantize {
+        q.validate()?;
+    }
+    convert::output::require_absent(&args.mlx_path)?;
+    let (dir, base_model) = mlx_bun::hub::resolve_source(spec)?;
+    let opts = HfOptions {
+        output: args.mlx_path.clone(),
+        dtype,
+        quantize,
+        dequantize: args.dequantize,
+        base_model,
+    };
+    let bar = ProgressBar::new(0);
+    if let Ok(style) = ProgressStyle::with_template(
+        "converting [{bar:30}] {bytes}/{total_bytes} ({elapsed}) {msg}",
+    ) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let summary = hf::convert(&dir, &opts, &mut |event| match event {
+        Event::Start { bytes, .. } => bar.set_length(bytes),
+        Event::Wrote { name, bytes } => {
+            bar.set_message(name.to_string());
+            bar.inc(bytes);
+        }
+    })?;
+    bar.finish_and_clear();
+    if summary.commit == Commit::AlreadyThere {
+        bail!(
+            "{} appeared while converting; the new copy was discarded",
+            summary.output.display()
+        );
+    }
+    let quantization = match &summary.quantization {
+        Some(q) => format!(
+            "quantized ({} bits, group {}, {} by default), {:.3} bits per weight",
+            q["bits"],
+            q["group_size"],
+            q.get("mode").and_then(|m| m.as_str()).unwrap_or("affine"),
+            summary.bits_per_weight
+        ),
+        None => "not quantized".to_string(),
+    };
+    eprintln!(
+        "wrote {}: {} tensors in {} file(s), {:.1} MB, {} parameters, {}",
+        summary.output.display(),
+        summary.tensors,
+        summary.shards,
+        summary.bytes as f64 / 1e6,
+        summary.parameters,
+        quantization
+    );
+    Ok(summary.output)
 }

@@ -10,9 +10,11 @@ mod convert;
 mod evals;
 mod fit;
 mod generate;
+mod manage;
 mod model_arg;
 mod serve;
 mod train;
+mod upload;
 mod validate;
 
 use std::process::ExitCode;
@@ -41,8 +43,12 @@ enum Command {
     Chat(chat::Args),
     /// Serve an OpenAI-compatible HTTP API.
     Serve(serve::Args),
-    /// Convert a GGUF file into an mlx-lm model directory.
+    /// Convert a Hugging Face checkpoint or a GGUF file into an mlx-lm model directory.
     Convert(convert::Args),
+    /// Upload a model folder to a Hugging Face Hub repo (as mlx_lm.upload).
+    Upload(upload::Args),
+    /// List or delete models in the Hugging Face Hub cache (as mlx_lm.manage).
+    Manage(manage::Args),
     /// Fine-tune with LoRA (SFT) or ORPO preference training.
     Train(train::Args),
     /// Micro-benchmarks of the engine.
@@ -70,6 +76,8 @@ fn main() -> ExitCode {
         Command::Chat(args) => chat::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Convert(args) => convert::run(args),
+        Command::Upload(args) => upload::run(args),
+        Command::Manage(args) => manage::run(args),
         Command::Train(args) => train::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Evals(args) => evals::run(args),

@@ -48,6 +48,9 @@ struct FuseArgs {
     /// Write dense weights (dequantize every quantized layer).
     #[arg(long)]
     dequantize: bool,
+    /// Upload the fused model to this Hub repo (user/name).
+    #[arg(long)]
+    upload_repo: Option<String>,
 }
 
 /// Training flags. Each one left out falls back to the config file, then to
@@ -191,6 +194,9 @@ fn fuse(args: FuseArgs) -> Result<()> {
             ""
         }
     );
+    if let Some(repo) = &args.upload_repo {
+        crate::upload::upload_with_progress(&report.output, repo, false)?;
+    }
     Ok(())
 }
 

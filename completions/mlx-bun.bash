@@ -43,11 +43,17 @@ _mlx__bun() {
             mlx__bun,help)
                 cmd="mlx__bun__subcmd__help"
                 ;;
+            mlx__bun,manage)
+                cmd="mlx__bun__subcmd__manage"
+                ;;
             mlx__bun,serve)
                 cmd="mlx__bun__subcmd__serve"
                 ;;
             mlx__bun,train)
                 cmd="mlx__bun__subcmd__train"
+                ;;
+            mlx__bun,upload)
+                cmd="mlx__bun__subcmd__upload"
                 ;;
             mlx__bun__subcmd__bench,feature-matrix)
                 cmd="mlx__bun__subcmd__bench__subcmd__feature__subcmd__matrix"
@@ -118,11 +124,17 @@ _mlx__bun() {
             mlx__bun__subcmd__help,help)
                 cmd="mlx__bun__subcmd__help__subcmd__help"
                 ;;
+            mlx__bun__subcmd__help,manage)
+                cmd="mlx__bun__subcmd__help__subcmd__manage"
+                ;;
             mlx__bun__subcmd__help,serve)
                 cmd="mlx__bun__subcmd__help__subcmd__serve"
                 ;;
             mlx__bun__subcmd__help,train)
                 cmd="mlx__bun__subcmd__help__subcmd__train"
+                ;;
+            mlx__bun__subcmd__help,upload)
+                cmd="mlx__bun__subcmd__help__subcmd__upload"
                 ;;
             mlx__bun__subcmd__help__subcmd__bench,feature-matrix)
                 cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__feature__subcmd__matrix"
@@ -161,7 +173,7 @@ _mlx__bun() {
 
     case "${cmd}" in
         mlx__bun)
-            opts="-h -V --help --version generate cache-prompt chat serve convert train bench evals fit completions help"
+            opts="-h -V --help --version generate cache-prompt chat serve convert upload manage train bench evals fit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -479,13 +491,13 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__convert)
-            opts="-m -o -d -q -h --gguf --model --mlx-path --output --dtype --dequantize --quantize --q-bits --q-group-size --help"
+            opts="-m -o -d -q -h --model --hf-path --gguf --output --mlx-path --dtype --dequantize --quantize --q-bits --q-group-size --q-mode --quant-predicate --upload-repo --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
-                --gguf)
+                --hf-path)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -497,11 +509,15 @@ _mlx__bun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --output)
+                --gguf)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
                 --mlx-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --output)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -518,6 +534,18 @@ _mlx__bun() {
                     return 0
                     ;;
                 --q-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --q-mode)
+                    COMPREPLY=($(compgen -W "affine mxfp4 nvfp4 mxfp8" -- "${cur}"))
+                    return 0
+                    ;;
+                --quant-predicate)
+                    COMPREPLY=($(compgen -W "mixed_2_6 mixed_3_4 mixed_3_6 mixed_4_6" -- "${cur}"))
+                    return 0
+                    ;;
+                --upload-repo)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -887,7 +915,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help)
-            opts="generate cache-prompt chat serve convert train bench evals fit completions help"
+            opts="generate cache-prompt chat serve convert upload manage train bench evals fit completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1096,6 +1124,20 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__manage)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__help__subcmd__serve)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -1131,6 +1173,42 @@ _mlx__bun() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__upload)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__manage)
+            opts="-y -h --scan --delete --pattern --yes --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --delete)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --pattern)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1411,7 +1489,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__train__subcmd__fuse)
-            opts="-m -o -h --model --adapter-path --save-path --output --dequantize --help"
+            opts="-m -o -h --model --adapter-path --save-path --output --dequantize --upload-repo --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1438,6 +1516,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 -o)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --upload-repo)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1483,6 +1565,28 @@ _mlx__bun() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__upload)
+            opts="-h --path --upload-repo --private --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --upload-repo)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;

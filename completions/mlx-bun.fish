@@ -30,7 +30,9 @@ complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "generate" -d 'Gener
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
-complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "convert" -d 'Convert a Hugging Face checkpoint or a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "upload" -d 'Upload a model folder to a Hugging Face Hub repo (as mlx_lm.upload)'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "manage" -d 'List or delete models in the Hugging Face Hub cache (as mlx_lm.manage)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "bench" -d 'Micro-benchmarks of the engine'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
@@ -126,15 +128,33 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template 
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template-args -d 'Template variables for every request, as a JSON object, e.g. \'{"enable_thinking": false}\'; a request\'s chat_template_kwargs win' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l hf-path -l model -d 'A Hugging Face model: a local folder (Hugging Face or mlx-lm layout) or a Hub repo id' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l gguf -d 'A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors)' -r -F
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l model -d 'An mlx-lm model directory to quantize (-q) or cast (--dtype)' -r -F
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s o -l output -l mlx-path -d 'The directory to create; it must not exist yet' -r -F
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l dtype -d 'Dtype of norms, scales, biases and dense weights: float32, bfloat16 or float16' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l q-bits -d 'Bits per weight for -q' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l q-group-size -d 'Weights per quantization group for -q' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s d -l dequantize -d 'Store every quantized layer as a dense weight in --dtype'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s q -l quantize -d 'Quantize every linear layer and the embedding (quantized ones are dequantized first)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s o -l mlx-path -l output -d 'The directory to create; it must not exist yet' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l dtype -d 'Dtype of the floating tensors: float32, bfloat16 or float16 (default: config.json\'s torch_dtype; float32 for GGUF)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l q-bits -d 'Bits per weight for -q (default: 4; 8 for mxfp8)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l q-group-size -d 'Weights per quantization group for -q (default: 64 affine, 32 mxfp4/mxfp8, 16 nvfp4)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l q-mode -d 'Quantization mode for -q' -r -f -a "affine\t''
+mxfp4\t''
+nvfp4\t''
+mxfp8\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l quant-predicate -d 'Mixed-bit recipe for -q (more bits for some v_proj/down_proj layers and lm_head)' -r -f -a "mixed_2_6\t''
+mixed_3_4\t''
+mixed_3_6\t''
+mixed_4_6\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l upload-repo -d 'Upload the result to this Hub repo (user/name) once converted' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s d -l dequantize -d 'Store every quantized layer as a dense weight'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s q -l quantize -d 'Quantize every linear layer and the embedding'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand upload" -l path -d 'The model folder to upload' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand upload" -l upload-repo -d 'The Hub repo to upload to (user/name); created when missing' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand upload" -l private -d 'Create the repo as private'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand upload" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand manage" -l delete -d 'Delete the cached repos whose id contains this pattern (asks first)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand manage" -l pattern -d 'Repo ids must contain this (for --scan, and for --delete without a pattern)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand manage" -l scan -d 'List the cached repos whose id contains --pattern'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand manage" -s y -l yes -d 'Delete without asking'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand manage" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s c -l config -d 'YAML file with training options (mlx-lm\'s `lora` config keys)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l data -d 'Directory with train.jsonl, valid.jsonl and optionally test.jsonl' -r -F
@@ -186,6 +206,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_se
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s m -l model -d 'Base model directory or Hugging Face repo id (default: the embedded model)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -l adapter-path -d 'Adapter directory (adapters.safetensors + adapter_config.json)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s o -l output -l save-path -d 'Where to write the fused model' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -l upload-repo -d 'Upload the fused model to this Hub repo (user/name)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -l dequantize -d 'Write dense weights (dequantize every quantized layer)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
@@ -249,17 +270,19 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-siz
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand completions" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "completions" -d 'Print shell completions'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "convert" -d 'Convert a Hugging Face checkpoint or a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "upload" -d 'Upload a model folder to a Hugging Face Hub repo (as mlx_lm.upload)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "manage" -d 'List or delete models in the Hugging Face Hub cache (as mlx_lm.manage)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from train" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'

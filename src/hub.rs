@@ -27,6 +27,14 @@ fn looks_like_repo_id(s: &str) -> bool {
         })
 }
 
+/// Resolves a model to a local directory, with the Hub repo id when it came
+/// from the Hub (a converted model's `base_model`).
+pub fn resolve_source(spec: &str) -> Result<(PathBuf, Option<String>)> {
+    let dir = resolve_model(spec)?;
+    let from_hub = !Path::new(spec).exists();
+    Ok((dir, from_hub.then(|| spec.to_string())))
+}
+
 /// Resolves `--model` to a local model directory.
 pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     let path = Path::new(spec);
@@ -62,10 +70,17 @@ fn download_repo(repo_id: &str) -> Result<PathBuf> {
     let mut dir = None;
     for sibling in info.siblings {
         let name = sibling.rfilename;
-        let wanted = name.ends_with(".safetensors")
+        // mlx-lm's download patterns.
+        let wanted = (name.starts_with("model") && name.ends_with(".safetensors"))
             || name.ends_with(".json")
             || name.ends_with(".jinja")
-            || name == "tokenizer.model";
+            || name.ends_with(".py")
+            || name.ends_with(".tiktoken")
+            || name.ends_with(".txt")
+            || name.ends_with(".jsonl")
+            || name == "README.md"
+            || name == "tokenizer.model"
+            || name == "tiktoken.model";
         if wanted && !name.contains('/') {
             let local = repo
                 .get(&name)
@@ -74,4 +89,151 @@ fn download_repo(repo_id: &str) -> Result<PathBuf> {
         }
     }
     dir.with_context(|| format!("{repo_id} has no model files"))
+}
+
+/// The Hub's address: `HF_ENDPOINT`, else the default of the `hf-hub` client.
+pub fn endpoint() -> Result<String> {
+    if let Some(e) = std::env::var("HF_ENDPOINT").ok().filter(|s| !s.is_empty()) {
+        return Ok(e.trim_end_matches('/').to_string());
+    }
+    let api = hf_hub::api::sync::ApiBuilder::new()
+        .build()
+        .context("setting up the Hugging Face client")?;
+    let probe = api.model("o/r".to_string()).url("f");
+    probe
+        .strip_suffix("/o/r/resolve/main/f")
+        .map(str::to_string)
+        .context("cannot tell the Hub's address; set HF_ENDPOINT")
+}
+
+/// `HF_HOME`, else `~/.cache/huggingface`.
+fn hf_home() -> PathBuf {
+    if let Some(h) = std::env::var_os("HF_HOME") {
+        return PathBuf::from(h);
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from("/tmp"));
+    base.join("huggingface")
+}
+
+/// The Hub token: `HF_TOKEN`, else the token file (`HF_TOKEN_PATH`, else
+/// `$HF_HOME/token`). None when neither is set.
+pub fn token() -> Option<String> {
+    if let Some(t) = std::env::var("HF_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        return Some(t.trim().to_string());
+    }
+    let path = std::env::var_os("HF_TOKEN_PATH")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| hf_home().join("token"));
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+}
+
+/// The Hub cache (`HF_HUB_CACHE`, else `$HF_HOME/hub`).
+pub fn hub_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("HF_HUB_CACHE") {
+        return PathBuf::from(dir);
+    }
+    hf_home().join("hub")
+}
+
+/// One repository in the Hub cache.
+#[derive(Debug)]
+pub struct CachedRepo {
+    pub repo_id: String,
+    pub repo_type: &'static str,
+    pub path: PathBuf,
+    /// Bytes of its blobs.
+    pub size: u64,
+    /// Files across its snapshots.
+    pub files: usize,
+    pub last_modified: Option<std::time::SystemTime>,
+    pub last_accessed: Option<std::time::SystemTime>,
+}
+
+fn walk(dir: &Path, f: &mut dyn FnMut(&Path, &std::fs::Metadata)) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            walk(&path, f);
+        } else {
+            f(&path, &meta);
+        }
+    }
+}
+
+/// Every repository in the Hub cache whose id contains `pattern`, sorted by path
+/// (as `mlx_lm.manage --scan`).
+pub fn scan_cache(pattern: &str) -> Result<Vec<CachedRepo>> {
+    let root = hub_cache_dir();
+    let entries = match std::fs::read_dir(&root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", root.display())),
+    };
+    let mut repos = Vec::new();
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let (repo_type, rest) = match name.split_once("--") {
+            Some(("models", r)) => ("model", r),
+            Some(("datasets", r)) => ("dataset", r),
+            Some(("spaces", r)) => ("space", r),
+            _ => continue,
+        };
+        let repo_id = rest.replace("--", "/");
+        if !repo_id.contains(pattern) {
+            continue;
+        }
+        let path = entry.path();
+        // As huggingface_hub counts: every file of every snapshot, and the
+        // bytes of the distinct files they resolve to.
+        let (mut size, mut files) = (0u64, 0usize);
+        let (mut modified, mut accessed) = (None, None);
+        let mut seen = std::collections::HashSet::new();
+        walk(&path.join("snapshots"), &mut |file, _| {
+            files += 1;
+            let (Ok(real), Ok(meta)) = (std::fs::canonicalize(file), std::fs::metadata(file))
+            else {
+                return;
+            };
+            if !seen.insert(real) {
+                return;
+            }
+            size += meta.len();
+            let later = |a: Option<std::time::SystemTime>,
+                         b: std::io::Result<std::time::SystemTime>| match (
+                a,
+                b.ok(),
+            ) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            modified = later(modified, meta.modified());
+            accessed = later(accessed, meta.accessed());
+        });
+        repos.push(CachedRepo {
+            repo_id,
+            repo_type,
+            path,
+            size,
+            files,
+            last_modified: modified,
+            last_accessed: accessed,
+        });
+    }
+    repos.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(repos)
 }

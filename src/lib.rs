@@ -30,6 +30,7 @@ pub mod stop;
 pub mod tokenizer;
 pub mod tool_calls;
 pub mod train;
+pub mod upload;
 
 pub fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")

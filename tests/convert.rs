@@ -308,7 +308,7 @@ fn dequantize_quantize_and_cast_round_trip() {
     let config = read_json(&requantized.join("config.json"));
     assert_eq!(
         config["quantization"],
-        serde_json::json!({"group_size": 32, "bits": 4})
+        serde_json::json!({"group_size": 32, "bits": 4, "mode": "affine"})
     );
     let weights = tensors(&requantized);
     let q = &weights["model.layers.0.self_attn.q_proj.weight"];
@@ -443,7 +443,7 @@ fn bad_inputs_fail_with_one_clear_error() {
         ),
         (&["--gguf", &q6k], "has type Q6_K"),
         (&["--gguf", &truncated], "beyond the end of the file"),
-        (&["--model", not_a_model], "not an mlx-lm model directory"),
+        (&["--model", not_a_model], "mlx-lm model directory"),
         (&["--model", &exists, "--dtype", "int8"], "unknown --dtype"),
         (
             &["--model", &exists, "-q", "--q-bits", "7"],

@@ -1,11 +1,16 @@
 //! Model conversion (`mlx-bun convert`): a GGUF file into an mlx-lm model
-//! directory, and an mlx-lm directory into a quantized or re-typed copy.
+//! directory (here), and a Hugging Face checkpoint or an mlx-lm directory into
+//! a quantized, dequantized or re-typed mlx-lm copy (`hf`).
 
+pub mod card;
+pub mod family;
 pub mod gguf;
 pub mod gguf_llama;
 pub mod gguf_tokenizer;
+pub mod hf;
 pub mod output;
 pub mod quantize;
+pub mod safetensors_out;
 
 use std::path::{Path, PathBuf};
 
@@ -17,7 +22,6 @@ use serde_json::{json, Map, Value};
 
 use crate::mlx_ext::dtype_name;
 use crate::model::layers::QuantSpec;
-use crate::model::weights::Weights;
 use gguf::{GgmlType, GgufHeader};
 use output::{Commit, StagingDir};
 use quantize::TensorSet;
@@ -261,74 +265,4 @@ fn summarize(set: TensorSet, staging: StagingDir, opts: &ConvertOptions) -> Resu
     drop(set);
     let commit = staging.commit()?;
     Ok(Summary { commit, ..summary })
-}
-
-/// Files of a model directory that are not weights and are copied as they are.
-fn companion_files(dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {}", dir.display()))? {
-        let path = entry?.path();
-        let name = path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
-        let skip = name.ends_with(".safetensors")
-            || name == "model.safetensors.index.json"
-            || name == "config.json"
-            || name.starts_with("adapter")
-            || name.starts_with('.');
-        if path.is_file() && !skip {
-            files.push(path);
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// Writes a quantized, dequantized or re-typed copy of an mlx-lm model directory.
-pub fn from_model_dir(dir: &Path, opts: &ConvertOptions) -> Result<Summary> {
-    opts.validate()?;
-    if !dir.is_dir() {
-        bail!("model directory {} does not exist", dir.display());
-    }
-    if !dir.join("config.json").is_file() {
-        bail!(
-            "{} is not an mlx-lm model directory (it has no config.json)",
-            dir.display()
-        );
-    }
-    let (args, raw) = crate::model::read_config(dir)?;
-    let mut config = match raw {
-        Value::Object(map) => map,
-        _ => bail!("{}/config.json is not a JSON object", dir.display()),
-    };
-    let mut weights = Weights::load_dir(dir, args.quantization.clone(), Dtype::Float32)?;
-    let names = weights.remaining();
-    let mut set = TensorSet::default();
-    for name in &names {
-        if let Some(prefix) = name.strip_suffix(".scales") {
-            let spec = weights
-                .quant_spec(prefix)
-                .with_context(|| format!("cannot tell how {prefix} is quantized"))?;
-            set.quantized.insert(prefix.to_string(), spec);
-        }
-    }
-    for name in names {
-        let array = weights.take(&name)?;
-        set.insert(name, array);
-    }
-    finish(&mut set, opts)?;
-    insert_quantization(&mut config, &set);
-    config.insert("torch_dtype".into(), json!(dtype_name(opts.dtype)));
-
-    let staging = StagingDir::new(&opts.output)?;
-    let out = staging.path();
-    output::write_weights(out, &set)?;
-    output::write_json(out, "config.json", &Value::Object(config))?;
-    for file in companion_files(dir)? {
-        let name = file.file_name().context("file name")?;
-        std::fs::copy(&file, out.join(name))
-            .with_context(|| format!("copying {}", file.display()))?;
-    }
-    summarize(set, staging, opts)
 }

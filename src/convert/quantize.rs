@@ -33,6 +33,172 @@ pub fn validate_spec(spec: QuantSpec) -> Result<()> {
     Ok(())
 }
 
+/// MLX's quantization modes (`mx.quantize(..., mode=)`): `affine` stores a
+/// scale and a bias per group in the float dtype; the microscaling float
+/// formats store one 8-bit scale per group and no bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QuantMode {
+    Affine,
+    Mxfp4,
+    Nvfp4,
+    Mxfp8,
+}
+
+impl QuantMode {
+    pub fn parse(name: &str) -> Result<Self> {
+        Ok(match name {
+            "affine" => Self::Affine,
+            "mxfp4" => Self::Mxfp4,
+            "nvfp4" => Self::Nvfp4,
+            "mxfp8" => Self::Mxfp8,
+            other => {
+                bail!("unknown quantization mode {other:?} (choose affine, mxfp4, nvfp4 or mxfp8)")
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Affine => "affine",
+            Self::Mxfp4 => "mxfp4",
+            Self::Nvfp4 => "nvfp4",
+            Self::Mxfp8 => "mxfp8",
+        }
+    }
+
+    /// mlx-lm's `(group_size, bits)` when the user gives neither.
+    pub fn defaults(self) -> (i32, i32) {
+        match self {
+            Self::Affine => (64, 4),
+            Self::Mxfp4 => (32, 4),
+            Self::Nvfp4 => (16, 4),
+            Self::Mxfp8 => (32, 8),
+        }
+    }
+
+    /// Checks a `(group_size, bits)` pair against what the mode allows.
+    pub fn validate(self, group_size: i32, bits: i32) -> Result<()> {
+        if self == Self::Affine {
+            return validate_spec(QuantSpec { group_size, bits });
+        }
+        if (group_size, bits) != self.defaults() {
+            let (g, b) = self.defaults();
+            bail!(
+                "{} quantization takes exactly {b} bits with group size {g} (got {bits} bits, group size {group_size})",
+                self.name()
+            );
+        }
+        Ok(())
+    }
+
+    /// The mode of a packed layer from its shapes and scale dtype, as mlx-lm
+    /// infers it: affine keeps float scales; each other mode has one
+    /// `(bits, group_size)` pair.
+    pub fn infer(scales_dtype: Dtype, group_size: i32, bits: i32) -> Option<Self> {
+        if scales_dtype != Dtype::Uint8 {
+            return Some(Self::Affine);
+        }
+        [Self::Nvfp4, Self::Mxfp4, Self::Mxfp8]
+            .into_iter()
+            .find(|m| m.defaults() == (group_size, bits))
+    }
+}
+
+fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
+    mlx_sys::mlx_optional_int {
+        value,
+        has_value: true,
+    }
+}
+
+/// `mx.quantize(w, group_size, bits, mode=mode)`: `[weight, scales]` plus
+/// `biases` for affine. mlx-rs only exposes the affine mode.
+pub fn quantize_with_mode(
+    w: &Array,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+) -> Result<Vec<Array>> {
+    let mode_name = std::ffi::CString::new(mode.name())?;
+    let stream = mlx_rs::StreamOrDevice::default();
+    // SAFETY: every handle passed is valid for the call; the output vector is
+    // created here, read into owned Arrays, and freed once.
+    unsafe {
+        let none = mlx_sys::mlx_array_new();
+        let mut out = mlx_sys::mlx_vector_array_new();
+        let rc = mlx_sys::mlx_quantize(
+            &mut out,
+            w.as_ptr(),
+            optional_int(group_size),
+            optional_int(bits),
+            mode_name.as_ptr(),
+            none,
+            AsRef::<mlx_rs::Stream>::as_ref(&stream).as_ptr(),
+        );
+        mlx_sys::mlx_array_free(none);
+        if rc != 0 {
+            mlx_sys::mlx_vector_array_free(out);
+            bail!(
+                "MLX could not quantize a {:?} array with mode {}, {bits} bits, group size {group_size}",
+                w.shape(),
+                mode.name()
+            );
+        }
+        let n = mlx_sys::mlx_vector_array_size(out);
+        let arrays = (0..n)
+            .map(|i| {
+                let mut a = mlx_sys::mlx_array_new();
+                mlx_sys::mlx_vector_array_get(&mut a, out, i);
+                Array::from_ptr(a)
+            })
+            .collect();
+        mlx_sys::mlx_vector_array_free(out);
+        Ok(arrays)
+    }
+}
+
+/// `mx.dequantize` for any mode; `biases` is None for the float modes.
+pub fn dequantize_with_mode(
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    group_size: i32,
+    bits: i32,
+    mode: QuantMode,
+) -> Result<Array> {
+    let mode_name = std::ffi::CString::new(mode.name())?;
+    let stream = mlx_rs::StreamOrDevice::default();
+    // SAFETY: as in `quantize_with_mode`; the result handle is owned by the
+    // returned Array on success and freed on failure.
+    unsafe {
+        let none = mlx_sys::mlx_array_new();
+        let mut res = mlx_sys::mlx_array_new();
+        let no_dtype: mlx_sys::mlx_optional_dtype = std::mem::zeroed();
+        let rc = mlx_sys::mlx_dequantize(
+            &mut res,
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.map(|b| b.as_ptr()).unwrap_or(none),
+            optional_int(group_size),
+            optional_int(bits),
+            mode_name.as_ptr(),
+            none,
+            no_dtype,
+            AsRef::<mlx_rs::Stream>::as_ref(&stream).as_ptr(),
+        );
+        mlx_sys::mlx_array_free(none);
+        if rc != 0 {
+            mlx_sys::mlx_array_free(res);
+            bail!(
+                "MLX could not dequantize a {:?} array with mode {}, {bits} bits, group size {group_size}",
+                w.shape(),
+                mode.name()
+            );
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
 /// Tensors by name; `quantized` maps a layer prefix (`model.layers.0.mlp.up_proj`)
 /// to the spec of its `weight`/`scales`/`biases` triple.
 #[derive(Default)]

@@ -1,0 +1,507 @@
+//! `mlx-bun convert --hf-path` against `mlx_lm.convert` on tiny random
+//! Hugging Face checkpoints (llama, qwen2, qwen3; two shards with an index):
+//! every option set must give the same tensors (bit for bit), the same config,
+//! index and model card. Plus the refusals.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::{bin, model_dir, oracle_python, repo_root};
+use mlx_rs::Array;
+use serde_json::{json, Value};
+
+/// The tiny checkpoints, made once per test binary by the committed script.
+fn tiny() -> &'static Path {
+    static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let py = oracle_python().expect("the oracle is required");
+        let out = Command::new(py)
+            .arg(repo_root().join("scripts/oracle/make_tiny_hf.py"))
+            .arg(dir.path().join("hf"))
+            .arg(model_dir())
+            .env("HF_HUB_OFFLINE", "1")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "make_tiny_hf.py: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        dir
+    })
+    .path()
+}
+
+fn family(name: &str) -> PathBuf {
+    tiny().join("hf").join(name)
+}
+
+struct Case {
+    name: &'static str,
+    family: &'static str,
+    ours: &'static [&'static str],
+    theirs: Value,
+}
+
+fn cases() -> Vec<Case> {
+    let c = |name, family, ours, theirs| Case {
+        name,
+        family,
+        ours,
+        theirs,
+    };
+    vec![
+        c("llama-plain", "llama", &[], json!({})),
+        c(
+            "llama-f32",
+            "llama",
+            &["--dtype", "float32"],
+            json!({"dtype": "float32"}),
+        ),
+        c(
+            "llama-q2g32",
+            "llama",
+            &["-q", "--q-bits", "2", "--q-group-size", "32"],
+            json!({"quantize": true, "q_bits": 2, "q_group_size": 32}),
+        ),
+        c(
+            "llama-q3",
+            "llama",
+            &["-q", "--q-bits", "3"],
+            json!({"quantize": true, "q_bits": 3}),
+        ),
+        c("llama-q4", "llama", &["-q"], json!({"quantize": true})),
+        c(
+            "llama-q5g128",
+            "llama",
+            &["-q", "--q-bits", "5", "--q-group-size", "128"],
+            json!({"quantize": true, "q_bits": 5, "q_group_size": 128}),
+        ),
+        c(
+            "llama-q6",
+            "llama",
+            &["-q", "--q-bits", "6"],
+            json!({"quantize": true, "q_bits": 6}),
+        ),
+        c(
+            "llama-q8g32",
+            "llama",
+            &["-q", "--q-bits", "8", "--q-group-size", "32"],
+            json!({"quantize": true, "q_bits": 8, "q_group_size": 32}),
+        ),
+        c("qwen2-plain", "qwen2", &[], json!({})),
+        c(
+            "qwen2-bf16",
+            "qwen2",
+            &["--dtype", "bfloat16"],
+            json!({"dtype": "bfloat16"}),
+        ),
+        c(
+            "qwen2-mxfp4",
+            "qwen2",
+            &["-q", "--q-mode", "mxfp4"],
+            json!({"quantize": true, "q_mode": "mxfp4"}),
+        ),
+        c(
+            "qwen2-nvfp4",
+            "qwen2",
+            &["-q", "--q-mode", "nvfp4"],
+            json!({"quantize": true, "q_mode": "nvfp4"}),
+        ),
+        c(
+            "qwen2-mxfp8",
+            "qwen2",
+            &["-q", "--q-mode", "mxfp8"],
+            json!({"quantize": true, "q_mode": "mxfp8"}),
+        ),
+        c(
+            "qwen3-q4",
+            "qwen3",
+            &["-q", "--dtype", "float32"],
+            json!({"quantize": true, "dtype": "float32"}),
+        ),
+        c(
+            "qwen3-mixed_2_6",
+            "qwen3",
+            &["-q", "--quant-predicate", "mixed_2_6"],
+            json!({"quantize": true, "quant_predicate": "mixed_2_6"}),
+        ),
+        c(
+            "qwen3-mixed_3_4",
+            "qwen3",
+            &[
+                "-q",
+                "--quant-predicate",
+                "mixed_3_4",
+                "--q-group-size",
+                "32",
+            ],
+            json!({"quantize": true, "quant_predicate": "mixed_3_4", "q_group_size": 32}),
+        ),
+        c(
+            "qwen3-mixed_3_6",
+            "qwen3",
+            &["-q", "--quant-predicate", "mixed_3_6"],
+            json!({"quantize": true, "quant_predicate": "mixed_3_6"}),
+        ),
+        c(
+            "llama-mixed_4_6",
+            "llama",
+            &[
+                "-q",
+                "--quant-predicate",
+                "mixed_4_6",
+                "--q-group-size",
+                "64",
+            ],
+            json!({"quantize": true, "quant_predicate": "mixed_4_6", "q_group_size": 64}),
+        ),
+    ]
+}
+
+fn convert(args: &[&str]) -> std::process::Output {
+    bin()
+        .arg("convert")
+        .args(args)
+        .output()
+        .expect("running mlx-bun")
+}
+
+fn convert_ok(from: &Path, to: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "--hf-path",
+        from.to_str().unwrap(),
+        "--mlx-path",
+        to.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let out = convert(&args);
+    assert!(
+        out.status.success(),
+        "convert {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs the oracle on `(from, to, kwargs)` conversions in one process.
+fn oracle_convert(jobs: &[(PathBuf, PathBuf, Value)]) {
+    let py = oracle_python().expect("the oracle is required");
+    let list: Vec<Value> = jobs
+        .iter()
+        .map(|(from, to, args)| json!({"hf_path": from, "mlx_path": to, "args": args}))
+        .collect();
+    let file = tiny().join(format!("cases-{}.json", jobs.len()));
+    std::fs::write(&file, serde_json::to_string(&list).unwrap()).unwrap();
+    let out = Command::new(py)
+        .arg(repo_root().join("scripts/oracle/convert_cases.py"))
+        .arg(&file)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mlx_lm.convert: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn read_json(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap()
+}
+
+fn load_all(dir: &Path) -> HashMap<String, Array> {
+    let index = read_json(&dir.join("model.safetensors.index.json"));
+    let mut files: Vec<&str> = index["weight_map"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    files.sort();
+    files.dedup();
+    let mut all = HashMap::new();
+    for f in files {
+        all.extend(Array::load_safetensors(dir.join(f)).unwrap());
+    }
+    all
+}
+
+/// mlx-lm writes `"group_size": null` per layer for a mixed recipe without
+/// --q-group-size; we write the group size it means (64).
+fn normalize(mut config: Value) -> Value {
+    if let Some(q) = config
+        .get_mut("quantization")
+        .and_then(Value::as_object_mut)
+    {
+        for v in q.values_mut() {
+            if v.get("group_size") == Some(&Value::Null) {
+                v["group_size"] = json!(64);
+            }
+        }
+    }
+    config["quantization_config"] = config.get("quantization").cloned().unwrap_or(Value::Null);
+    config.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+    config
+}
+
+fn assert_same_model(ours: &Path, theirs: &Path, what: &str) {
+    let (a, b) = (load_all(ours), load_all(theirs));
+    let mut names: Vec<_> = b.keys().cloned().collect();
+    names.sort();
+    let mut ours_names: Vec<_> = a.keys().cloned().collect();
+    ours_names.sort();
+    assert_eq!(ours_names, names, "{what}: tensor names");
+    for name in &names {
+        let (x, y) = (&a[name], &b[name]);
+        assert_eq!(
+            (x.dtype(), x.shape()),
+            (y.dtype(), y.shape()),
+            "{what}: {name} dtype/shape"
+        );
+        let same = x.eq_values(y).unwrap();
+        assert!(same, "{what}: {name} differs from mlx-lm's");
+    }
+    let (ia, ib) = (
+        read_json(&ours.join("model.safetensors.index.json")),
+        read_json(&theirs.join("model.safetensors.index.json")),
+    );
+    assert_eq!(ia, ib, "{what}: model.safetensors.index.json");
+    let (ca, cb) = (
+        normalize(read_json(&ours.join("config.json"))),
+        normalize(read_json(&theirs.join("config.json"))),
+    );
+    // mlx-lm keeps the source's torch_dtype after --dtype; we record the new one.
+    let mut cb = cb;
+    cb["torch_dtype"] = ca["torch_dtype"].clone();
+    assert_eq!(ca, cb, "{what}: config.json");
+    assert_eq!(
+        std::fs::read_to_string(ours.join("README.md")).unwrap(),
+        std::fs::read_to_string(theirs.join("README.md")).unwrap(),
+        "{what}: model card"
+    );
+    for f in ["tokenizer.json", "generation_config.json"] {
+        assert!(ours.join(f).is_file(), "{what}: {f} was not copied");
+    }
+}
+
+#[test]
+fn every_option_set_matches_mlx_lm_tensor_for_tensor() {
+    let work = tempfile::tempdir().unwrap();
+    let cases = cases();
+    let jobs: Vec<_> = cases
+        .iter()
+        .map(|c| {
+            (
+                family(c.family),
+                work.path().join(format!("theirs-{}", c.name)),
+                c.theirs.clone(),
+            )
+        })
+        .collect();
+    oracle_convert(&jobs);
+    for case in &cases {
+        let ours = work.path().join(format!("ours-{}", case.name));
+        convert_ok(&family(case.family), &ours, case.ours);
+        assert_same_model(
+            &ours,
+            &work.path().join(format!("theirs-{}", case.name)),
+            case.name,
+        );
+    }
+    // The quantized configs say what mlx-lm's loader needs.
+    let q = read_json(&work.path().join("ours-qwen2-nvfp4/config.json"));
+    assert_eq!(
+        q["quantization"],
+        json!({"group_size": 16, "bits": 4, "mode": "nvfp4"})
+    );
+    let mixed = read_json(&work.path().join("ours-qwen3-mixed_3_6/config.json"));
+    // Four layers: layers 2 and 3 get the high bits on v_proj and down_proj.
+    assert_eq!(
+        mixed["quantization"]["model.layers.0.mlp.down_proj"]["bits"],
+        3
+    );
+    assert_eq!(
+        mixed["quantization"]["model.layers.2.mlp.down_proj"]["bits"],
+        6
+    );
+    assert_eq!(
+        mixed["quantization"]["model.layers.3.self_attn.v_proj"]["bits"],
+        6
+    );
+    assert_eq!(
+        mixed["quantization"]["model.layers.3.self_attn.q_proj"]["bits"],
+        3
+    );
+    assert_eq!(mixed["quantization"]["lm_head"]["bits"], 6);
+}
+
+#[test]
+fn dequantize_and_cast_of_quantized_models_match_mlx_lm() {
+    let work = tempfile::tempdir().unwrap();
+    // The same quantized input for both sides: mlx-lm's own 4-bit and mxfp4 outputs.
+    let q4 = work.path().join("q4");
+    let fp4 = work.path().join("fp4");
+    oracle_convert(&[
+        (family("llama"), q4.clone(), json!({"quantize": true})),
+        (
+            family("qwen2"),
+            fp4.clone(),
+            json!({"quantize": true, "q_mode": "mxfp4"}),
+        ),
+    ]);
+    let jobs = vec![
+        (
+            q4.clone(),
+            work.path().join("theirs-d"),
+            json!({"dequantize": true}),
+        ),
+        (
+            fp4.clone(),
+            work.path().join("theirs-fp4-d"),
+            json!({"dequantize": true}),
+        ),
+        (
+            q4.clone(),
+            work.path().join("theirs-f32"),
+            json!({"dtype": "float32"}),
+        ),
+    ];
+    oracle_convert(&jobs);
+    convert_ok(&q4, &work.path().join("ours-d"), &["-d"]);
+    convert_ok(&fp4, &work.path().join("ours-fp4-d"), &["-d"]);
+    convert_ok(&q4, &work.path().join("ours-f32"), &["--dtype", "float32"]);
+    for name in ["d", "fp4-d", "f32"] {
+        assert_same_model(
+            &work.path().join(format!("ours-{name}")),
+            &work.path().join(format!("theirs-{name}")),
+            name,
+        );
+    }
+    let dense = read_json(&work.path().join("ours-d/config.json"));
+    assert!(dense.get("quantization").is_none() && dense.get("quantization_config").is_none());
+}
+
+fn assert_fails(args: &[&str], expect: &str) {
+    let out = convert(args);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "convert {args:?} should fail");
+    assert!(
+        err.contains(expect),
+        "convert {args:?}: expected {expect:?} in {err}"
+    );
+    assert!(
+        !err.contains("panicked"),
+        "convert {args:?} panicked: {err}"
+    );
+}
+
+#[test]
+fn quantized_input_is_never_quantized_again_and_bad_options_are_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let q4 = work.path().join("q4");
+    convert_ok(&family("llama"), &q4, &["-q"]);
+    let out = work.path().join("out");
+    let (q4s, outs, llama) = (
+        q4.to_str().unwrap(),
+        out.to_str().unwrap(),
+        family("llama").to_str().unwrap().to_string(),
+    );
+    assert_fails(
+        &["--hf-path", q4s, "--mlx-path", outs, "-q"],
+        "already quantized",
+    );
+    assert_fails(
+        &[
+            "--hf-path",
+            &llama,
+            "--mlx-path",
+            outs,
+            "-q",
+            "--q-mode",
+            "nvfp4",
+            "--q-bits",
+            "8",
+        ],
+        "nvfp4 quantization takes exactly 4 bits",
+    );
+    assert_fails(
+        &[
+            "--hf-path",
+            &llama,
+            "--mlx-path",
+            outs,
+            "-q",
+            "--q-mode",
+            "mxfp4",
+            "--quant-predicate",
+            "mixed_3_6",
+        ],
+        "only use affine",
+    );
+    assert_fails(
+        &["--hf-path", &llama, "--mlx-path", outs, "--q-bits", "4"],
+        "need -q",
+    );
+    assert_fails(&["--hf-path", &llama, "--mlx-path", q4s], "already exists");
+    assert_fails(
+        &["--hf-path", "/nonexistent/model", "--mlx-path", outs],
+        "does not exist",
+    );
+    let mamba = work.path().join("mamba");
+    std::fs::create_dir(&mamba).unwrap();
+    std::fs::write(mamba.join("config.json"), r#"{"model_type": "mamba"}"#).unwrap();
+    assert_fails(
+        &["--hf-path", mamba.to_str().unwrap(), "--mlx-path", outs],
+        "does not know model_type \"mamba\"",
+    );
+    let awq = work.path().join("awq");
+    std::fs::create_dir(&awq).unwrap();
+    std::fs::write(
+        awq.join("config.json"),
+        r#"{"model_type": "llama", "quantization_config": {"quant_method": "awq"}}"#,
+    )
+    .unwrap();
+    assert_fails(
+        &["--hf-path", awq.to_str().unwrap(), "--mlx-path", outs],
+        "quantized with \"awq\"",
+    );
+    assert!(!out.exists());
+    let leftovers: Vec<_> = std::fs::read_dir(work.path())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "failed conversions left staging folders"
+    );
+}
+
+#[test]
+fn a_converted_tiny_model_generates() {
+    let work = tempfile::tempdir().unwrap();
+    let out = work.path().join("q8");
+    convert_ok(
+        &family("qwen3"),
+        &out,
+        &["-q", "--q-bits", "8", "--dtype", "float32"],
+    );
+    let gen = common::run_ok(&[
+        "generate",
+        "--model",
+        out.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "-n",
+        "3",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_slice(&gen.stdout).unwrap();
+    assert_eq!(v["token_ids"].as_array().map(Vec::len), Some(3), "{v}");
+}
