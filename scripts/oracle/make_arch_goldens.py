@@ -32,6 +32,27 @@ BASE = {
     "tie_word_embeddings": True,
 }
 
+GEMMA2 = {
+    "model_type": "gemma2",
+    "head_dim": 16,
+    "query_pre_attn_scalar": 24.0,
+    "attn_logit_softcapping": 4.0,
+    "final_logit_softcapping": 3.0,
+}
+# Layers 0 and 2 slide over 5 positions with the local RoPE base, layer 1 is
+# global with linear RoPE scaling.
+GEMMA3 = {
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 3,
+    "head_dim": 16,
+    "query_pre_attn_scalar": 24.0,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "sliding_window": 5,
+    "sliding_window_pattern": 2,
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -55,6 +76,11 @@ CASES = {
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
     "qwen3": {"model_type": "qwen3", "head_dim": 16},
     "llama_q4": {"model_type": "llama", "quantize": {"group_size": 32, "bits": 4}},
+    # Small caps so the random logits reach the tanh's curve.
+    "gemma2": {**GEMMA2},
+    "gemma2_q4": {**GEMMA2, "quantize": {"group_size": 32, "bits": 4}},
+    "gemma3_text": {**GEMMA3},
+    "gemma3_text_q4": {**GEMMA3, "quantize": {"group_size": 32, "bits": 4}},
 }
 
 TOKENS = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200]
@@ -63,8 +89,11 @@ TOKENS = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200]
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="goldens/arch")
+    ap.add_argument("--only", nargs="*", help="cases to (re)write; default all")
     a = ap.parse_args()
     for name, extra in CASES.items():
+        if a.only and name not in a.only:
+            continue
         extra = dict(extra)
         quant = extra.pop("quantize", None)
         config = {**BASE, **extra}

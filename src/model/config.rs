@@ -15,6 +15,13 @@ fn default_eps() -> f32 {
     1e-6
 }
 
+/// The fields one family adds to `config.json`, parsed once at load; an
+/// error names the field (`attn_logit_softcapping: invalid type: ...`).
+pub fn family_args<T: serde::de::DeserializeOwned>(raw: &serde_json::Value) -> Result<T> {
+    serde_path_to_error::deserialize(raw.clone())
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path(), e.inner()))
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct ModelArgs {
     pub model_type: String,

@@ -37,10 +37,13 @@ pub struct Attention {
     pub head_dim: i32,
     pub scale: f32,
     pub rope: Rope,
+    /// `cap * tanh(scores / cap)` on the attention logits (Gemma 2); such
+    /// attention runs outside the fused kernel.
+    pub logit_softcap: Option<f32>,
 }
 
 impl Attention {
-    fn load(
+    pub(super) fn load(
         w: &mut Weights,
         prefix: &str,
         args: &ModelArgs,
@@ -75,10 +78,11 @@ impl Attention {
                 args.rope_base(),
                 args.rope_scaling(),
             )?,
+            logit_softcap: None,
         })
     }
 
-    fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = proj.forward(x)?.reshape(&[b, l, n, -1])?;
@@ -94,6 +98,13 @@ impl Attention {
         let positions = cache.positions();
         let q = self.rope.forward_at(&q, &positions)?;
         let k = self.rope.forward_at(&k, &positions)?;
+        if let Some(cap) = self.logit_softcap {
+            let (k, v) = cache.update_and_fetch(&k, &v)?;
+            let mask = cache.mask(l, k.shape()[2])?;
+            let out = super::gemma2::softcapped_attention(&q, &k, &v, self.scale, cap, mask)?;
+            let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+            return self.o_proj.forward(&out);
+        }
         if let Some(kv) = cache.update_quantized(&k, &v)? {
             let mask = cache.mask(l, kv.len())?;
             let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
@@ -118,27 +129,41 @@ impl Attention {
     }
 }
 
+/// The gate activation of the gated MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (LLaMA, Qwen).
+    Silu,
+    /// The tanh approximation of GELU (Gemma).
+    GeluApprox,
+}
+
 #[derive(Clone)]
 pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    pub activation: Activation,
 }
 
 impl Mlp {
-    fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
+    pub(super) fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
         Ok(Self {
             gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"))?,
             up_proj: Linear::load(w, &format!("{prefix}.up_proj"))?,
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"))?,
+            activation: Activation::Silu,
         })
     }
 
-    fn forward(&self, x: &Array) -> Result<Array> {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
         let gate = self.gate_proj.forward(x)?;
         let up = self.up_proj.forward(x)?;
-        let act = &(&gate * &sigmoid(&gate)?) * &up;
-        self.down_proj.forward(&act)
+        let gate = match self.activation {
+            Activation::Silu => &gate * &sigmoid(&gate)?,
+            Activation::GeluApprox => super::gemma2::gelu_approx(&gate)?,
+        };
+        self.down_proj.forward(&(&gate * &up))
     }
 }
 
@@ -148,10 +173,16 @@ pub struct Block {
     pub mlp: Mlp,
     pub input_layernorm: RmsNorm,
     pub post_attention_layernorm: RmsNorm,
+    /// Gemma's norms around the MLP; with them, `post_attention_layernorm`
+    /// normalizes the attention output instead of the MLP input.
+    pub sandwich: Option<super::gemma2::SandwichNorms>,
 }
 
 impl Block {
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+        if let Some(norms) = &self.sandwich {
+            return norms.forward(self, x, cache);
+        }
         let h = x + &self
             .self_attn
             .forward(&self.input_layernorm.forward(x)?, cache)?;
@@ -170,6 +201,10 @@ pub struct Decoder {
     pub norm: RmsNorm,
     pub lm_head: Option<Linear>,
     pub options: DecoderOptions,
+    /// Multiplies the token embeddings (Gemma: `sqrt(hidden_size)`).
+    pub embed_scale: Option<f32>,
+    /// `cap * tanh(logits / cap)` on the output logits (Gemma 2).
+    pub final_softcap: Option<f32>,
 }
 
 impl Decoder {
@@ -191,6 +226,7 @@ impl Decoder {
                         &format!("{p}.post_attention_layernorm"),
                         args.rms_norm_eps,
                     )?,
+                    sandwich: None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -206,12 +242,23 @@ impl Decoder {
             norm,
             lm_head,
             options,
+            embed_scale: None,
+            final_softcap: None,
+        })
+    }
+
+    /// The (scaled) token embeddings of `inputs`, `[B, L, hidden]`.
+    pub fn embed(&self, inputs: &Array) -> Result<Array> {
+        let h = self.embed_tokens.forward(inputs)?;
+        Ok(match self.embed_scale {
+            Some(s) => &h * &Array::from_f32(s).as_dtype(h.dtype())?,
+            None => h,
         })
     }
 
     /// Hidden states after the final norm, `[B, L, hidden]`.
     pub fn hidden(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
+        let mut h = self.embed(inputs)?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             h = layer.forward(&h, cache.as_mut())?;
         }
@@ -219,10 +266,11 @@ impl Decoder {
     }
 
     pub fn project(&self, hidden: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed_tokens.as_linear(hidden),
-        }
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed_tokens.as_linear(hidden)?,
+        };
+        softcap(logits, self.final_softcap)
     }
 
     /// Logits `[B, L, vocab]` for `inputs` `[B, L]`.
@@ -278,4 +326,13 @@ impl Decoder {
             })
             .collect()
     }
+}
+
+/// `cap * tanh(x / cap)`, or `x` without a cap.
+pub fn softcap(x: Array, cap: Option<f32>) -> Result<Array> {
+    let Some(cap) = cap else {
+        return Ok(x);
+    };
+    let c = Array::from_f32(cap).as_dtype(x.dtype())?;
+    Ok(&mlx_rs::ops::tanh(&(&x / &c))? * &c)
 }
