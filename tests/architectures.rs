@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 11] = [
+const CASES: [&str; 13] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -22,6 +22,8 @@ const CASES: [&str; 11] = [
     "gemma2_q4",
     "gemma3_text",
     "gemma3_text_q4",
+    "phi3",
+    "phi3_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -93,7 +95,8 @@ fn unknown_architecture_is_a_clear_error() {
         "{err:#}"
     );
     assert!(
-        format!("{err:#}").contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text"),
+        format!("{err:#}")
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3"),
         "{err:#}"
     );
 

@@ -53,6 +53,21 @@ GEMMA3 = {
     "sliding_window_pattern": 2,
 }
 
+# Partial rotary (12 of 16 dims) with longrope factors; 512 / 64 positions
+# gives the attention factor sqrt(1 + ln 8 / ln 64).
+PHI3 = {
+    "model_type": "phi3",
+    "tie_word_embeddings": False,
+    "partial_rotary_factor": 0.75,
+    "max_position_embeddings": 512,
+    "original_max_position_embeddings": 64,
+    "rope_scaling": {
+        "type": "longrope",
+        "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0],
+        "short_factor": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+    },
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -81,6 +96,8 @@ CASES = {
     "gemma2_q4": {**GEMMA2, "quantize": {"group_size": 32, "bits": 4}},
     "gemma3_text": {**GEMMA3},
     "gemma3_text_q4": {**GEMMA3, "quantize": {"group_size": 32, "bits": 4}},
+    "phi3": {**PHI3},
+    "phi3_q4": {**PHI3, "quantize": {"group_size": 32, "bits": 4}},
 }
 
 TOKENS = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200]

@@ -94,6 +94,47 @@ impl Linear {
         Ok(y)
     }
 
+    /// Splits a fused layer (Phi-3's `qkv_proj`, `gate_up_proj`) into layers
+    /// of `rows` output rows each, in order. Quantized weights split along
+    /// their rows too (packing and groups run along the input).
+    pub fn split_rows(&self, rows: &[i32]) -> Result<Vec<Linear>> {
+        use mlx_rs::ops::indexing::IndexOp;
+        let total: i32 = rows.iter().sum();
+        if total != self.shape().0 {
+            anyhow::bail!(
+                "a fused layer of {} rows cannot split into {rows:?}",
+                self.shape().0
+            );
+        }
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(rows.len());
+        for &n in rows {
+            let slice = |a: &Array| -> Array { a.index((start..start + n, ..)) };
+            let weight = match &self.weight {
+                LinearWeight::Dense(w) => LinearWeight::Dense(slice(w)),
+                LinearWeight::Quantized {
+                    weight,
+                    scales,
+                    biases,
+                    spec,
+                } => LinearWeight::Quantized {
+                    weight: slice(weight),
+                    scales: slice(scales),
+                    biases: slice(biases),
+                    spec: *spec,
+                },
+            };
+            let bias = self.bias.as_ref().map(|b| b.index(start..start + n));
+            parts.push(Linear {
+                weight,
+                bias,
+                lora: None,
+            });
+            start += n;
+        }
+        Ok(parts)
+    }
+
     /// `(out_features, in_features)`.
     pub fn shape(&self) -> (i32, i32) {
         match &self.weight {
@@ -247,6 +288,9 @@ pub struct Rope {
     pub base: f32,
     pub scale: f32,
     pub freqs: Option<Array>,
+    /// Multiplies the rotated features before rotation (Phi-3's su/longrope
+    /// attention factor); 1 elsewhere.
+    pub mscale: f32,
 }
 
 impl Rope {
@@ -262,6 +306,7 @@ impl Rope {
             base,
             scale: 1.0,
             freqs: None,
+            mscale: 1.0,
         };
         let Some(scaling) = scaling.filter(|s| !s.is_null()) else {
             return Ok(rope);
@@ -288,11 +333,28 @@ impl Rope {
         Ok(rope)
     }
 
+    /// `x` with its first `dims` features times `mscale`.
+    fn pre_scale(&self, x: &Array) -> Result<Array> {
+        if self.mscale == 1.0 {
+            return Ok(x.clone());
+        }
+        let s = Array::from_f32(self.mscale).as_dtype(x.dtype())?;
+        let d = x.shape()[x.ndim() - 1];
+        if self.dims == d {
+            return Ok(x * &s);
+        }
+        use mlx_rs::ops::indexing::IndexOp;
+        let head = &x.index((.., .., .., ..self.dims)) * &s;
+        let tail = x.index((.., .., .., self.dims..));
+        Ok(mlx_rs::ops::concatenate(&[head, tail], -1)?)
+    }
+
     /// Rotates `x` `[B, H, L, D]` for tokens at `positions`.
     pub fn forward_at(&self, x: &Array, positions: &crate::cache::Positions) -> Result<Array> {
         match positions {
             crate::cache::Positions::Shared(offset) => self.forward(x, *offset),
             crate::cache::Positions::PerRow(offsets) => {
+                let x = &self.pre_scale(x)?;
                 let base = if self.freqs.is_some() {
                     None
                 } else {
@@ -313,6 +375,7 @@ impl Rope {
     }
 
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        let x = &self.pre_scale(x)?;
         let base = if self.freqs.is_some() {
             None
         } else {

@@ -6,6 +6,7 @@ pub mod gemma2;
 pub mod gemma3_text;
 pub mod layers;
 pub mod llama;
+pub mod phi3;
 pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
@@ -33,13 +34,14 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub const SUPPORTED: [&str; 6] = [
+pub const SUPPORTED: [&str; 7] = [
     "llama",
     "mistral",
     "qwen2",
     "qwen3",
     "gemma2",
     "gemma3_text",
+    "phi3",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -61,6 +63,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "qwen3" => Decoder::load(w, args, qwen3::options(args)),
         "gemma2" => gemma2::load(w, args, raw),
         "gemma3_text" => gemma3_text::load(w, args, raw),
+        "phi3" => phi3::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }
