@@ -90,7 +90,7 @@ impl Phi3Args {
                     ),
                 };
                 let exponents = &arange::<_, f32>(0, dims, 2)? / &Array::from_f32(dims as f32);
-                let freqs = power(&Array::from_f32(base), &exponents)?;
+                let freqs = power(Array::from_f32(base), &exponents)?;
                 rope.freqs = Some(&long * &freqs);
                 let orig = self.original_max_position_embeddings as f64;
                 let factor = self.max_position_embeddings as f64 / orig;
