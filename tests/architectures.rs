@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 13] = [
+const CASES: [&str; 17] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -24,6 +24,15 @@ const CASES: [&str; 13] = [
     "gemma3_text_q4",
     "phi3",
     "phi3_q4",
+    "qwen3_moe",
+    // mlx-lm 0.32.2 cannot run quantized experts on MLX 0.32.2's CPU build
+    // (it passes gather_qmm an argument MLX rejects): for the two MoE 4-bit
+    // cases the expected logits are mlx-lm's dense run of the same,
+    // dequantized weights, so they check our gather_qmm path against
+    // gather_mm on identical numbers.
+    "qwen3_moe_q4",
+    "mixtral",
+    "mixtral_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -96,7 +105,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral"),
         "{err:#}"
     );
 

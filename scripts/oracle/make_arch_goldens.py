@@ -68,6 +68,35 @@ PHI3 = {
     },
 }
 
+# Layers 0 and 2 sparse (8 experts, top 6: the one-pass run has 72
+# token-expert pairs, so it takes SwitchGLU's sorted path), layer 1 dense.
+QWEN3_MOE = {
+    "model_type": "qwen3_moe",
+    "num_hidden_layers": 3,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+    "num_experts": 8,
+    "num_experts_per_tok": 6,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+    "moe_intermediate_size": 32,
+    "norm_topk_prob": True,
+}
+MIXTRAL = {
+    "model_type": "mixtral",
+    "tie_word_embeddings": False,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+}
+# mlx-lm 0.32.2 cannot run quantized experts on MLX 0.32.2's CPU build (it
+# passes gather_qmm an argument MLX rejects), so for these the expected
+# logits are mlx-lm's on the dequantized weights: the same numbers the 4-bit
+# model computes, up to quantized-kernel rounding.
+Q4_MOE = {"group_size": 32, "bits": 4, "dense_reference": True}
+# The router quantized as mlx-lm's qwen3_moe `quant_predicate` asks (8 bits,
+# group 64), written as per-layer overrides in config.json.
+ROUTER_8BIT = {"mlp.gate": {"group_size": 64, "bits": 8}}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -98,7 +127,49 @@ CASES = {
     "gemma3_text_q4": {**GEMMA3, "quantize": {"group_size": 32, "bits": 4}},
     "phi3": {**PHI3},
     "phi3_q4": {**PHI3, "quantize": {"group_size": 32, "bits": 4}},
+    "qwen3_moe": {**QWEN3_MOE},
+    "qwen3_moe_q4": {**QWEN3_MOE, "quantize": {**Q4_MOE, "overrides": ROUTER_8BIT}},
+    "mixtral": {**MIXTRAL},
+    "mixtral_q4": {**MIXTRAL, "quantize": Q4_MOE},
 }
+
+
+def quantize(model, config, quant):
+    """nn.quantize with per-layer overrides (module path suffix -> spec),
+    recorded in config.json as mlx-lm writes them."""
+    overrides = quant.get("overrides", {})
+    q_config = {"group_size": quant["group_size"], "bits": quant["bits"]}
+
+    def predicate(path, module):
+        if not hasattr(module, "to_quantized"):
+            return False
+        for suffix, spec in overrides.items():
+            if path.endswith(suffix):
+                q_config[path] = dict(spec)
+                return dict(spec)
+        return True
+
+    nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"], class_predicate=predicate)
+    config["quantization"] = q_config
+
+
+def dequantized(model_class, args_class, config, model):
+    """A dense model of the same class holding `model`'s dequantized weights."""
+    q = config["quantization"]
+    flat = dict(tree_flatten(model.parameters()))
+    dense = {}
+    for k, v in flat.items():
+        if k.endswith(".scales") or k.endswith(".biases"):
+            continue
+        prefix = k[: -len(".weight")]
+        if k.endswith(".weight") and prefix + ".scales" in flat:
+            spec = q.get(prefix, q)
+            v = mx.dequantize(v, flat[prefix + ".scales"], flat[prefix + ".biases"], spec["group_size"], spec["bits"])
+        dense[k] = v
+    ref = model_class(args_class.from_dict(config))
+    ref.load_weights(list(dense.items()))
+    mx.eval(ref.parameters())
+    return ref
 
 TOKENS = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200]
 
@@ -123,8 +194,7 @@ def main():
             [(k, mx.random.normal(v.shape) * (0.5 if v.ndim > 1 else 0.2) + (1.0 if "norm" in k else 0.0)) for k, v in params]
         )
         if quant:
-            nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"])
-            config["quantization"] = dict(quant)
+            quantize(model, config, quant)
         mx.eval(model.parameters())
         out = Path(a.out) / name
         out.mkdir(parents=True, exist_ok=True)
@@ -132,12 +202,15 @@ def main():
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
+        run = model
+        if quant and quant.get("dense_reference"):
+            run = dequantized(model_class, args_class, config, model)
         ids = mx.array(TOKENS)[None]
-        full = model(ids)
-        cache = make_prompt_cache(model)
-        steps = [model(ids[:, :8], cache=cache)[:, -1:, :]]
+        full = run(ids)
+        cache = make_prompt_cache(run)
+        steps = [run(ids[:, :8], cache=cache)[:, -1:, :]]
         for i in range(8, len(TOKENS)):
-            steps.append(model(ids[:, i : i + 1], cache=cache))
+            steps.append(run(ids[:, i : i + 1], cache=cache))
         incremental = mx.concatenate(steps, axis=1)
         mx.save_safetensors(
             str(out / "expected.safetensors"),

@@ -167,10 +167,34 @@ impl Mlp {
     }
 }
 
+/// A layer's feed-forward: one gated MLP, or a sparse mixture of experts.
+#[derive(Clone)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Sparse(super::moe::SparseMoe),
+}
+
+impl FeedForward {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(x),
+            FeedForward::Sparse(moe) => moe.forward(x),
+        }
+    }
+
+    /// The dense MLP, if this layer has one.
+    pub fn dense(&self) -> Option<&Mlp> {
+        match self {
+            FeedForward::Dense(mlp) => Some(mlp),
+            FeedForward::Sparse(_) => None,
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Block {
     pub self_attn: Attention,
-    pub mlp: Mlp,
+    pub mlp: FeedForward,
     pub input_layernorm: RmsNorm,
     pub post_attention_layernorm: RmsNorm,
     /// Gemma's norms around the MLP; with them, `post_attention_layernorm`
@@ -179,6 +203,27 @@ pub struct Block {
 }
 
 impl Block {
+    /// A pre-norm block of `self_attn` and `mlp` with its two RMS norms.
+    pub(super) fn pre_norm(
+        w: &mut Weights,
+        prefix: &str,
+        eps: f32,
+        self_attn: Attention,
+        mlp: FeedForward,
+    ) -> Result<Self> {
+        Ok(Self {
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::load(w, &format!("{prefix}.input_layernorm"), eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                w,
+                &format!("{prefix}.post_attention_layernorm"),
+                eps,
+            )?,
+            sandwich: None,
+        })
+    }
+
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         if let Some(norms) = &self.sandwich {
             return norms.forward(self, x, cache);
@@ -215,7 +260,7 @@ impl Decoder {
                 let p = format!("model.layers.{i}");
                 Ok(Block {
                     self_attn: Attention::load(w, &format!("{p}.self_attn"), args, &options)?,
-                    mlp: Mlp::load(w, &format!("{p}.mlp"))?,
+                    mlp: FeedForward::Dense(Mlp::load(w, &format!("{p}.mlp"))?),
                     input_layernorm: RmsNorm::load(
                         w,
                         &format!("{p}.input_layernorm"),
@@ -240,6 +285,30 @@ impl Decoder {
             embed_tokens,
             layers,
             norm,
+            lm_head,
+            options,
+            embed_scale: None,
+            final_softcap: None,
+        })
+    }
+
+    /// A decoder of the given `layers`, with the embedding, final norm and
+    /// (untied) output head every family stores alike.
+    pub(super) fn assemble(
+        w: &mut Weights,
+        args: &ModelArgs,
+        layers: Vec<Block>,
+        options: DecoderOptions,
+    ) -> Result<Self> {
+        let lm_head = if w.contains("lm_head.weight") {
+            Some(Linear::load(w, "lm_head")?)
+        } else {
+            None
+        };
+        Ok(Self {
+            embed_tokens: Embedding::load(w, "model.embed_tokens")?,
+            layers,
+            norm: RmsNorm::load(w, "model.norm", args.rms_norm_eps)?,
             lm_head,
             options,
             embed_scale: None,

@@ -10,7 +10,9 @@ use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs};
-use super::decoder::{softcap, Activation, Attention, Block, Decoder, DecoderOptions, Mlp};
+use super::decoder::{
+    softcap, Activation, Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp,
+};
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::weights::Weights;
 use crate::cache::{KvCache, Mask};
@@ -146,7 +148,7 @@ pub(super) fn gemma_block(
     mlp.activation = Activation::GeluApprox;
     Ok(Block {
         self_attn,
-        mlp,
+        mlp: FeedForward::Dense(mlp),
         input_layernorm: gemma_norm(w, &format!("{prefix}.input_layernorm"), eps)?,
         post_attention_layernorm: gemma_norm(
             w,

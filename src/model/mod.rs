@@ -6,10 +6,13 @@ pub mod gemma2;
 pub mod gemma3_text;
 pub mod layers;
 pub mod llama;
+pub mod mixtral;
+pub mod moe;
 pub mod phi3;
 pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_moe;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -34,7 +37,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub const SUPPORTED: [&str; 7] = [
+pub const SUPPORTED: [&str; 9] = [
     "llama",
     "mistral",
     "qwen2",
@@ -42,6 +45,8 @@ pub const SUPPORTED: [&str; 7] = [
     "gemma2",
     "gemma3_text",
     "phi3",
+    "qwen3_moe",
+    "mixtral",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -54,7 +59,10 @@ fn unsupported(model_type: &str) -> anyhow::Error {
 /// Builds the decoder of each supported `model_type` from its weights,
 /// after checking their shapes against the config.
 fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
-    let qk_norm = matches!(args.model_type.as_str(), "qwen3" | "gemma3_text");
+    let qk_norm = matches!(
+        args.model_type.as_str(),
+        "qwen3" | "gemma3_text" | "qwen3_moe"
+    );
     w.check_shapes(args, qk_norm)
         .context("the weights do not match config.json")?;
     match args.model_type.as_str() {
@@ -64,6 +72,8 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "gemma2" => gemma2::load(w, args, raw),
         "gemma3_text" => gemma3_text::load(w, args, raw),
         "phi3" => phi3::load(w, args, raw),
+        "qwen3_moe" => qwen3_moe::load(w, args, raw),
+        "mixtral" => mixtral::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }

@@ -11,7 +11,7 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs};
-use super::decoder::{Activation, Attention, Block, Decoder, DecoderOptions, Mlp};
+use super::decoder::{Activation, Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
 use super::weights::Weights;
 
@@ -141,12 +141,12 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
             rope: rope.clone(),
             logit_softcap: None,
         },
-        mlp: Mlp {
+        mlp: FeedForward::Dense(Mlp {
             gate_proj,
             up_proj,
             down_proj: Linear::load(w, &format!("{p}.mlp.down_proj"))?,
             activation: Activation::Silu,
-        },
+        }),
         input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), eps)?,
         post_attention_layernorm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), eps)?,
         sandwich: None,
