@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 17] = [
+const CASES: [&str; 21] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -33,6 +33,10 @@ const CASES: [&str; 17] = [
     "qwen3_moe_q4",
     "mixtral",
     "mixtral_q4",
+    "smollm3",
+    "smollm3_q4",
+    "granite",
+    "granite_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -105,7 +109,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite"),
         "{err:#}"
     );
 

@@ -23,13 +23,15 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 6] = [
+const FAMILIES: [&str; 8] = [
     "gemma2",
     "gemma3_text",
     "phi3",
     "qwen3_moe",
     "qwen3_moe_q4",
     "mixtral",
+    "smollm3",
+    "granite_q4",
 ];
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];

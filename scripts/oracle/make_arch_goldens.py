@@ -97,6 +97,20 @@ Q4_MOE = {"group_size": 32, "bits": 4, "dense_reference": True}
 # group 64), written as per-layer overrides in config.json.
 ROUTER_8BIT = {"mlp.gate": {"group_size": 64, "bits": 8}}
 
+# Layer 1 of 2 without RoPE.
+SMOLLM3 = {"model_type": "smollm3", "no_rope_layer_interval": 2}
+GRANITE = {
+    "model_type": "granite",
+    "attention_multiplier": 0.2,
+    "embedding_multiplier": 3.0,
+    "residual_multiplier": 0.5,
+    "logits_scaling": 4.0,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+# As mlx-lm's granite `quant_predicate`: o_proj and down_proj at 8 bits.
+GRANITE_8BIT = {"self_attn.o_proj": {"group_size": 64, "bits": 8}, "mlp.down_proj": {"group_size": 64, "bits": 8}}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -131,6 +145,10 @@ CASES = {
     "qwen3_moe_q4": {**QWEN3_MOE, "quantize": {**Q4_MOE, "overrides": ROUTER_8BIT}},
     "mixtral": {**MIXTRAL},
     "mixtral_q4": {**MIXTRAL, "quantize": Q4_MOE},
+    "smollm3": {**SMOLLM3},
+    "smollm3_q4": {**SMOLLM3, "quantize": {"group_size": 32, "bits": 4}},
+    "granite": {**GRANITE},
+    "granite_q4": {**GRANITE, "quantize": {"group_size": 32, "bits": 4, "overrides": GRANITE_8BIT}},
 }
 
 

@@ -36,7 +36,8 @@ pub struct Attention {
     pub n_kv_heads: i32,
     pub head_dim: i32,
     pub scale: f32,
-    pub rope: Rope,
+    /// `None` in layers without positional encoding (SmolLM3's NoPE layers).
+    pub rope: Option<Rope>,
     /// `cap * tanh(scores / cap)` on the attention logits (Gemma 2); such
     /// attention runs outside the fused kernel.
     pub logit_softcap: Option<f32>,
@@ -72,12 +73,12 @@ impl Attention {
             n_kv_heads: args.kv_heads(),
             head_dim,
             scale: (head_dim as f32).powf(-0.5),
-            rope: Rope::new(
+            rope: Some(Rope::new(
                 head_dim,
                 args.rope_traditional,
                 args.rope_base(),
                 args.rope_scaling(),
-            )?,
+            )?),
             logit_softcap: None,
         })
     }
@@ -96,8 +97,13 @@ impl Attention {
         let k = heads(&self.k_proj, self.n_kv_heads, &self.k_norm)?;
         let v = heads(&self.v_proj, self.n_kv_heads, &None)?;
         let positions = cache.positions();
-        let q = self.rope.forward_at(&q, &positions)?;
-        let k = self.rope.forward_at(&k, &positions)?;
+        let (q, k) = match &self.rope {
+            Some(rope) => (
+                rope.forward_at(&q, &positions)?,
+                rope.forward_at(&k, &positions)?,
+            ),
+            None => (q, k),
+        };
         if let Some(cap) = self.logit_softcap {
             let (k, v) = cache.update_and_fetch(&k, &v)?;
             let mask = cache.mask(l, k.shape()[2])?;
@@ -197,9 +203,19 @@ pub struct Block {
     pub mlp: FeedForward,
     pub input_layernorm: RmsNorm,
     pub post_attention_layernorm: RmsNorm,
-    /// Gemma's norms around the MLP; with them, `post_attention_layernorm`
+    pub residual: Residual,
+}
+
+/// How a block adds its attention and MLP outputs to the residual stream.
+#[derive(Clone)]
+pub enum Residual {
+    /// `h = x + attn(norm(x))`, `h + mlp(norm(h))`.
+    PreNorm,
+    /// Both branches times a multiplier (Granite's `residual_multiplier`).
+    Scaled(f32),
+    /// Gemma's norms around the MLP; `post_attention_layernorm` then
     /// normalizes the attention output instead of the MLP input.
-    pub sandwich: Option<super::gemma2::SandwichNorms>,
+    Sandwich(super::gemma2::SandwichNorms),
 }
 
 impl Block {
@@ -220,22 +236,28 @@ impl Block {
                 &format!("{prefix}.post_attention_layernorm"),
                 eps,
             )?,
-            sandwich: None,
+            residual: Residual::PreNorm,
         })
     }
 
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
-        if let Some(norms) = &self.sandwich {
-            return norms.forward(self, x, cache);
-        }
-        let h = x + &self
+        let scale = match &self.residual {
+            Residual::Sandwich(norms) => return norms.forward(self, x, cache),
+            Residual::Scaled(m) => Some(Array::from_f32(*m).as_dtype(x.dtype())?),
+            Residual::PreNorm => None,
+        };
+        let scaled = |r: Array| match &scale {
+            Some(m) => &r * m,
+            None => r,
+        };
+        let r = self
             .self_attn
             .forward(&self.input_layernorm.forward(x)?, cache)?;
-        let out = &h
-            + &self
-                .mlp
-                .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        Ok(out)
+        let h = x + &scaled(r);
+        let r = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        Ok(&h + &scaled(r))
     }
 }
 
@@ -248,8 +270,8 @@ pub struct Decoder {
     pub options: DecoderOptions,
     /// Multiplies the token embeddings (Gemma: `sqrt(hidden_size)`).
     pub embed_scale: Option<f32>,
-    /// `cap * tanh(logits / cap)` on the output logits (Gemma 2).
-    pub final_softcap: Option<f32>,
+    /// What the output logits go through last.
+    pub logits_map: LogitsMap,
 }
 
 impl Decoder {
@@ -271,7 +293,7 @@ impl Decoder {
                         &format!("{p}.post_attention_layernorm"),
                         args.rms_norm_eps,
                     )?,
-                    sandwich: None,
+                    residual: Residual::PreNorm,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -288,7 +310,7 @@ impl Decoder {
             lm_head,
             options,
             embed_scale: None,
-            final_softcap: None,
+            logits_map: LogitsMap::Identity,
         })
     }
 
@@ -312,7 +334,7 @@ impl Decoder {
             lm_head,
             options,
             embed_scale: None,
-            final_softcap: None,
+            logits_map: LogitsMap::Identity,
         })
     }
 
@@ -339,7 +361,7 @@ impl Decoder {
             Some(head) => head.forward(hidden)?,
             None => self.embed_tokens.as_linear(hidden)?,
         };
-        softcap(logits, self.final_softcap)
+        self.logits_map.apply(logits)
     }
 
     /// Logits `[B, L, vocab]` for `inputs` `[B, L]`.
@@ -394,6 +416,26 @@ impl Decoder {
                 }
             })
             .collect()
+    }
+}
+
+/// The last step on the output logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LogitsMap {
+    Identity,
+    /// `cap * tanh(logits / cap)` (Gemma 2's `final_logit_softcapping`).
+    SoftCap(f32),
+    /// `logits / d` (Granite's `logits_scaling`).
+    Divide(f32),
+}
+
+impl LogitsMap {
+    pub fn apply(self, logits: Array) -> Result<Array> {
+        match self {
+            LogitsMap::Identity => Ok(logits),
+            LogitsMap::SoftCap(cap) => softcap(logits, Some(cap)),
+            LogitsMap::Divide(d) => Ok(&logits / &Array::from_f32(d).as_dtype(logits.dtype())?),
+        }
     }
 }
 

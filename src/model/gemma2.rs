@@ -11,7 +11,8 @@ use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs};
 use super::decoder::{
-    softcap, Activation, Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp,
+    softcap, Activation, Attention, Block, Decoder, DecoderOptions, FeedForward, LogitsMap, Mlp,
+    Residual,
 };
 use super::layers::{Embedding, Linear, RmsNorm};
 use super::weights::Weights;
@@ -155,7 +156,7 @@ pub(super) fn gemma_block(
             &format!("{prefix}.post_attention_layernorm"),
             eps,
         )?,
-        sandwich: Some(SandwichNorms {
+        residual: Residual::Sandwich(SandwichNorms {
             pre_feedforward_layernorm: gemma_norm(
                 w,
                 &format!("{prefix}.pre_feedforward_layernorm"),
@@ -204,6 +205,9 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
         lm_head,
         options: DecoderOptions::default(),
         embed_scale: Some((args.hidden_size as f64).sqrt() as f32),
-        final_softcap: extra.final_logit_softcapping,
+        logits_map: match extra.final_logit_softcapping {
+            Some(cap) => LogitsMap::SoftCap(cap),
+            None => LogitsMap::Identity,
+        },
     })
 }

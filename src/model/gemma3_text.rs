@@ -12,7 +12,7 @@ use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs};
-use super::decoder::{Decoder, DecoderOptions};
+use super::decoder::{Decoder, DecoderOptions, LogitsMap};
 use super::gemma2::{gemma_block, gemma_ends};
 use super::layers::Rope;
 use super::weights::Weights;
@@ -71,11 +71,11 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
             let mut block = gemma_block(w, &format!("model.layers.{i}"), args, true)?;
             let sliding = extra.is_sliding(i);
             block.self_attn.scale = scale;
-            block.self_attn.rope = if sliding {
+            block.self_attn.rope = Some(if sliding {
                 Rope::new(head_dim, false, extra.rope_local_base_freq, None)?
             } else {
                 Rope::new(head_dim, false, extra.rope_theta, args.rope_scaling())?
-            };
+            });
             layer_windows.push(sliding.then_some(extra.sliding_window));
             Ok(block)
         })
@@ -95,6 +95,6 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
             layer_windows,
         },
         embed_scale: Some(embed_scale),
-        final_softcap: None,
+        logits_map: LogitsMap::Identity,
     })
 }

@@ -4,6 +4,7 @@ pub mod config;
 pub mod decoder;
 pub mod gemma2;
 pub mod gemma3_text;
+pub mod granite;
 pub mod layers;
 pub mod llama;
 pub mod mixtral;
@@ -13,6 +14,7 @@ pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod smollm3;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -37,7 +39,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub const SUPPORTED: [&str; 9] = [
+pub const SUPPORTED: [&str; 11] = [
     "llama",
     "mistral",
     "qwen2",
@@ -47,6 +49,8 @@ pub const SUPPORTED: [&str; 9] = [
     "phi3",
     "qwen3_moe",
     "mixtral",
+    "smollm3",
+    "granite",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -74,6 +78,8 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "phi3" => phi3::load(w, args, raw),
         "qwen3_moe" => qwen3_moe::load(w, args, raw),
         "mixtral" => mixtral::load(w, args, raw),
+        "smollm3" => smollm3::load(w, args, raw),
+        "granite" => granite::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }

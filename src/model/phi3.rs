@@ -11,7 +11,9 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs};
-use super::decoder::{Activation, Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
+use super::decoder::{
+    Activation, Attention, Block, Decoder, DecoderOptions, FeedForward, LogitsMap, Mlp, Residual,
+};
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
 use super::weights::Weights;
 
@@ -138,7 +140,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
             n_kv_heads: kv_heads,
             head_dim,
             scale: (head_dim as f32).powf(-0.5),
-            rope: rope.clone(),
+            rope: Some(rope.clone()),
             logit_softcap: None,
         },
         mlp: FeedForward::Dense(Mlp {
@@ -149,7 +151,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
         }),
         input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), eps)?,
         post_attention_layernorm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), eps)?,
-        sandwich: None,
+        residual: Residual::PreNorm,
     })
 }
 
@@ -171,6 +173,6 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
         lm_head,
         options: DecoderOptions::default(),
         embed_scale: None,
-        final_softcap: None,
+        logits_map: LogitsMap::Identity,
     })
 }

@@ -18,7 +18,7 @@ use crate::model::layers::{Embedding, Linear};
 pub struct Head {
     lm_head: Option<Linear>,
     embed: Embedding,
-    softcap: Option<f32>,
+    logits_map: crate::model::decoder::LogitsMap,
 }
 
 impl Head {
@@ -26,7 +26,7 @@ impl Head {
         Self {
             lm_head: decoder.lm_head.clone(),
             embed: decoder.embed_tokens.clone(),
-            softcap: decoder.final_softcap,
+            logits_map: decoder.logits_map,
         }
     }
 
@@ -35,7 +35,7 @@ impl Head {
             Some(head) => head.forward(hidden)?,
             None => self.embed.as_linear(hidden)?,
         };
-        crate::model::decoder::softcap(logits, self.softcap)
+        self.logits_map.apply(logits)
     }
 
     /// `log p(target)` per row of `hidden` `[n, H]`.
