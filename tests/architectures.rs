@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 21] = [
+const CASES: [&str; 23] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -37,6 +37,9 @@ const CASES: [&str; 21] = [
     "smollm3_q4",
     "granite",
     "granite_q4",
+    "gpt_oss",
+    // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "gpt_oss_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -109,7 +112,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss"),
         "{err:#}"
     );
 

@@ -23,7 +23,7 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 8] = [
+const FAMILIES: [&str; 9] = [
     "gemma2",
     "gemma3_text",
     "phi3",
@@ -32,6 +32,7 @@ const FAMILIES: [&str; 8] = [
     "mixtral",
     "smollm3",
     "granite_q4",
+    "gpt_oss",
 ];
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];
@@ -97,7 +98,7 @@ fn generation_batching_and_speculation_agree() {
 
         // Sliding-window layers keep rotating caches, which rows cannot
         // share: such models are served one request at a time.
-        let windowed = case.starts_with("gemma3");
+        let windowed = case.starts_with("gemma3") || case.starts_with("gpt_oss");
         assert_eq!(model.supports_batching(), !windowed, "{case}");
         if !windowed {
             let items = PROMPTS
@@ -227,8 +228,8 @@ fn lora_gradients_on_attention_and_router() {
             .collect();
         // Random weights make the loss sharply curved (and top-k routing is
         // piecewise): a small step, a 5% tolerance, still catches a wrong or
-        // missing gradient term.
-        let eps = 1e-3f32;
+        // missing gradient term (GPT-OSS clips its expert activations: kinks).
+        let eps = 3e-4f32;
         let shifted =
             |s: f32| -> Vec<Array> { p.iter().zip(&dirs).map(|(a, d)| a + &(d * s)).collect() };
         let fd = (at(&shifted(eps)) - at(&shifted(-eps))) / (2.0 * eps);

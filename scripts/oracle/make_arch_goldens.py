@@ -111,6 +111,26 @@ GRANITE = {
 # As mlx-lm's granite `quant_predicate`: o_proj and down_proj at 8 bits.
 GRANITE_8BIT = {"self_attn.o_proj": {"group_size": 64, "bits": 8}, "mlp.down_proj": {"group_size": 64, "bits": 8}}
 
+# Sliding (window 5) and global layers alternating, 4 experts with biases,
+# attention sinks; YaRN scaling as the released checkpoints use.
+GPT_OSS = {
+    "model_type": "gpt_oss",
+    "head_dim": 16,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": 5,
+    "tie_word_embeddings": False,
+    "rope_theta": 150000.0,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "original_max_position_embeddings": 64,
+        "truncate": False,
+    },
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -149,6 +169,8 @@ CASES = {
     "smollm3_q4": {**SMOLLM3, "quantize": {"group_size": 32, "bits": 4}},
     "granite": {**GRANITE},
     "granite_q4": {**GRANITE, "quantize": {"group_size": 32, "bits": 4, "overrides": GRANITE_8BIT}},
+    "gpt_oss": {**GPT_OSS},
+    "gpt_oss_q4": {**GPT_OSS, "quantize": {**Q4_MOE, "overrides": {"mlp.router": {"group_size": 64, "bits": 8}}}},
 }
 
 

@@ -41,6 +41,9 @@ pub struct Attention {
     /// `cap * tanh(scores / cap)` on the attention logits (Gemma 2); such
     /// attention runs outside the fused kernel.
     pub logit_softcap: Option<f32>,
+    /// Per-head attention sink logits `[heads]` (GPT-OSS): a virtual key
+    /// every query attends to, carrying no value.
+    pub sinks: Option<Array>,
 }
 
 impl Attention {
@@ -80,6 +83,7 @@ impl Attention {
                 args.rope_scaling(),
             )?),
             logit_softcap: None,
+            sinks: None,
         })
     }
 
@@ -112,6 +116,9 @@ impl Attention {
             return self.o_proj.forward(&out);
         }
         if let Some(kv) = cache.update_quantized(&k, &v)? {
+            if self.sinks.is_some() {
+                anyhow::bail!("attention sinks cannot run over a quantized KV cache (--kv-bits), as in mlx-lm");
+            }
             let mask = cache.mask(l, kv.len())?;
             let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
             let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
@@ -119,16 +126,20 @@ impl Attention {
         }
         let (k, v) = cache.update_and_fetch(&k, &v)?;
         let out = match cache.mask(l, k.shape()[2])? {
-            Mask::None => scaled_dot_product_attention(&q, &k, &v, self.scale, None, None)?,
+            Mask::None => {
+                scaled_dot_product_attention(&q, &k, &v, self.scale, None, self.sinks.as_ref())?
+            }
             Mask::Causal => scaled_dot_product_attention(
                 &q,
                 &k,
                 &v,
                 self.scale,
                 ScaledDotProductAttentionMask::Causal,
-                None,
+                self.sinks.as_ref(),
             )?,
-            Mask::Array(m) => scaled_dot_product_attention(&q, &k, &v, self.scale, &m, None)?,
+            Mask::Array(m) => {
+                scaled_dot_product_attention(&q, &k, &v, self.scale, &m, self.sinks.as_ref())?
+            }
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)

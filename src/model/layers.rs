@@ -328,6 +328,21 @@ impl Rope {
                 let old_ctx = num("original_max_position_embeddings", 8192.0);
                 rope.freqs = Some(llama3_freqs(dims, base as f64, factor, low, high, old_ctx));
             }
+            "yarn" => {
+                let opt = |key: &str| scaling.get(key).and_then(|v| v.as_f64());
+                let (freqs, mscale) = yarn(
+                    dims,
+                    base,
+                    num("factor", 1.0),
+                    num("original_max_position_embeddings", 4096.0),
+                    num("beta_fast", 32.0),
+                    num("beta_slow", 1.0),
+                    opt("mscale").unwrap_or(1.0),
+                    opt("mscale_all_dim").unwrap_or(0.0),
+                )?;
+                rope.freqs = Some(freqs);
+                rope.mscale = mscale;
+            }
             other => return Err(anyhow!("unsupported rope_scaling type {other:?}")),
         }
         Ok(rope)
@@ -418,4 +433,50 @@ fn llama3_freqs(dims: i32, base: f64, factor: f64, low: f64, high: f64, old_ctx:
         .collect();
     let n = freqs.len() as i32;
     Array::from_slice(&freqs, &[n])
+}
+
+/// YaRN: frequencies blended between interpolated and extrapolated by a
+/// linear ramp over the dimensions, and the attention factor
+/// `(0.1 * mscale * ln(factor) + 1) / (0.1 * mscale_all_dim * ln(factor) + 1)`,
+/// in mlx-lm's arithmetic.
+#[allow(clippy::too_many_arguments)]
+fn yarn(
+    dims: i32,
+    base: f32,
+    factor: f64,
+    original_max: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+    mscale: f64,
+    mscale_all_dim: f64,
+) -> Result<(Array, f32)> {
+    use mlx_rs::ops::{arange, clip, power};
+    let correction = |rotations: f64| {
+        dims as f64 * (original_max / (rotations * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * (base as f64).ln())
+    };
+    let low = correction(beta_fast).floor().max(0.0);
+    let high = correction(beta_slow).ceil().min(dims as f64 - 1.0);
+    let span = if low == high { 0.001 } else { high - low };
+    let get_mscale = |m: f64| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        }
+    };
+    let attn = (get_mscale(mscale) / get_mscale(mscale_all_dim)) as f32;
+    let f = |v: f64| Array::from_f32(v as f32);
+    let extra = power(
+        Array::from_f32(base),
+        &arange::<_, f32>(0, dims, 2)? / &f(dims as f64),
+    )?;
+    let inter = &f(factor) * &extra;
+    let ramp = clip(
+        &(&(&arange::<_, f32>(0, dims / 2, None)? - &f(low)) / &f(span)),
+        (0.0f32, 1.0f32),
+    )?;
+    let mask = &f(1.0) - &ramp;
+    let freqs = &(&inter * &extra) / &(&(&inter * &mask) + &(&extra * &(&f(1.0) - &mask)));
+    Ok((freqs, attn))
 }

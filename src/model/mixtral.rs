@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs};
 use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward};
-use super::moe::{Routing, SparseMoe};
+use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe};
 use super::weights::Weights;
 
 /// The Mixtral fields of `config.json`, with mlx-lm's defaults.
@@ -50,8 +50,13 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
                 extra.num_local_experts,
                 extra.num_experts_per_tok,
                 Routing::TopKSoftmax,
-                ["w1", "w3", "w2"],
-                "block_sparse_moe.gate",
+                MoeLayout {
+                    router: "gate",
+                    experts: "switch_mlp",
+                    hf_names: ["w1", "w3", "w2"],
+                    router_key: "block_sparse_moe.gate",
+                    activation: ExpertActivation::SwiGlu,
+                },
             )?;
             Block::pre_norm(
                 w,

@@ -4,6 +4,7 @@ pub mod config;
 pub mod decoder;
 pub mod gemma2;
 pub mod gemma3_text;
+pub mod gpt_oss;
 pub mod granite;
 pub mod layers;
 pub mod llama;
@@ -39,7 +40,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub const SUPPORTED: [&str; 11] = [
+pub const SUPPORTED: [&str; 12] = [
     "llama",
     "mistral",
     "qwen2",
@@ -51,6 +52,7 @@ pub const SUPPORTED: [&str; 11] = [
     "mixtral",
     "smollm3",
     "granite",
+    "gpt_oss",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -80,6 +82,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "mixtral" => mixtral::load(w, args, raw),
         "smollm3" => smollm3::load(w, args, raw),
         "granite" => granite::load(w, args, raw),
+        "gpt_oss" => gpt_oss::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }

@@ -6,9 +6,10 @@
 //! sorted by expert when there are 64 or more (token, expert) pairs.
 
 use anyhow::{bail, Result};
-use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::ops::{
-    argpartition_axis, argsort_axis, expand_dims_axes, gather_mm, gather_qmm, sigmoid, softmax_axis,
+    argpartition_axis, argsort_axis, clip, expand_dims_axes, gather_mm, gather_qmm, minimum,
+    sigmoid, softmax_axis,
 };
 use mlx_rs::{stop_gradient, Array};
 
@@ -32,6 +33,8 @@ pub enum SwitchWeight {
 #[derive(Clone)]
 pub struct SwitchLinear {
     pub weight: SwitchWeight,
+    /// `[experts, out]` (GPT-OSS).
+    pub bias: Option<Array>,
 }
 
 impl SwitchLinear {
@@ -53,12 +56,13 @@ impl SwitchLinear {
             },
             None => SwitchWeight::Dense(weight),
         };
-        Ok(Self { weight })
+        let bias = w.take_opt(&format!("{prefix}.bias"))?;
+        Ok(Self { weight, bias })
     }
 
     /// `x` `[..., 1, in]` through the experts `indices` picks.
     fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
-        Ok(match &self.weight {
+        let y = match &self.weight {
             SwitchWeight::Dense(w) => gather_mm(x, w.swap_axes(-1, -2)?, None, indices, sorted)?,
             SwitchWeight::Quantized {
                 weight,
@@ -77,6 +81,35 @@ impl SwitchLinear {
                 spec.bits,
                 sorted,
             )?,
+        };
+        Ok(match &self.bias {
+            Some(b) => &y + &expand_dims_axes(&b.take_axis(indices, 0)?, &[-2])?,
+            None => y,
+        })
+    }
+}
+
+/// The experts' gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`.
+    SwiGlu,
+    /// GPT-OSS: gate clipped above at 7, up clipped to ±7,
+    /// `(up + 1) * gate * sigmoid(1.702 * gate)`.
+    SwiGluOai,
+}
+
+impl ExpertActivation {
+    fn apply(self, gate: &Array, up: &Array) -> Result<Array> {
+        Ok(match self {
+            ExpertActivation::SwiGlu => &(gate * &sigmoid(gate)?) * up,
+            ExpertActivation::SwiGluOai => {
+                let limit = Array::from_f32(7.0);
+                let gate = minimum(gate, &limit)?;
+                let up = clip(up, (-7.0f32, 7.0f32))?;
+                let glu = &gate * &sigmoid(&(&Array::from_f32(1.702) * &gate))?;
+                &(&up + &Array::from_f32(1.0)) * &glu
+            }
         })
     }
 }
@@ -87,6 +120,7 @@ pub struct SwitchGlu {
     pub gate_proj: SwitchLinear,
     pub up_proj: SwitchLinear,
     pub down_proj: SwitchLinear,
+    pub activation: ExpertActivation,
 }
 
 impl SwitchGlu {
@@ -108,7 +142,7 @@ impl SwitchGlu {
         };
         let up = self.up_proj.forward(&x, &idx, sort)?;
         let gate = self.gate_proj.forward(&x, &idx, sort)?;
-        let act = &(&gate * &sigmoid(&gate)?) * &up;
+        let act = self.activation.apply(&gate, &up)?;
         let mut y = self.down_proj.forward(&act, &idx, sort)?;
         if let Some(inverse) = inverse {
             let mut shape = indices.shape().to_vec();
@@ -127,6 +161,23 @@ pub enum Routing {
     SoftmaxTopK { normalize: bool },
     /// Keep the top k logits, softmax over them (Mixtral).
     TopKSoftmax,
+    /// The same, the top k taken from the end of the partition (GPT-OSS's
+    /// order, which decides the order the experts are summed in).
+    TopKLastSoftmax,
+}
+
+/// Where a family keeps its MoE tensors inside the block's `mlp` prefix.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeLayout {
+    /// The router: `gate` or `router`.
+    pub router: &'static str,
+    /// The stacked experts: `switch_mlp` or `experts`.
+    pub experts: &'static str,
+    /// Per-expert Hugging Face names of gate, up and down, stacked at load.
+    pub hf_names: [&'static str; 3],
+    /// The router's LoRA key (its path inside the block).
+    pub router_key: &'static str,
+    pub activation: ExpertActivation,
 }
 
 /// A sparse MoE block: router (`gate`) and experts (`switch_mlp`).
@@ -151,17 +202,16 @@ impl SparseMoe {
         experts: i32,
         top_k: i32,
         routing: Routing,
-        expert_names: [&str; 3],
-        router_key: &'static str,
+        layout: MoeLayout,
     ) -> Result<Self> {
         if top_k < 1 || top_k > experts {
             bail!("num_experts_per_tok ({top_k}) must be between 1 and the number of experts ({experts})");
         }
         let mut proj = |i: usize, name: &str| -> Result<SwitchLinear> {
-            let target = format!("{prefix}.switch_mlp.{name}");
+            let target = format!("{prefix}.{}.{name}", layout.experts);
             w.stack_experts(
                 &format!("{prefix}.experts"),
-                expert_names[i],
+                layout.hf_names[i],
                 &target,
                 experts,
             )?;
@@ -171,13 +221,14 @@ impl SparseMoe {
             gate_proj: proj(0, "gate_proj")?,
             up_proj: proj(1, "up_proj")?,
             down_proj: proj(2, "down_proj")?,
+            activation: layout.activation,
         };
         Ok(Self {
-            gate: Linear::load(w, &format!("{prefix}.gate"))?,
+            gate: Linear::load(w, &format!("{prefix}.{}", layout.router))?,
             switch_mlp,
             top_k,
             routing,
-            router_key,
+            router_key: layout.router_key,
         })
     }
 
@@ -189,7 +240,7 @@ impl SparseMoe {
             Routing::SoftmaxTopK { normalize } => {
                 let probs = softmax_axis(&logits, -1, true)?;
                 let inds =
-                    argpartition_axis(&probs, experts - k, -1)?.index((.., .., (experts - k)..));
+                    argpartition_axis(&probs, experts - k, -1)?.index((Ellipsis, (experts - k)..));
                 let inds = stop_gradient(&inds)?;
                 let mut scores = probs.take_along_axis(&inds, -1)?;
                 if normalize {
@@ -198,7 +249,14 @@ impl SparseMoe {
                 (inds, scores)
             }
             Routing::TopKSoftmax => {
-                let inds = argpartition_axis(&(-&logits), k - 1, -1)?.index((.., .., ..k));
+                let inds = argpartition_axis(&(-&logits), k - 1, -1)?.index((Ellipsis, ..k));
+                let inds = stop_gradient(&inds)?;
+                let scores = logits.take_along_axis(&inds, -1)?;
+                (inds, softmax_axis(&scores, -1, true)?)
+            }
+            Routing::TopKLastSoftmax => {
+                let inds =
+                    argpartition_axis(&logits, experts - k, -1)?.index((Ellipsis, (experts - k)..));
                 let inds = stop_gradient(&inds)?;
                 let scores = logits.take_along_axis(&inds, -1)?;
                 (inds, softmax_axis(&scores, -1, true)?)

@@ -142,6 +142,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
             scale: (head_dim as f32).powf(-0.5),
             rope: Some(rope.clone()),
             logit_softcap: None,
+            sinks: None,
         },
         mlp: FeedForward::Dense(Mlp {
             gate_proj,

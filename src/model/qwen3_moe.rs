@@ -9,7 +9,7 @@ use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs};
 use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
-use super::moe::{Routing, SparseMoe};
+use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe};
 use super::weights::Weights;
 
 /// The Qwen3-MoE fields of `config.json`.
@@ -56,8 +56,13 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
                     Routing::SoftmaxTopK {
                         normalize: extra.norm_topk_prob,
                     },
-                    ["gate_proj", "up_proj", "down_proj"],
-                    "mlp.gate",
+                    MoeLayout {
+                        router: "gate",
+                        experts: "switch_mlp",
+                        hf_names: ["gate_proj", "up_proj", "down_proj"],
+                        router_key: "mlp.gate",
+                        activation: ExpertActivation::SwiGlu,
+                    },
                 )?)
             } else {
                 FeedForward::Dense(Mlp::load(w, &format!("{p}.mlp"))?)

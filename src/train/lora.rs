@@ -13,8 +13,8 @@ use crate::model::Model;
 /// The linear layers of a decoder block, by their path inside the block
 /// (mlx-lm's `lora_parameters.keys` names). A block has a subset: a sparse
 /// Mixture-of-Experts layer has its router (`mlp.gate` in Qwen3-MoE,
-/// `block_sparse_moe.gate` in Mixtral) instead of a dense MLP.
-pub const BLOCK_LINEARS: [&str; 9] = [
+/// `block_sparse_moe.gate` in Mixtral, `mlp.router` in GPT-OSS) instead of a dense MLP.
+pub const BLOCK_LINEARS: [&str; 10] = [
     "self_attn.q_proj",
     "self_attn.k_proj",
     "self_attn.v_proj",
@@ -24,6 +24,7 @@ pub const BLOCK_LINEARS: [&str; 9] = [
     "mlp.down_proj",
     "mlp.gate",
     "block_sparse_moe.gate",
+    "mlp.router",
 ];
 
 pub fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear> {
