@@ -210,6 +210,10 @@ fn validate_quantization(q: &serde_json::Value) -> Result<()> {
         Ok(())
     };
     check("quantization.", map)?;
+    // MLX's other modes (mxfp4, nvfp4, ...) pack differently.
+    if let Some(mode) = map.get("mode").filter(|m| m.as_str() != Some("affine")) {
+        bail!("quantization.mode {mode} is not supported (affine quantization only)");
+    }
     for (name, value) in map {
         if let Some(entry) = value.as_object() {
             check(&format!("quantization.{name:?}."), entry)?;
@@ -251,6 +255,10 @@ mod tests {
         assert!(e.contains("rms_norm_eps"), "{e}");
         let e = error(serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}));
         assert!(e.contains("quantization.group_size"), "{e}");
+        let e = error(
+            serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
+        );
+        assert!(e.contains("quantization.mode \"mxfp4\""), "{e}");
         let e = error(serde_json::json!({"layer_types": ["full_attention"]}));
         assert!(e.contains("layer_types has 1 entries"), "{e}");
         let e = error(serde_json::json!({"rope_scaling": {"type": "linear", "factor": 0}}));
