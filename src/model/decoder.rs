@@ -108,16 +108,12 @@ impl Attention {
             ),
             None => (q, k),
         };
-        if let Some(cap) = self.logit_softcap {
-            let (k, v) = cache.update_and_fetch(&k, &v)?;
-            let mask = cache.mask(l, k.shape()[2])?;
-            let out = super::gemma2::softcapped_attention(&q, &k, &v, self.scale, cap, mask)?;
-            let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-            return self.o_proj.forward(&out);
-        }
         if let Some(kv) = cache.update_quantized(&k, &v)? {
-            if self.sinks.is_some() {
-                anyhow::bail!("attention sinks cannot run over a quantized KV cache (--kv-bits), as in mlx-lm");
+            if self.sinks.is_some() || self.logit_softcap.is_some() {
+                anyhow::bail!(
+                    "this model's attention (sinks or soft-capping) cannot run over a quantized \
+                     KV cache (--kv-bits); run it without --kv-bits"
+                );
             }
             let mask = cache.mask(l, kv.len())?;
             let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
@@ -125,6 +121,12 @@ impl Attention {
             return self.o_proj.forward(&out);
         }
         let (k, v) = cache.update_and_fetch(&k, &v)?;
+        if let Some(cap) = self.logit_softcap {
+            let mask = cache.mask(l, k.shape()[2])?;
+            let out = super::gemma2::softcapped_attention(&q, &k, &v, self.scale, cap, mask)?;
+            let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+            return self.o_proj.forward(&out);
+        }
         let out = match cache.mask(l, k.shape()[2])? {
             Mask::None => {
                 scaled_dot_product_attention(&q, &k, &v, self.scale, None, self.sinks.as_ref())?
