@@ -80,7 +80,7 @@ impl Attention {
                 head_dim,
                 args.rope_traditional,
                 args.rope_base(),
-                args.rope_scaling(),
+                args.rope_scaling()?.as_ref(),
             )?),
             logit_softcap: None,
             sinks: None,

@@ -74,7 +74,12 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
             block.self_attn.rope = Some(if sliding {
                 Rope::new(head_dim, false, extra.rope_local_base_freq, None)?
             } else {
-                Rope::new(head_dim, false, extra.rope_theta, args.rope_scaling())?
+                Rope::new(
+                    head_dim,
+                    false,
+                    extra.rope_theta,
+                    args.rope_scaling()?.as_ref(),
+                )?
             });
             layer_windows.push(sliding.then_some(extra.sliding_window));
             Ok(block)

@@ -6,6 +6,7 @@ use anyhow::{anyhow, Context, Result};
 use mlx_rs::ops::{addmm, dequantize, matmul};
 use mlx_rs::Array;
 
+use super::config::RopeScaling;
 use super::weights::Weights;
 
 /// Affine quantization parameters of one layer.
@@ -298,7 +299,7 @@ impl Rope {
         dims: i32,
         traditional: bool,
         base: f32,
-        scaling: Option<&serde_json::Value>,
+        scaling: Option<&RopeScaling>,
     ) -> Result<Self> {
         let mut rope = Self {
             dims,
@@ -308,42 +309,50 @@ impl Rope {
             freqs: None,
             mscale: 1.0,
         };
-        let Some(scaling) = scaling.filter(|s| !s.is_null()) else {
-            return Ok(rope);
-        };
-        let kind = scaling
-            .get("rope_type")
-            .or_else(|| scaling.get("type"))
-            .and_then(|v| v.as_str())
-            .unwrap_or("default");
-        let num =
-            |key: &str, default: f64| scaling.get(key).and_then(|v| v.as_f64()).unwrap_or(default);
-        match kind {
-            "default" => {}
-            "linear" => rope.scale = 1.0 / num("factor", 1.0) as f32,
-            "llama3" => {
-                let factor = num("factor", 1.0);
-                let low = num("low_freq_factor", 1.0);
-                let high = num("high_freq_factor", 4.0);
-                let old_ctx = num("original_max_position_embeddings", 8192.0);
-                rope.freqs = Some(llama3_freqs(dims, base as f64, factor, low, high, old_ctx));
+        match scaling {
+            None => {}
+            Some(RopeScaling::Linear { factor }) => rope.scale = 1.0 / *factor as f32,
+            Some(&RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                rope.freqs = Some(llama3_freqs(
+                    dims,
+                    base as f64,
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings,
+                ));
             }
-            "yarn" => {
-                let opt = |key: &str| scaling.get(key).and_then(|v| v.as_f64());
-                let (freqs, mscale) = yarn(
+            Some(&RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            }) => {
+                let (freqs, attn) = yarn(
                     dims,
                     base,
-                    num("factor", 1.0),
-                    num("original_max_position_embeddings", 4096.0),
-                    num("beta_fast", 32.0),
-                    num("beta_slow", 1.0),
-                    opt("mscale").unwrap_or(1.0),
-                    opt("mscale_all_dim").unwrap_or(0.0),
+                    factor,
+                    original_max_position_embeddings,
+                    beta_fast,
+                    beta_slow,
+                    mscale,
+                    mscale_all_dim,
                 )?;
                 rope.freqs = Some(freqs);
-                rope.mscale = mscale;
+                rope.mscale = attn;
             }
-            other => return Err(anyhow!("unsupported rope_scaling type {other:?}")),
+            Some(RopeScaling::LongRope) => {
+                return Err(anyhow!(
+                    "su/longrope RoPE scaling is supported on phi3 models only"
+                ))
+            }
         }
         Ok(rope)
     }
