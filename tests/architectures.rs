@@ -5,11 +5,12 @@
 mod common;
 
 use mlx_bun::model::Model;
+use mlx_rs::ops::indexing::argmax_axis;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 7] = [
+const CASES: [&str; 23] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -17,6 +18,28 @@ const CASES: [&str; 7] = [
     "qwen2",
     "qwen3",
     "llama_q4",
+    "gemma2",
+    "gemma2_q4",
+    "gemma3_text",
+    "gemma3_text_q4",
+    "phi3",
+    "phi3_q4",
+    "qwen3_moe",
+    // mlx-lm 0.32.2 cannot run quantized experts on MLX 0.32.2's CPU build
+    // (it passes gather_qmm an argument MLX rejects): for the two MoE 4-bit
+    // cases the expected logits are mlx-lm's dense run of the same,
+    // dequantized weights, so they check our gather_qmm path against
+    // gather_mm on identical numbers.
+    "qwen3_moe_q4",
+    "mixtral",
+    "mixtral_q4",
+    "smollm3",
+    "smollm3_q4",
+    "granite",
+    "granite_q4",
+    "gpt_oss",
+    // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "gpt_oss_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -54,6 +77,16 @@ fn logits_match_mlx_lm() {
         let incremental = concatenate(&steps, 0).unwrap();
         let diff = max_abs_diff(&incremental, &expected["incremental"]);
         assert!(diff < 1e-3, "{case}: cached-step logits differ by {diff}");
+        // Greedy tokens through the cached steps are mlx-lm's.
+        let ours: Vec<u32> = argmax_axis(&incremental, -1, None)
+            .unwrap()
+            .as_slice()
+            .to_vec();
+        let theirs: Vec<u32> = argmax_axis(&expected["incremental"], -1, None)
+            .unwrap()
+            .as_slice()
+            .to_vec();
+        assert_eq!(ours, theirs, "{case}: greedy tokens differ");
     }
 }
 
@@ -75,6 +108,11 @@ fn unknown_architecture_is_a_clear_error() {
         .expect("mamba must be refused");
     assert!(
         format!("{err:#}").contains("unsupported architecture \"mamba\""),
+        "{err:#}"
+    );
+    assert!(
+        format!("{err:#}")
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss"),
         "{err:#}"
     );
 

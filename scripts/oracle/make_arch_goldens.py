@@ -32,6 +32,105 @@ BASE = {
     "tie_word_embeddings": True,
 }
 
+GEMMA2 = {
+    "model_type": "gemma2",
+    "head_dim": 16,
+    "query_pre_attn_scalar": 24.0,
+    "attn_logit_softcapping": 4.0,
+    "final_logit_softcapping": 3.0,
+}
+# Layers 0 and 2 slide over 5 positions with the local RoPE base, layer 1 is
+# global with linear RoPE scaling.
+GEMMA3 = {
+    "model_type": "gemma3_text",
+    "num_hidden_layers": 3,
+    "head_dim": 16,
+    "query_pre_attn_scalar": 24.0,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+    "sliding_window": 5,
+    "sliding_window_pattern": 2,
+}
+
+# Partial rotary (12 of 16 dims) with longrope factors; 512 / 64 positions
+# gives the attention factor sqrt(1 + ln 8 / ln 64).
+PHI3 = {
+    "model_type": "phi3",
+    "tie_word_embeddings": False,
+    "partial_rotary_factor": 0.75,
+    "max_position_embeddings": 512,
+    "original_max_position_embeddings": 64,
+    "rope_scaling": {
+        "type": "longrope",
+        "long_factor": [1.0, 1.5, 2.0, 3.0, 5.0, 8.0],
+        "short_factor": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+    },
+}
+
+# Layers 0 and 2 sparse (8 experts, top 6: the one-pass run has 72
+# token-expert pairs, so it takes SwitchGLU's sorted path), layer 1 dense.
+QWEN3_MOE = {
+    "model_type": "qwen3_moe",
+    "num_hidden_layers": 3,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+    "num_experts": 8,
+    "num_experts_per_tok": 6,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+    "moe_intermediate_size": 32,
+    "norm_topk_prob": True,
+}
+MIXTRAL = {
+    "model_type": "mixtral",
+    "tie_word_embeddings": False,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+}
+# mlx-lm 0.32.2 cannot run quantized experts on MLX 0.32.2's CPU build (it
+# passes gather_qmm an argument MLX rejects), so for these the expected
+# logits are mlx-lm's on the dequantized weights: the same numbers the 4-bit
+# model computes, up to quantized-kernel rounding.
+Q4_MOE = {"group_size": 32, "bits": 4, "dense_reference": True}
+# The router quantized as mlx-lm's qwen3_moe `quant_predicate` asks (8 bits,
+# group 64), written as per-layer overrides in config.json.
+ROUTER_8BIT = {"mlp.gate": {"group_size": 64, "bits": 8}}
+
+# Layer 1 of 2 without RoPE.
+SMOLLM3 = {"model_type": "smollm3", "no_rope_layer_interval": 2}
+GRANITE = {
+    "model_type": "granite",
+    "attention_multiplier": 0.2,
+    "embedding_multiplier": 3.0,
+    "residual_multiplier": 0.5,
+    "logits_scaling": 4.0,
+    "attention_bias": False,
+    "mlp_bias": False,
+}
+# As mlx-lm's granite `quant_predicate`: o_proj and down_proj at 8 bits.
+GRANITE_8BIT = {"self_attn.o_proj": {"group_size": 64, "bits": 8}, "mlp.down_proj": {"group_size": 64, "bits": 8}}
+
+# Sliding (window 5) and global layers alternating, 4 experts with biases,
+# attention sinks; YaRN scaling as the released checkpoints use.
+GPT_OSS = {
+    "model_type": "gpt_oss",
+    "head_dim": 16,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "sliding_window": 5,
+    "tie_word_embeddings": False,
+    "rope_theta": 150000.0,
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "original_max_position_embeddings": 64,
+        "truncate": False,
+    },
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -55,7 +154,62 @@ CASES = {
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
     "qwen3": {"model_type": "qwen3", "head_dim": 16},
     "llama_q4": {"model_type": "llama", "quantize": {"group_size": 32, "bits": 4}},
+    # Small caps so the random logits reach the tanh's curve.
+    "gemma2": {**GEMMA2},
+    "gemma2_q4": {**GEMMA2, "quantize": {"group_size": 32, "bits": 4}},
+    "gemma3_text": {**GEMMA3},
+    "gemma3_text_q4": {**GEMMA3, "quantize": {"group_size": 32, "bits": 4}},
+    "phi3": {**PHI3},
+    "phi3_q4": {**PHI3, "quantize": {"group_size": 32, "bits": 4}},
+    "qwen3_moe": {**QWEN3_MOE},
+    "qwen3_moe_q4": {**QWEN3_MOE, "quantize": {**Q4_MOE, "overrides": ROUTER_8BIT}},
+    "mixtral": {**MIXTRAL},
+    "mixtral_q4": {**MIXTRAL, "quantize": Q4_MOE},
+    "smollm3": {**SMOLLM3},
+    "smollm3_q4": {**SMOLLM3, "quantize": {"group_size": 32, "bits": 4}},
+    "granite": {**GRANITE},
+    "granite_q4": {**GRANITE, "quantize": {"group_size": 32, "bits": 4, "overrides": GRANITE_8BIT}},
+    "gpt_oss": {**GPT_OSS},
+    "gpt_oss_q4": {**GPT_OSS, "quantize": {**Q4_MOE, "overrides": {"mlp.router": {"group_size": 64, "bits": 8}}}},
 }
+
+
+def quantize(model, config, quant):
+    """nn.quantize with per-layer overrides (module path suffix -> spec),
+    recorded in config.json as mlx-lm writes them."""
+    overrides = quant.get("overrides", {})
+    q_config = {"group_size": quant["group_size"], "bits": quant["bits"]}
+
+    def predicate(path, module):
+        if not hasattr(module, "to_quantized"):
+            return False
+        for suffix, spec in overrides.items():
+            if path.endswith(suffix):
+                q_config[path] = dict(spec)
+                return dict(spec)
+        return True
+
+    nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"], class_predicate=predicate)
+    config["quantization"] = q_config
+
+
+def dequantized(model_class, args_class, config, model):
+    """A dense model of the same class holding `model`'s dequantized weights."""
+    q = config["quantization"]
+    flat = dict(tree_flatten(model.parameters()))
+    dense = {}
+    for k, v in flat.items():
+        if k.endswith(".scales") or k.endswith(".biases"):
+            continue
+        prefix = k[: -len(".weight")]
+        if k.endswith(".weight") and prefix + ".scales" in flat:
+            spec = q.get(prefix, q)
+            v = mx.dequantize(v, flat[prefix + ".scales"], flat[prefix + ".biases"], spec["group_size"], spec["bits"])
+        dense[k] = v
+    ref = model_class(args_class.from_dict(config))
+    ref.load_weights(list(dense.items()))
+    mx.eval(ref.parameters())
+    return ref
 
 TOKENS = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200]
 
@@ -63,8 +217,11 @@ TOKENS = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200]
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="goldens/arch")
+    ap.add_argument("--only", nargs="*", help="cases to (re)write; default all")
     a = ap.parse_args()
     for name, extra in CASES.items():
+        if a.only and name not in a.only:
+            continue
         extra = dict(extra)
         quant = extra.pop("quantize", None)
         config = {**BASE, **extra}
@@ -77,8 +234,7 @@ def main():
             [(k, mx.random.normal(v.shape) * (0.5 if v.ndim > 1 else 0.2) + (1.0 if "norm" in k else 0.0)) for k, v in params]
         )
         if quant:
-            nn.quantize(model, group_size=quant["group_size"], bits=quant["bits"])
-            config["quantization"] = dict(quant)
+            quantize(model, config, quant)
         mx.eval(model.parameters())
         out = Path(a.out) / name
         out.mkdir(parents=True, exist_ok=True)
@@ -86,12 +242,15 @@ def main():
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 
+        run = model
+        if quant and quant.get("dense_reference"):
+            run = dequantized(model_class, args_class, config, model)
         ids = mx.array(TOKENS)[None]
-        full = model(ids)
-        cache = make_prompt_cache(model)
-        steps = [model(ids[:, :8], cache=cache)[:, -1:, :]]
+        full = run(ids)
+        cache = make_prompt_cache(run)
+        steps = [run(ids[:, :8], cache=cache)[:, -1:, :]]
         for i in range(8, len(TOKENS)):
-            steps.append(model(ids[:, i : i + 1], cache=cache))
+            steps.append(run(ids[:, i : i + 1], cache=cache))
         incremental = mx.concatenate(steps, axis=1)
         mx.save_safetensors(
             str(out / "expected.safetensors"),

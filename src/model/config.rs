@@ -15,6 +15,104 @@ fn default_eps() -> f32 {
     1e-6
 }
 
+/// The fields one family adds to `config.json`, parsed once at load; an
+/// error names the field (`attn_logit_softcapping: invalid type: ...`).
+pub fn family_args<T: serde::de::DeserializeOwned>(raw: &serde_json::Value) -> Result<T> {
+    serde_path_to_error::deserialize(raw.clone())
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.path(), e.inner()))
+}
+
+/// `rope_scaling` (or transformers 5's `rope_parameters`), parsed once.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Positions divided by `factor`.
+    Linear { factor: f64 },
+    /// Llama 3.1's frequency bands.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+    /// YaRN (GPT-OSS, DeepSeek-style long context).
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        mscale: f64,
+        mscale_all_dim: f64,
+    },
+    /// Phi-3's su / longrope: read by `phi3.rs` with its own fields.
+    LongRope,
+}
+
+impl RopeScaling {
+    /// `None` for no scaling (absent, null, or type `default`). Errors name
+    /// the field: `rope_scaling.factor must be a positive number, got 0`.
+    pub fn parse(v: &serde_json::Value) -> Result<Option<Self>> {
+        if v.is_null() {
+            return Ok(None);
+        }
+        let Some(map) = v.as_object() else {
+            bail!("rope_scaling must be an object, got {v}");
+        };
+        let kind = match map.get("rope_type").or_else(|| map.get("type")) {
+            None => "default",
+            Some(t) => t.as_str().ok_or_else(|| {
+                anyhow::anyhow!("rope_scaling.rope_type must be a string, got {t}")
+            })?,
+        };
+        let num = |key: &str, default: Option<f64>| -> Result<f64> {
+            match map.get(key).filter(|v| !v.is_null()) {
+                Some(v) => v
+                    .as_f64()
+                    .filter(|f| f.is_finite())
+                    .ok_or_else(|| anyhow::anyhow!("rope_scaling.{key} must be a number, got {v}")),
+                None => default
+                    .ok_or_else(|| anyhow::anyhow!("rope_scaling.{key} is required for {kind:?}")),
+            }
+        };
+        let factor = |default: Option<f64>| -> Result<f64> {
+            let f = num("factor", default)?;
+            if f <= 0.0 {
+                bail!("rope_scaling.factor must be a positive number, got {f}");
+            }
+            Ok(f)
+        };
+        Ok(Some(match kind {
+            "default" => return Ok(None),
+            "linear" => Self::Linear {
+                factor: factor(None)?,
+            },
+            "llama3" => Self::Llama3 {
+                factor: factor(None)?,
+                low_freq_factor: num("low_freq_factor", Some(1.0))?,
+                high_freq_factor: num("high_freq_factor", Some(4.0))?,
+                original_max_position_embeddings: num(
+                    "original_max_position_embeddings",
+                    Some(8192.0),
+                )?,
+            },
+            "yarn" => Self::Yarn {
+                factor: factor(None)?,
+                original_max_position_embeddings: num(
+                    "original_max_position_embeddings",
+                    Some(4096.0),
+                )?,
+                beta_fast: num("beta_fast", Some(32.0))?,
+                beta_slow: num("beta_slow", Some(1.0))?,
+                mscale: num("mscale", Some(1.0))?,
+                mscale_all_dim: num("mscale_all_dim", Some(0.0))?,
+            },
+            "su" | "longrope" => Self::LongRope,
+            other => bail!(
+                "unsupported rope_scaling type {other:?} (supported: default, linear, llama3, yarn; su/longrope on phi3)"
+            ),
+        }))
+    }
+}
+
 #[derive(Clone, Debug, Deserialize)]
 pub struct ModelArgs {
     pub model_type: String,
@@ -73,11 +171,17 @@ impl ModelArgs {
             .unwrap_or_else(default_rope_theta)
     }
 
-    pub fn rope_scaling(&self) -> Option<&serde_json::Value> {
-        self.rope_scaling
+    /// The RoPE scaling of `rope_scaling`, else of `rope_parameters`.
+    pub fn rope_scaling(&self) -> Result<Option<RopeScaling>> {
+        match self
+            .rope_scaling
             .as_ref()
             .filter(|v| !v.is_null())
             .or(self.rope_parameters.as_ref())
+        {
+            Some(v) => RopeScaling::parse(v),
+            None => Ok(None),
+        }
     }
 
     pub fn kv_heads(&self) -> i32 {
@@ -150,15 +254,7 @@ impl ModelArgs {
         if !(base.is_finite() && base > 0.0) {
             bail!("rope_theta must be a positive number, got {base}");
         }
-        if let Some(factor) = self
-            .rope_scaling()
-            .and_then(|s| s.get("factor"))
-            .filter(|f| !f.is_null())
-        {
-            if !factor.as_f64().is_some_and(|f| f.is_finite() && f > 0.0) {
-                bail!("rope_scaling.factor must be a positive number, got {factor}");
-            }
-        }
+        self.rope_scaling()?;
         for (name, value) in [
             ("max_position_embeddings", self.max_position_embeddings),
             ("sliding_window", self.sliding_window),
@@ -203,6 +299,10 @@ fn validate_quantization(q: &serde_json::Value) -> Result<()> {
         Ok(())
     };
     check("quantization.", map)?;
+    // MLX's other modes (mxfp4, nvfp4, ...) pack differently.
+    if let Some(mode) = map.get("mode").filter(|m| m.as_str() != Some("affine")) {
+        bail!("quantization.mode {mode} is not supported (affine quantization only)");
+    }
     for (name, value) in map {
         if let Some(entry) = value.as_object() {
             check(&format!("quantization.{name:?}."), entry)?;
@@ -244,6 +344,10 @@ mod tests {
         assert!(e.contains("rms_norm_eps"), "{e}");
         let e = error(serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}));
         assert!(e.contains("quantization.group_size"), "{e}");
+        let e = error(
+            serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
+        );
+        assert!(e.contains("quantization.mode \"mxfp4\""), "{e}");
         let e = error(serde_json::json!({"layer_types": ["full_attention"]}));
         assert!(e.contains("layer_types has 1 entries"), "{e}");
         let e = error(serde_json::json!({"rope_scaling": {"type": "linear", "factor": 0}}));

@@ -36,11 +36,18 @@ pub struct Attention {
     pub n_kv_heads: i32,
     pub head_dim: i32,
     pub scale: f32,
-    pub rope: Rope,
+    /// `None` in layers without positional encoding (SmolLM3's NoPE layers).
+    pub rope: Option<Rope>,
+    /// `cap * tanh(scores / cap)` on the attention logits (Gemma 2); such
+    /// attention runs outside the fused kernel.
+    pub logit_softcap: Option<f32>,
+    /// Per-head attention sink logits `[heads]` (GPT-OSS): a virtual key
+    /// every query attends to, carrying no value.
+    pub sinks: Option<Array>,
 }
 
 impl Attention {
-    fn load(
+    pub(super) fn load(
         w: &mut Weights,
         prefix: &str,
         args: &ModelArgs,
@@ -69,16 +76,18 @@ impl Attention {
             n_kv_heads: args.kv_heads(),
             head_dim,
             scale: (head_dim as f32).powf(-0.5),
-            rope: Rope::new(
+            rope: Some(Rope::new(
                 head_dim,
                 args.rope_traditional,
                 args.rope_base(),
-                args.rope_scaling(),
-            )?,
+                args.rope_scaling()?.as_ref(),
+            )?),
+            logit_softcap: None,
+            sinks: None,
         })
     }
 
-    fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+    pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = proj.forward(x)?.reshape(&[b, l, n, -1])?;
@@ -92,30 +101,60 @@ impl Attention {
         let k = heads(&self.k_proj, self.n_kv_heads, &self.k_norm)?;
         let v = heads(&self.v_proj, self.n_kv_heads, &None)?;
         let positions = cache.positions();
-        let q = self.rope.forward_at(&q, &positions)?;
-        let k = self.rope.forward_at(&k, &positions)?;
+        let (q, k) = match &self.rope {
+            Some(rope) => (
+                rope.forward_at(&q, &positions)?,
+                rope.forward_at(&k, &positions)?,
+            ),
+            None => (q, k),
+        };
         if let Some(kv) = cache.update_quantized(&k, &v)? {
+            if self.sinks.is_some() || self.logit_softcap.is_some() {
+                anyhow::bail!(
+                    "this model's attention (sinks or soft-capping) cannot run over a quantized \
+                     KV cache (--kv-bits); run it without --kv-bits"
+                );
+            }
             let mask = cache.mask(l, kv.len())?;
             let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
             let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
             return self.o_proj.forward(&out);
         }
         let (k, v) = cache.update_and_fetch(&k, &v)?;
+        if let Some(cap) = self.logit_softcap {
+            let mask = cache.mask(l, k.shape()[2])?;
+            let out = super::gemma2::softcapped_attention(&q, &k, &v, self.scale, cap, mask)?;
+            let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
+            return self.o_proj.forward(&out);
+        }
         let out = match cache.mask(l, k.shape()[2])? {
-            Mask::None => scaled_dot_product_attention(&q, &k, &v, self.scale, None, None)?,
+            Mask::None => {
+                scaled_dot_product_attention(&q, &k, &v, self.scale, None, self.sinks.as_ref())?
+            }
             Mask::Causal => scaled_dot_product_attention(
                 &q,
                 &k,
                 &v,
                 self.scale,
                 ScaledDotProductAttentionMask::Causal,
-                None,
+                self.sinks.as_ref(),
             )?,
-            Mask::Array(m) => scaled_dot_product_attention(&q, &k, &v, self.scale, &m, None)?,
+            Mask::Array(m) => {
+                scaled_dot_product_attention(&q, &k, &v, self.scale, &m, self.sinks.as_ref())?
+            }
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.o_proj.forward(&out)
     }
+}
+
+/// The gate activation of the gated MLP.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SwiGLU (LLaMA, Qwen).
+    Silu,
+    /// The tanh approximation of GELU (Gemma).
+    GeluApprox,
 }
 
 #[derive(Clone)]
@@ -123,43 +162,115 @@ pub struct Mlp {
     pub gate_proj: Linear,
     pub up_proj: Linear,
     pub down_proj: Linear,
+    pub activation: Activation,
 }
 
 impl Mlp {
-    fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
+    pub(super) fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
         Ok(Self {
             gate_proj: Linear::load(w, &format!("{prefix}.gate_proj"))?,
             up_proj: Linear::load(w, &format!("{prefix}.up_proj"))?,
             down_proj: Linear::load(w, &format!("{prefix}.down_proj"))?,
+            activation: Activation::Silu,
         })
     }
 
-    fn forward(&self, x: &Array) -> Result<Array> {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
         let gate = self.gate_proj.forward(x)?;
         let up = self.up_proj.forward(x)?;
-        let act = &(&gate * &sigmoid(&gate)?) * &up;
-        self.down_proj.forward(&act)
+        let gate = match self.activation {
+            Activation::Silu => &gate * &sigmoid(&gate)?,
+            Activation::GeluApprox => super::gemma2::gelu_approx(&gate)?,
+        };
+        self.down_proj.forward(&(&gate * &up))
+    }
+}
+
+/// A layer's feed-forward: one gated MLP, or a sparse mixture of experts.
+#[derive(Clone)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Sparse(super::moe::SparseMoe),
+}
+
+impl FeedForward {
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward(x),
+            FeedForward::Sparse(moe) => moe.forward(x),
+        }
+    }
+
+    /// The dense MLP, if this layer has one.
+    pub fn dense(&self) -> Option<&Mlp> {
+        match self {
+            FeedForward::Dense(mlp) => Some(mlp),
+            FeedForward::Sparse(_) => None,
+        }
     }
 }
 
 #[derive(Clone)]
 pub struct Block {
     pub self_attn: Attention,
-    pub mlp: Mlp,
+    pub mlp: FeedForward,
     pub input_layernorm: RmsNorm,
     pub post_attention_layernorm: RmsNorm,
+    pub residual: Residual,
+}
+
+/// How a block adds its attention and MLP outputs to the residual stream.
+#[derive(Clone)]
+pub enum Residual {
+    /// `h = x + attn(norm(x))`, `h + mlp(norm(h))`.
+    PreNorm,
+    /// Both branches times a multiplier (Granite's `residual_multiplier`).
+    Scaled(f32),
+    /// Gemma's norms around the MLP; `post_attention_layernorm` then
+    /// normalizes the attention output instead of the MLP input.
+    Sandwich(super::gemma2::SandwichNorms),
 }
 
 impl Block {
+    /// A pre-norm block of `self_attn` and `mlp` with its two RMS norms.
+    pub(super) fn pre_norm(
+        w: &mut Weights,
+        prefix: &str,
+        eps: f32,
+        self_attn: Attention,
+        mlp: FeedForward,
+    ) -> Result<Self> {
+        Ok(Self {
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::load(w, &format!("{prefix}.input_layernorm"), eps)?,
+            post_attention_layernorm: RmsNorm::load(
+                w,
+                &format!("{prefix}.post_attention_layernorm"),
+                eps,
+            )?,
+            residual: Residual::PreNorm,
+        })
+    }
+
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
-        let h = x + &self
+        let scale = match &self.residual {
+            Residual::Sandwich(norms) => return norms.forward(self, x, cache),
+            Residual::Scaled(m) => Some(Array::from_f32(*m).as_dtype(x.dtype())?),
+            Residual::PreNorm => None,
+        };
+        let scaled = |r: Array| match &scale {
+            Some(m) => &r * m,
+            None => r,
+        };
+        let r = self
             .self_attn
             .forward(&self.input_layernorm.forward(x)?, cache)?;
-        let out = &h
-            + &self
-                .mlp
-                .forward(&self.post_attention_layernorm.forward(&h)?)?;
-        Ok(out)
+        let h = x + &scaled(r);
+        let r = self
+            .mlp
+            .forward(&self.post_attention_layernorm.forward(&h)?)?;
+        Ok(&h + &scaled(r))
     }
 }
 
@@ -170,6 +281,10 @@ pub struct Decoder {
     pub norm: RmsNorm,
     pub lm_head: Option<Linear>,
     pub options: DecoderOptions,
+    /// Multiplies the token embeddings (Gemma: `sqrt(hidden_size)`).
+    pub embed_scale: Option<f32>,
+    /// What the output logits go through last.
+    pub logits_map: LogitsMap,
 }
 
 impl Decoder {
@@ -180,7 +295,7 @@ impl Decoder {
                 let p = format!("model.layers.{i}");
                 Ok(Block {
                     self_attn: Attention::load(w, &format!("{p}.self_attn"), args, &options)?,
-                    mlp: Mlp::load(w, &format!("{p}.mlp"))?,
+                    mlp: FeedForward::Dense(Mlp::load(w, &format!("{p}.mlp"))?),
                     input_layernorm: RmsNorm::load(
                         w,
                         &format!("{p}.input_layernorm"),
@@ -191,6 +306,7 @@ impl Decoder {
                         &format!("{p}.post_attention_layernorm"),
                         args.rms_norm_eps,
                     )?,
+                    residual: Residual::PreNorm,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -206,12 +322,47 @@ impl Decoder {
             norm,
             lm_head,
             options,
+            embed_scale: None,
+            logits_map: LogitsMap::Identity,
+        })
+    }
+
+    /// A decoder of the given `layers`, with the embedding, final norm and
+    /// (untied) output head every family stores alike.
+    pub(super) fn assemble(
+        w: &mut Weights,
+        args: &ModelArgs,
+        layers: Vec<Block>,
+        options: DecoderOptions,
+    ) -> Result<Self> {
+        let lm_head = if w.contains("lm_head.weight") {
+            Some(Linear::load(w, "lm_head")?)
+        } else {
+            None
+        };
+        Ok(Self {
+            embed_tokens: Embedding::load(w, "model.embed_tokens")?,
+            layers,
+            norm: RmsNorm::load(w, "model.norm", args.rms_norm_eps)?,
+            lm_head,
+            options,
+            embed_scale: None,
+            logits_map: LogitsMap::Identity,
+        })
+    }
+
+    /// The (scaled) token embeddings of `inputs`, `[B, L, hidden]`.
+    pub fn embed(&self, inputs: &Array) -> Result<Array> {
+        let h = self.embed_tokens.forward(inputs)?;
+        Ok(match self.embed_scale {
+            Some(s) => &h * &Array::from_f32(s).as_dtype(h.dtype())?,
+            None => h,
         })
     }
 
     /// Hidden states after the final norm, `[B, L, hidden]`.
     pub fn hidden(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
-        let mut h = self.embed_tokens.forward(inputs)?;
+        let mut h = self.embed(inputs)?;
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             h = layer.forward(&h, cache.as_mut())?;
         }
@@ -219,10 +370,11 @@ impl Decoder {
     }
 
     pub fn project(&self, hidden: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed_tokens.as_linear(hidden),
-        }
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed_tokens.as_linear(hidden)?,
+        };
+        self.logits_map.apply(logits)
     }
 
     /// Logits `[B, L, vocab]` for `inputs` `[B, L]`.
@@ -278,4 +430,33 @@ impl Decoder {
             })
             .collect()
     }
+}
+
+/// The last step on the output logits.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LogitsMap {
+    Identity,
+    /// `cap * tanh(logits / cap)` (Gemma 2's `final_logit_softcapping`).
+    SoftCap(f32),
+    /// `logits / d` (Granite's `logits_scaling`).
+    Divide(f32),
+}
+
+impl LogitsMap {
+    pub fn apply(self, logits: Array) -> Result<Array> {
+        match self {
+            LogitsMap::Identity => Ok(logits),
+            LogitsMap::SoftCap(cap) => softcap(logits, Some(cap)),
+            LogitsMap::Divide(d) => Ok(&logits / &Array::from_f32(d).as_dtype(logits.dtype())?),
+        }
+    }
+}
+
+/// `cap * tanh(x / cap)`, or `x` without a cap.
+pub fn softcap(x: Array, cap: Option<f32>) -> Result<Array> {
+    let Some(cap) = cap else {
+        return Ok(x);
+    };
+    let c = Array::from_f32(cap).as_dtype(x.dtype())?;
+    Ok(&mlx_rs::ops::tanh(&(&x / &c))? * &c)
 }

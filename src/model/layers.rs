@@ -6,6 +6,7 @@ use anyhow::{anyhow, Context, Result};
 use mlx_rs::ops::{addmm, dequantize, matmul};
 use mlx_rs::Array;
 
+use super::config::RopeScaling;
 use super::weights::Weights;
 
 /// Affine quantization parameters of one layer.
@@ -92,6 +93,47 @@ impl Linear {
             y = &y + &(&z * lora.scale);
         }
         Ok(y)
+    }
+
+    /// Splits a fused layer (Phi-3's `qkv_proj`, `gate_up_proj`) into layers
+    /// of `rows` output rows each, in order. Quantized weights split along
+    /// their rows too (packing and groups run along the input).
+    pub fn split_rows(&self, rows: &[i32]) -> Result<Vec<Linear>> {
+        use mlx_rs::ops::indexing::IndexOp;
+        let total: i32 = rows.iter().sum();
+        if total != self.shape().0 {
+            anyhow::bail!(
+                "a fused layer of {} rows cannot split into {rows:?}",
+                self.shape().0
+            );
+        }
+        let mut start = 0;
+        let mut parts = Vec::with_capacity(rows.len());
+        for &n in rows {
+            let slice = |a: &Array| -> Array { a.index((start..start + n, ..)) };
+            let weight = match &self.weight {
+                LinearWeight::Dense(w) => LinearWeight::Dense(slice(w)),
+                LinearWeight::Quantized {
+                    weight,
+                    scales,
+                    biases,
+                    spec,
+                } => LinearWeight::Quantized {
+                    weight: slice(weight),
+                    scales: slice(scales),
+                    biases: slice(biases),
+                    spec: *spec,
+                },
+            };
+            let bias = self.bias.as_ref().map(|b| b.index(start..start + n));
+            parts.push(Linear {
+                weight,
+                bias,
+                lora: None,
+            });
+            start += n;
+        }
+        Ok(parts)
     }
 
     /// `(out_features, in_features)`.
@@ -247,6 +289,9 @@ pub struct Rope {
     pub base: f32,
     pub scale: f32,
     pub freqs: Option<Array>,
+    /// Multiplies the rotated features before rotation (Phi-3's su/longrope
+    /// attention factor); 1 elsewhere.
+    pub mscale: f32,
 }
 
 impl Rope {
@@ -254,7 +299,7 @@ impl Rope {
         dims: i32,
         traditional: bool,
         base: f32,
-        scaling: Option<&serde_json::Value>,
+        scaling: Option<&RopeScaling>,
     ) -> Result<Self> {
         let mut rope = Self {
             dims,
@@ -262,30 +307,70 @@ impl Rope {
             base,
             scale: 1.0,
             freqs: None,
+            mscale: 1.0,
         };
-        let Some(scaling) = scaling.filter(|s| !s.is_null()) else {
-            return Ok(rope);
-        };
-        let kind = scaling
-            .get("rope_type")
-            .or_else(|| scaling.get("type"))
-            .and_then(|v| v.as_str())
-            .unwrap_or("default");
-        let num =
-            |key: &str, default: f64| scaling.get(key).and_then(|v| v.as_f64()).unwrap_or(default);
-        match kind {
-            "default" => {}
-            "linear" => rope.scale = 1.0 / num("factor", 1.0) as f32,
-            "llama3" => {
-                let factor = num("factor", 1.0);
-                let low = num("low_freq_factor", 1.0);
-                let high = num("high_freq_factor", 4.0);
-                let old_ctx = num("original_max_position_embeddings", 8192.0);
-                rope.freqs = Some(llama3_freqs(dims, base as f64, factor, low, high, old_ctx));
+        match scaling {
+            None => {}
+            Some(RopeScaling::Linear { factor }) => rope.scale = 1.0 / *factor as f32,
+            Some(&RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
+                rope.freqs = Some(llama3_freqs(
+                    dims,
+                    base as f64,
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings,
+                ));
             }
-            other => return Err(anyhow!("unsupported rope_scaling type {other:?}")),
+            Some(&RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                beta_fast,
+                beta_slow,
+                mscale,
+                mscale_all_dim,
+            }) => {
+                let (freqs, attn) = yarn(
+                    dims,
+                    base,
+                    factor,
+                    original_max_position_embeddings,
+                    beta_fast,
+                    beta_slow,
+                    mscale,
+                    mscale_all_dim,
+                )?;
+                rope.freqs = Some(freqs);
+                rope.mscale = attn;
+            }
+            Some(RopeScaling::LongRope) => {
+                return Err(anyhow!(
+                    "su/longrope RoPE scaling is supported on phi3 models only"
+                ))
+            }
         }
         Ok(rope)
+    }
+
+    /// `x` with its first `dims` features times `mscale`.
+    fn pre_scale(&self, x: &Array) -> Result<Array> {
+        if self.mscale == 1.0 {
+            return Ok(x.clone());
+        }
+        let s = Array::from_f32(self.mscale).as_dtype(x.dtype())?;
+        let d = x.shape()[x.ndim() - 1];
+        if self.dims == d {
+            return Ok(x * &s);
+        }
+        use mlx_rs::ops::indexing::IndexOp;
+        let head = &x.index((.., .., .., ..self.dims)) * &s;
+        let tail = x.index((.., .., .., self.dims..));
+        Ok(mlx_rs::ops::concatenate(&[head, tail], -1)?)
     }
 
     /// Rotates `x` `[B, H, L, D]` for tokens at `positions`.
@@ -293,6 +378,7 @@ impl Rope {
         match positions {
             crate::cache::Positions::Shared(offset) => self.forward(x, *offset),
             crate::cache::Positions::PerRow(offsets) => {
+                let x = &self.pre_scale(x)?;
                 let base = if self.freqs.is_some() {
                     None
                 } else {
@@ -313,6 +399,7 @@ impl Rope {
     }
 
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
+        let x = &self.pre_scale(x)?;
         let base = if self.freqs.is_some() {
             None
         } else {
@@ -355,4 +442,50 @@ fn llama3_freqs(dims: i32, base: f64, factor: f64, low: f64, high: f64, old_ctx:
         .collect();
     let n = freqs.len() as i32;
     Array::from_slice(&freqs, &[n])
+}
+
+/// YaRN: frequencies blended between interpolated and extrapolated by a
+/// linear ramp over the dimensions, and the attention factor
+/// `(0.1 * mscale * ln(factor) + 1) / (0.1 * mscale_all_dim * ln(factor) + 1)`,
+/// in mlx-lm's arithmetic.
+#[allow(clippy::too_many_arguments)]
+fn yarn(
+    dims: i32,
+    base: f32,
+    factor: f64,
+    original_max: f64,
+    beta_fast: f64,
+    beta_slow: f64,
+    mscale: f64,
+    mscale_all_dim: f64,
+) -> Result<(Array, f32)> {
+    use mlx_rs::ops::{arange, clip, power};
+    let correction = |rotations: f64| {
+        dims as f64 * (original_max / (rotations * 2.0 * std::f64::consts::PI)).ln()
+            / (2.0 * (base as f64).ln())
+    };
+    let low = correction(beta_fast).floor().max(0.0);
+    let high = correction(beta_slow).ceil().min(dims as f64 - 1.0);
+    let span = if low == high { 0.001 } else { high - low };
+    let get_mscale = |m: f64| {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * factor.ln() + 1.0
+        }
+    };
+    let attn = (get_mscale(mscale) / get_mscale(mscale_all_dim)) as f32;
+    let f = |v: f64| Array::from_f32(v as f32);
+    let extra = power(
+        Array::from_f32(base),
+        &arange::<_, f32>(0, dims, 2)? / &f(dims as f64),
+    )?;
+    let inter = &f(factor) * &extra;
+    let ramp = clip(
+        &(&(&arange::<_, f32>(0, dims / 2, None)? - &f(low)) / &f(span)),
+        (0.0f32, 1.0f32),
+    )?;
+    let mask = &f(1.0) - &ramp;
+    let freqs = &(&inter * &extra) / &(&(&inter * &mask) + &(&extra * &(&f(1.0) - &mask)));
+    Ok((freqs, attn))
 }

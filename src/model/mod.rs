@@ -2,11 +2,20 @@
 
 pub mod config;
 pub mod decoder;
+pub mod gemma2;
+pub mod gemma3_text;
+pub mod gpt_oss;
+pub mod granite;
 pub mod layers;
 pub mod llama;
+pub mod mixtral;
+pub mod moe;
+pub mod phi3;
 pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_moe;
+pub mod smollm3;
 pub mod synthetic;
 pub mod weights;
 
@@ -17,7 +26,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::cache::KvCache;
 use config::ModelArgs;
-use decoder::{Decoder, DecoderOptions};
+use decoder::Decoder;
 use weights::Weights;
 
 /// A loaded model: its config and its weights, ready to run.
@@ -31,16 +40,52 @@ pub struct Model {
     pub weight_bytes: usize,
 }
 
-/// The options of each supported `model_type`.
-fn architecture(args: &ModelArgs) -> Result<DecoderOptions> {
-    Ok(match args.model_type.as_str() {
-        "llama" | "mistral" => llama::options(args),
-        "qwen2" => qwen2::options(args),
-        "qwen3" => qwen3::options(args),
-        other => {
-            bail!("unsupported architecture {other:?} (supported: llama, mistral, qwen2, qwen3)")
-        }
-    })
+/// Every `model_type` this crate loads.
+pub const SUPPORTED: [&str; 12] = [
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "qwen3_moe",
+    "mixtral",
+    "smollm3",
+    "granite",
+    "gpt_oss",
+];
+
+fn unsupported(model_type: &str) -> anyhow::Error {
+    anyhow::anyhow!(
+        "unsupported architecture {model_type:?} (supported: {})",
+        SUPPORTED.join(", ")
+    )
+}
+
+/// Builds the decoder of each supported `model_type` from its weights,
+/// after checking their shapes against the config.
+fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
+    let qk_norm = matches!(
+        args.model_type.as_str(),
+        "qwen3" | "gemma3_text" | "qwen3_moe"
+    );
+    w.check_shapes(args, qk_norm)
+        .context("the weights do not match config.json")?;
+    match args.model_type.as_str() {
+        "llama" | "mistral" => Decoder::load(w, args, llama::options(args)),
+        "qwen2" => Decoder::load(w, args, qwen2::options(args)),
+        "qwen3" => Decoder::load(w, args, qwen3::options(args)),
+        "gemma2" => gemma2::load(w, args, raw),
+        "gemma3_text" => gemma3_text::load(w, args, raw),
+        "phi3" => phi3::load(w, args, raw),
+        "qwen3_moe" => qwen3_moe::load(w, args, raw),
+        "mixtral" => mixtral::load(w, args, raw),
+        "smollm3" => smollm3::load(w, args, raw),
+        "granite" => granite::load(w, args, raw),
+        "gpt_oss" => gpt_oss::load(w, args, raw),
+        other => Err(unsupported(other)),
+    }
 }
 
 pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
@@ -65,8 +110,10 @@ impl Model {
         if !dir.is_dir() {
             bail!("model directory {} does not exist", dir.display());
         }
-        let (args, _) = read_config(dir)?;
-        let options = architecture(&args)?;
+        let (args, raw) = read_config(dir)?;
+        if !SUPPORTED.contains(&args.model_type.as_str()) {
+            return Err(unsupported(&args.model_type));
+        }
         let stored = args
             .torch_dtype
             .as_deref()
@@ -74,20 +121,17 @@ impl Model {
             .unwrap_or(Dtype::Float32);
         let dtype = crate::mlx_ext::compute_dtype(stored);
         let mut weights = Weights::load_dir(dir, args.quantization.clone(), dtype)?;
-        Self::from_weights(&mut weights, args, options, dir)
+        Self::from_weights(&mut weights, args, &raw, dir)
     }
 
     fn from_weights(
         w: &mut Weights,
         args: ModelArgs,
-        options: DecoderOptions,
+        raw: &serde_json::Value,
         dir: &Path,
     ) -> Result<Self> {
         let weight_bytes = w.total_bytes();
-        w.check_shapes(&args, options.qk_norm).with_context(|| {
-            format!("the weights in {} do not match config.json", dir.display())
-        })?;
-        let decoder = Decoder::load(w, &args, options).with_context(|| {
+        let decoder = load_decoder(w, &args, raw).with_context(|| {
             format!("loading {} weights from {}", args.model_type, dir.display())
         })?;
         let left: Vec<_> = w

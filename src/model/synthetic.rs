@@ -12,7 +12,7 @@ use mlx_rs::{Array, Dtype};
 use super::config::ModelArgs;
 use super::layers::QuantSpec;
 use super::weights::Weights;
-use super::{architecture, Model};
+use super::Model;
 
 /// The config of a known model shape: `llama-8b` (Llama 3 8B), `llama-1b`
 /// (Llama 3.2 1B) or `smollm2-135m`.
@@ -52,7 +52,6 @@ impl Model {
         if args.model_type != "llama" {
             bail!("synthetic models have the llama layout only");
         }
-        let options = architecture(&args)?;
         let h = args.hidden_size;
         let heads = args.num_attention_heads;
         let kv = args.num_key_value_heads.unwrap_or(heads);
@@ -100,6 +99,6 @@ impl Model {
         let quantization =
             quant.map(|q| serde_json::json!({"group_size": q.group_size, "bits": q.bits}));
         let mut weights = Weights::from_map(tensors, quantization, dtype)?;
-        Self::from_weights(&mut weights, args, options, Path::new("<synthetic>"))
+        Self::from_weights(&mut weights, args, &config, Path::new("<synthetic>"))
     }
 }

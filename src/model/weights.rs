@@ -77,6 +77,30 @@ impl Weights {
         Ok(self.tensors.remove(name))
     }
 
+    /// Stacks per-expert tensors `{experts}.{e}.{name}.{weight,scales,biases}`
+    /// into `{target}.*` `[experts, ...]`, when the checkpoint stores its
+    /// experts one by one (Hugging Face layout); a no-op otherwise.
+    pub fn stack_experts(
+        &mut self,
+        experts: &str,
+        name: &str,
+        target: &str,
+        count: i32,
+    ) -> Result<()> {
+        for part in ["weight", "scales", "biases"] {
+            if !self.contains(&format!("{experts}.0.{name}.{part}")) {
+                continue;
+            }
+            let each = (0..count)
+                .map(|e| self.take(&format!("{experts}.{e}.{name}.{part}")))
+                .collect::<Result<Vec<_>>>()?;
+            let stacked = mlx_rs::ops::stack(&each, 0)
+                .with_context(|| format!("stacking the experts of {experts}.*.{name}"))?;
+            self.tensors.insert(format!("{target}.{part}"), stacked);
+        }
+        Ok(())
+    }
+
     /// The quantization of the layer at `prefix`, if its weights are quantized.
     pub fn quant_spec(&self, prefix: &str) -> Option<QuantSpec> {
         if !self.tensors.contains_key(&format!("{prefix}.scales")) {
@@ -96,16 +120,17 @@ impl Weights {
 
     /// Infers group size and bits from the packed shapes (group 32 or 64).
     fn infer_spec(&self, prefix: &str) -> Option<QuantSpec> {
+        // The last axis: `[out, packed]`, or `[experts, out, packed]`.
         let packed = *self
             .tensors
             .get(&format!("{prefix}.weight"))?
             .shape()
-            .get(1)?;
+            .last()?;
         let groups = *self
             .tensors
             .get(&format!("{prefix}.scales"))?
             .shape()
-            .get(1)?;
+            .last()?;
         if groups < 1 {
             return None;
         }

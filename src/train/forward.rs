@@ -29,7 +29,7 @@ impl TrainForward<'_> {
         prefix: Option<&PrefixState>,
         keep_state: bool,
     ) -> Result<(Array, Option<PrefixState>)> {
-        let mut h = self.decoder.embed_tokens.forward(inputs)?;
+        let mut h = self.decoder.embed(inputs)?;
         let templates = self.decoder.make_caches();
         let mut state = keep_state.then(Vec::new);
         for (i, (layer, template)) in self.decoder.layers.iter().zip(templates).enumerate() {

@@ -6,13 +6,15 @@ use anyhow::{bail, Result};
 use mlx_rs::{random, Array, Dtype};
 
 use super::config::LoraParameters;
-use crate::model::decoder::Block;
+use crate::model::decoder::{Block, FeedForward};
 use crate::model::layers::{Linear, Lora};
 use crate::model::Model;
 
 /// The linear layers of a decoder block, by their path inside the block
-/// (mlx-lm's `lora_parameters.keys` names).
-pub const BLOCK_LINEARS: [&str; 7] = [
+/// (mlx-lm's `lora_parameters.keys` names). A block has a subset: a sparse
+/// Mixture-of-Experts layer has its router (`mlp.gate` in Qwen3-MoE,
+/// `block_sparse_moe.gate` in Mixtral, `mlp.router` in GPT-OSS) instead of a dense MLP.
+pub const BLOCK_LINEARS: [&str; 10] = [
     "self_attn.q_proj",
     "self_attn.k_proj",
     "self_attn.v_proj",
@@ -20,30 +22,35 @@ pub const BLOCK_LINEARS: [&str; 7] = [
     "mlp.gate_proj",
     "mlp.up_proj",
     "mlp.down_proj",
+    "mlp.gate",
+    "block_sparse_moe.gate",
+    "mlp.router",
 ];
 
 pub fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear> {
-    Some(match key {
-        "self_attn.q_proj" => &block.self_attn.q_proj,
-        "self_attn.k_proj" => &block.self_attn.k_proj,
-        "self_attn.v_proj" => &block.self_attn.v_proj,
-        "self_attn.o_proj" => &block.self_attn.o_proj,
-        "mlp.gate_proj" => &block.mlp.gate_proj,
-        "mlp.up_proj" => &block.mlp.up_proj,
-        "mlp.down_proj" => &block.mlp.down_proj,
+    Some(match (key, &block.mlp) {
+        ("self_attn.q_proj", _) => &block.self_attn.q_proj,
+        ("self_attn.k_proj", _) => &block.self_attn.k_proj,
+        ("self_attn.v_proj", _) => &block.self_attn.v_proj,
+        ("self_attn.o_proj", _) => &block.self_attn.o_proj,
+        ("mlp.gate_proj", FeedForward::Dense(m)) => &m.gate_proj,
+        ("mlp.up_proj", FeedForward::Dense(m)) => &m.up_proj,
+        ("mlp.down_proj", FeedForward::Dense(m)) => &m.down_proj,
+        (k, FeedForward::Sparse(moe)) if k == moe.router_key => &moe.gate,
         _ => return None,
     })
 }
 
 pub fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'a mut Linear> {
-    Some(match key {
-        "self_attn.q_proj" => &mut block.self_attn.q_proj,
-        "self_attn.k_proj" => &mut block.self_attn.k_proj,
-        "self_attn.v_proj" => &mut block.self_attn.v_proj,
-        "self_attn.o_proj" => &mut block.self_attn.o_proj,
-        "mlp.gate_proj" => &mut block.mlp.gate_proj,
-        "mlp.up_proj" => &mut block.mlp.up_proj,
-        "mlp.down_proj" => &mut block.mlp.down_proj,
+    Some(match (key, &mut block.mlp) {
+        ("self_attn.q_proj", _) => &mut block.self_attn.q_proj,
+        ("self_attn.k_proj", _) => &mut block.self_attn.k_proj,
+        ("self_attn.v_proj", _) => &mut block.self_attn.v_proj,
+        ("self_attn.o_proj", _) => &mut block.self_attn.o_proj,
+        ("mlp.gate_proj", FeedForward::Dense(m)) => &mut m.gate_proj,
+        ("mlp.up_proj", FeedForward::Dense(m)) => &mut m.up_proj,
+        ("mlp.down_proj", FeedForward::Dense(m)) => &mut m.down_proj,
+        (k, FeedForward::Sparse(moe)) if k == moe.router_key => &mut moe.gate,
         _ => return None,
     })
 }
@@ -101,14 +108,28 @@ impl AdapterLayout {
             }
             None => BLOCK_LINEARS.iter().map(|s| s.to_string()).collect(),
         };
-        let sites = (first..total)
+        // Each block adapts the keys it has (a sparse layer has no dense MLP).
+        let blocks = &model.decoder.layers;
+        let sites: Vec<Site> = (first..total)
             .flat_map(|layer| {
-                keys.iter().map(move |key| Site {
-                    layer,
-                    key: key.clone(),
-                })
+                keys.iter()
+                    .filter(move |key| block_linear(&blocks[layer], key).is_some())
+                    .map(move |key| Site {
+                        layer,
+                        key: key.clone(),
+                    })
             })
             .collect();
+        if params.keys.is_some() {
+            for k in &keys {
+                if !sites.iter().any(|s| &s.key == k) {
+                    bail!(
+                        "LoRA key {k:?} names no layer of this {} model",
+                        model.args.model_type
+                    );
+                }
+            }
+        }
         Ok(Self {
             sites,
             rank: params.rank,

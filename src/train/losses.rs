@@ -18,6 +18,7 @@ use crate::model::layers::{Embedding, Linear};
 pub struct Head {
     lm_head: Option<Linear>,
     embed: Embedding,
+    logits_map: crate::model::decoder::LogitsMap,
 }
 
 impl Head {
@@ -25,14 +26,16 @@ impl Head {
         Self {
             lm_head: decoder.lm_head.clone(),
             embed: decoder.embed_tokens.clone(),
+            logits_map: decoder.logits_map,
         }
     }
 
     pub fn logits(&self, hidden: &Array) -> Result<Array> {
-        match &self.lm_head {
-            Some(head) => head.forward(hidden),
-            None => self.embed.as_linear(hidden),
-        }
+        let logits = match &self.lm_head {
+            Some(head) => head.forward(hidden)?,
+            None => self.embed.as_linear(hidden)?,
+        };
+        self.logits_map.apply(logits)
     }
 
     /// `log p(target)` per row of `hidden` `[n, H]`.

@@ -1,0 +1,269 @@
+//! Sparse Mixture-of-Experts feed-forward, shared by Qwen3-MoE and Mixtral:
+//! a router picks `top_k` experts per token, each expert is a SwiGLU MLP
+//! whose weights are stacked `[experts, out, in]` (dense, or MLX-affine
+//! quantized per expert) and run through `gather_mm` / `gather_qmm`, so only
+//! the chosen experts' rows are read. As mlx-lm's `SwitchGLU`, tokens are
+//! sorted by expert when there are 64 or more (token, expert) pairs.
+
+use anyhow::{bail, Result};
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
+use mlx_rs::ops::{
+    argpartition_axis, argsort_axis, clip, expand_dims_axes, gather_mm, gather_qmm, minimum,
+    sigmoid, softmax_axis,
+};
+use mlx_rs::{stop_gradient, Array};
+
+use super::layers::{Linear, QuantSpec};
+use super::weights::Weights;
+
+/// The weights of one projection for every expert.
+#[derive(Clone)]
+pub enum SwitchWeight {
+    /// `[experts, out, in]`.
+    Dense(Array),
+    /// Packed `[experts, out, in * bits / 32]` with its scales and biases.
+    Quantized {
+        weight: Array,
+        scales: Array,
+        biases: Array,
+        spec: QuantSpec,
+    },
+}
+
+#[derive(Clone)]
+pub struct SwitchLinear {
+    pub weight: SwitchWeight,
+    /// `[experts, out]` (GPT-OSS).
+    pub bias: Option<Array>,
+}
+
+impl SwitchLinear {
+    fn load(w: &mut Weights, prefix: &str, experts: i32) -> Result<Self> {
+        let name = format!("{prefix}.weight");
+        let weight = w.take(&name)?;
+        if weight.ndim() != 3 || weight.shape()[0] != experts {
+            bail!(
+                "tensor {name:?} has shape {:?}; the experts' weights are stacked [{experts}, out, in]",
+                weight.shape()
+            );
+        }
+        let weight = match w.quant_spec(prefix) {
+            Some(spec) => SwitchWeight::Quantized {
+                weight,
+                scales: w.take(&format!("{prefix}.scales"))?,
+                biases: w.take(&format!("{prefix}.biases"))?,
+                spec,
+            },
+            None => SwitchWeight::Dense(weight),
+        };
+        let bias = w.take_opt(&format!("{prefix}.bias"))?;
+        Ok(Self { weight, bias })
+    }
+
+    /// `x` `[..., 1, in]` through the experts `indices` picks.
+    fn forward(&self, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+        let y = match &self.weight {
+            SwitchWeight::Dense(w) => gather_mm(x, w.swap_axes(-1, -2)?, None, indices, sorted)?,
+            SwitchWeight::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => gather_qmm(
+                x,
+                weight,
+                scales,
+                biases,
+                None,
+                indices,
+                true,
+                spec.group_size,
+                spec.bits,
+                sorted,
+            )?,
+        };
+        Ok(match &self.bias {
+            Some(b) => &y + &expand_dims_axes(&b.take_axis(indices, 0)?, &[-2])?,
+            None => y,
+        })
+    }
+}
+
+/// The experts' gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertActivation {
+    /// `silu(gate) * up`.
+    SwiGlu,
+    /// GPT-OSS: gate clipped above at 7, up clipped to ±7,
+    /// `(up + 1) * gate * sigmoid(1.702 * gate)`.
+    SwiGluOai,
+}
+
+impl ExpertActivation {
+    fn apply(self, gate: &Array, up: &Array) -> Result<Array> {
+        Ok(match self {
+            ExpertActivation::SwiGlu => &(gate * &sigmoid(gate)?) * up,
+            ExpertActivation::SwiGluOai => {
+                let limit = Array::from_f32(7.0);
+                let gate = minimum(gate, &limit)?;
+                let up = clip(up, (-7.0f32, 7.0f32))?;
+                let glu = &gate * &sigmoid(&(&Array::from_f32(1.702) * &gate))?;
+                &(&up + &Array::from_f32(1.0)) * &glu
+            }
+        })
+    }
+}
+
+/// The experts' SwiGLU: `down(silu(gate(x)) * up(x))` per chosen expert.
+#[derive(Clone)]
+pub struct SwitchGlu {
+    pub gate_proj: SwitchLinear,
+    pub up_proj: SwitchLinear,
+    pub down_proj: SwitchLinear,
+    pub activation: ExpertActivation,
+}
+
+impl SwitchGlu {
+    /// `x` `[..., hidden]`, `indices` `[..., k]` → `[..., k, hidden]`.
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        let x = expand_dims_axes(x, &[-2, -3])?;
+        let indices = stop_gradient(indices)?;
+        let sort = indices.size() >= 64;
+        let (x, idx, inverse) = if sort {
+            let k = indices.shape()[indices.ndim() - 1];
+            let flat = indices.flatten(None, None)?;
+            let order = argsort_axis(&flat, 0)?;
+            let inverse = argsort_axis(&order, 0)?;
+            let tokens = order.floor_divide(Array::from_int(k))?;
+            let x = x.flatten(0, -3)?.take_axis(&tokens, 0)?;
+            (x, flat.take_axis(&order, 0)?, Some(inverse))
+        } else {
+            (x, indices.clone(), None)
+        };
+        let up = self.up_proj.forward(&x, &idx, sort)?;
+        let gate = self.gate_proj.forward(&x, &idx, sort)?;
+        let act = self.activation.apply(&gate, &up)?;
+        let mut y = self.down_proj.forward(&act, &idx, sort)?;
+        if let Some(inverse) = inverse {
+            let mut shape = indices.shape().to_vec();
+            shape.extend_from_slice(&y.shape()[1..]);
+            y = y.take_axis(&inverse, 0)?.reshape(&shape)?;
+        }
+        Ok(y.squeeze_axes(&[-2])?)
+    }
+}
+
+/// How the router's scores become expert weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// Softmax over all experts, keep the top k, optionally renormalized
+    /// (Qwen3-MoE's `norm_topk_prob`).
+    SoftmaxTopK { normalize: bool },
+    /// Keep the top k logits, softmax over them (Mixtral).
+    TopKSoftmax,
+    /// The same, the top k taken from the end of the partition (GPT-OSS's
+    /// order, which decides the order the experts are summed in).
+    TopKLastSoftmax,
+}
+
+/// Where a family keeps its MoE tensors inside the block's `mlp` prefix.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeLayout {
+    /// The router: `gate` or `router`.
+    pub router: &'static str,
+    /// The stacked experts: `switch_mlp` or `experts`.
+    pub experts: &'static str,
+    /// Per-expert Hugging Face names of gate, up and down, stacked at load.
+    pub hf_names: [&'static str; 3],
+    /// The router's LoRA key (its path inside the block).
+    pub router_key: &'static str,
+    pub activation: ExpertActivation,
+}
+
+/// A sparse MoE block: router (`gate`) and experts (`switch_mlp`).
+#[derive(Clone)]
+pub struct SparseMoe {
+    pub gate: Linear,
+    pub switch_mlp: SwitchGlu,
+    pub top_k: i32,
+    pub routing: Routing,
+    /// The router's path inside the block (`mlp.gate`, `block_sparse_moe.gate`),
+    /// the name its adapter gets.
+    pub router_key: &'static str,
+}
+
+impl SparseMoe {
+    /// Loads `{prefix}.gate` and `{prefix}.switch_mlp.*`, stacking per-expert
+    /// tensors (`{prefix}.experts.{e}.{name}`, as Hugging Face stores them)
+    /// first when the checkpoint has them.
+    pub fn load(
+        w: &mut Weights,
+        prefix: &str,
+        experts: i32,
+        top_k: i32,
+        routing: Routing,
+        layout: MoeLayout,
+    ) -> Result<Self> {
+        if top_k < 1 || top_k > experts {
+            bail!("num_experts_per_tok ({top_k}) must be between 1 and the number of experts ({experts})");
+        }
+        let mut proj = |i: usize, name: &str| -> Result<SwitchLinear> {
+            let target = format!("{prefix}.{}.{name}", layout.experts);
+            w.stack_experts(
+                &format!("{prefix}.experts"),
+                layout.hf_names[i],
+                &target,
+                experts,
+            )?;
+            SwitchLinear::load(w, &target, experts)
+        };
+        let switch_mlp = SwitchGlu {
+            gate_proj: proj(0, "gate_proj")?,
+            up_proj: proj(1, "up_proj")?,
+            down_proj: proj(2, "down_proj")?,
+            activation: layout.activation,
+        };
+        Ok(Self {
+            gate: Linear::load(w, &format!("{prefix}.{}", layout.router))?,
+            switch_mlp,
+            top_k,
+            routing,
+            router_key: layout.router_key,
+        })
+    }
+
+    pub fn forward(&self, x: &Array) -> Result<Array> {
+        let logits = self.gate.forward(x)?;
+        let experts = logits.shape()[logits.ndim() - 1];
+        let k = self.top_k;
+        let (inds, scores) = match self.routing {
+            Routing::SoftmaxTopK { normalize } => {
+                let probs = softmax_axis(&logits, -1, true)?;
+                let inds =
+                    argpartition_axis(&probs, experts - k, -1)?.index((Ellipsis, (experts - k)..));
+                let inds = stop_gradient(&inds)?;
+                let mut scores = probs.take_along_axis(&inds, -1)?;
+                if normalize {
+                    scores = &scores / &scores.sum_axis(-1, true)?;
+                }
+                (inds, scores)
+            }
+            Routing::TopKSoftmax => {
+                let inds = argpartition_axis(&(-&logits), k - 1, -1)?.index((Ellipsis, ..k));
+                let inds = stop_gradient(&inds)?;
+                let scores = logits.take_along_axis(&inds, -1)?;
+                (inds, softmax_axis(&scores, -1, true)?)
+            }
+            Routing::TopKLastSoftmax => {
+                let inds =
+                    argpartition_axis(&logits, experts - k, -1)?.index((Ellipsis, (experts - k)..));
+                let inds = stop_gradient(&inds)?;
+                let scores = logits.take_along_axis(&inds, -1)?;
+                (inds, softmax_axis(&scores, -1, true)?)
+            }
+        };
+        let y = self.switch_mlp.forward(x, &inds)?;
+        let weighted = &y * &expand_dims_axes(&scores, &[-1])?;
+        Ok(weighted.sum_axis(-2, false)?)
+    }
+}

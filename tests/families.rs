@@ -1,0 +1,247 @@
+//! The features on every family added beside LLaMA/Qwen, on the tiny
+//! mlx-lm-made checkpoints of `goldens/arch/` (their logits are checked in
+//! `architectures.rs`): serial generation, continuous batching (or its clear
+//! refusal for sliding-window models), speculative decoding with a draft
+//! model, and LoRA training gradients on attention (and the MoE router).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use mlx_bun::decode::BatchItem;
+use mlx_bun::decode::BatchLimits;
+use mlx_bun::generate::{generate, GenerateOptions};
+use mlx_bun::model::decoder::FeedForward;
+use mlx_bun::model::Model;
+use mlx_bun::speculative::{generate_speculative, ModelDrafter};
+use mlx_bun::tokenizer::Tokenizer;
+use mlx_bun::train::config::LoraParameters;
+use mlx_bun::train::forward::TrainForward;
+use mlx_bun::train::lora::AdapterLayout;
+use mlx_bun::train::losses::Head;
+use mlx_rs::ops::expand_dims;
+use mlx_rs::transforms::value_and_grad_with_argnums;
+use mlx_rs::{random, Array};
+
+const FAMILIES: [&str; 9] = [
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "qwen3_moe",
+    "qwen3_moe_q4",
+    "mixtral",
+    "smollm3",
+    "granite_q4",
+    "gpt_oss",
+];
+
+const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];
+
+/// A copy of a tiny checkpoint with a word-level tokenizer over its 256 ids
+/// (`t0` .. `t255`), so the text-level generation paths can run it.
+fn with_tokenizer(case: &str, tmp: &Path) -> PathBuf {
+    let src = common::repo_root().join("goldens/arch").join(case);
+    let dir = tmp.join(case);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        (0..256).map(|i| (format!("t{i}"), i.into())).collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    dir
+}
+
+fn greedy(max_tokens: usize) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        ..GenerateOptions::default()
+    }
+}
+
+fn serial_tokens(model: &Model, tok: &Tokenizer, prompt: &[u32]) -> Vec<u32> {
+    let mut caches = model.make_caches();
+    let result = generate(
+        model,
+        tok,
+        &mut caches,
+        prompt,
+        0,
+        &greedy(8),
+        None,
+        &mut |_| true,
+    )
+    .unwrap();
+    assert_eq!(result.token_ids.len(), 8);
+    result.token_ids
+}
+
+#[test]
+fn generation_batching_and_speculation_agree() {
+    let tmp = tempfile::tempdir().unwrap();
+    let draft_dir = with_tokenizer("llama", tmp.path());
+    let draft = Model::load(&draft_dir).unwrap();
+    for case in FAMILIES {
+        let dir = with_tokenizer(case, tmp.path());
+        let model = Model::load(&dir).unwrap_or_else(|e| panic!("{case}: {e:#}"));
+        let tok = Tokenizer::load(&dir).unwrap();
+        let serial: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .map(|p| serial_tokens(&model, &tok, p))
+            .collect();
+
+        // Sliding-window layers keep rotating caches, which rows cannot
+        // share: such models are served one request at a time.
+        let windowed = case.starts_with("gemma3") || case.starts_with("gpt_oss");
+        assert_eq!(model.supports_batching(), !windowed, "{case}");
+        if !windowed {
+            let items = PROMPTS
+                .iter()
+                .map(|p| BatchItem {
+                    prompt: p.to_vec(),
+                    options: greedy(8),
+                    constraint: None,
+                    on_token: Box::new(|_| true),
+                })
+                .collect();
+            let batch =
+                mlx_bun::decode::generate_batch(&model, &tok, items, BatchLimits::default())
+                    .unwrap_or_else(|e| panic!("{case}: {e:#}"));
+            for (row, want) in batch.iter().zip(&serial) {
+                assert_eq!(
+                    &row.token_ids, want,
+                    "{case}: batch row differs from serial"
+                );
+            }
+        }
+
+        // Greedy speculative decoding with an unrelated draft model of the
+        // same vocabulary emits the target's own greedy tokens.
+        let opts = greedy(8);
+        let mut drafter = ModelDrafter::new(&draft, &opts.sampling).unwrap();
+        let mut caches = model.make_caches();
+        let spec = generate_speculative(
+            &model,
+            &tok,
+            &mut caches,
+            PROMPTS[1],
+            0,
+            &opts,
+            &mut drafter,
+            3,
+            None,
+            &mut |_| true,
+        );
+        match spec {
+            Ok(r) => assert_eq!(r.token_ids, serial[1], "{case}: speculative differs"),
+            Err(e) => panic!("{case}: speculative decoding failed: {e:#}"),
+        }
+    }
+}
+
+/// Cross-entropy of next-token prediction over `ids` through the training
+/// forward (the path LoRA training differentiates).
+fn loss(model: &Model, ids: &Array) -> Array {
+    let fwd = TrainForward {
+        decoder: &model.decoder,
+        checkpoint_from: None,
+    };
+    let n = ids.shape()[1];
+    use mlx_rs::ops::indexing::IndexOp;
+    let (h, _) = fwd.hidden(&ids.index((.., ..n - 1)), None, false).unwrap();
+    let logits = Head::of(&model.decoder).logits(&h).unwrap();
+    let targets = expand_dims(ids.index((.., 1..)), -1).unwrap();
+    let picked = logits.take_along_axis(&targets, -1).unwrap();
+    let lse = logits.logsumexp_axis(-1, true).unwrap();
+    (&lse - &picked).mean(None).unwrap()
+}
+
+#[test]
+fn lora_gradients_on_attention_and_router() {
+    let ids = Array::from_slice(&[1i32, 17, 42, 99, 3, 250, 7, 7, 128, 64], &[1, 10]);
+    for case in FAMILIES {
+        let dir = common::repo_root().join("goldens/arch").join(case);
+        let model = Model::load(&dir).unwrap();
+        let params = LoraParameters {
+            rank: 4,
+            scale: 2.0,
+            dropout: 0.0,
+            keys: None,
+        };
+        let layout = AdapterLayout::new(&model, 0, &params).unwrap();
+        for (i, block) in model.decoder.layers.iter().enumerate() {
+            let has = |key: &str| layout.sites.iter().any(|s| s.layer == i && s.key == key);
+            assert!(
+                has("self_attn.q_proj") && has("self_attn.o_proj"),
+                "{case} layer {i}"
+            );
+            if let FeedForward::Sparse(moe) = &block.mlp {
+                assert!(has(moe.router_key), "{case} layer {i}: router not adapted");
+                assert!(!has("mlp.gate_proj"), "{case} layer {i}");
+            }
+        }
+        // Both factors non-zero so every gradient flows.
+        let mut key = random::key(3).unwrap();
+        let p: Vec<Array> = layout
+            .shapes(&model)
+            .iter()
+            .map(|s| {
+                let (next, sub) = random::split(&key, 2).unwrap();
+                key = next;
+                &random::normal::<f32>(&s[..], None, None, &sub).unwrap() * 0.1
+            })
+            .collect();
+        let at = |p: &[Array]| -> f32 {
+            let mut m = model.clone();
+            layout.set_params(&mut m, p).unwrap();
+            loss(&m, &ids).item_cast::<f32>()
+        };
+        let closure = |p: &[Array]| -> Vec<Array> {
+            let mut m = model.clone();
+            layout.set_params(&mut m, p).unwrap();
+            vec![loss(&m, &ids)]
+        };
+        let argnums: Vec<i32> = (0..p.len() as i32).collect();
+        let (_, grads) = value_and_grad_with_argnums(closure, &argnums[..])(&p[..]).unwrap();
+        for (site, g) in layout.sites.iter().zip(grads.chunks(2)) {
+            let norm = (&g[0] * &g[0]).sum(None).unwrap().item_cast::<f32>();
+            assert!(
+                norm.is_finite() && norm > 0.0,
+                "{case}: no gradient reaches {}",
+                site.path()
+            );
+        }
+        // Autodiff against a central difference along a random direction.
+        let dirs: Vec<Array> = p
+            .iter()
+            .map(|a| {
+                let (next, sub) = random::split(&key, 2).unwrap();
+                key = next;
+                random::normal::<f32>(a.shape(), None, None, &sub).unwrap()
+            })
+            .collect();
+        // Random weights make the loss sharply curved (and top-k routing is
+        // piecewise): a small step, a 5% tolerance, still catches a wrong or
+        // missing gradient term (GPT-OSS clips its expert activations: kinks).
+        let eps = 3e-4f32;
+        let shifted =
+            |s: f32| -> Vec<Array> { p.iter().zip(&dirs).map(|(a, d)| a + &(d * s)).collect() };
+        let fd = (at(&shifted(eps)) - at(&shifted(-eps))) / (2.0 * eps);
+        let analytic: f32 = grads
+            .iter()
+            .zip(&dirs)
+            .map(|(g, d)| (g * d).sum(None).unwrap().item_cast::<f32>())
+            .sum();
+        let tol = 5e-2 * analytic.abs().max(fd.abs()) + 1e-2;
+        assert!(
+            (fd - analytic).abs() <= tol,
+            "{case}: finite difference {fd} vs autodiff {analytic}"
+        );
+    }
+}
