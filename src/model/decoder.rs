@@ -170,6 +170,8 @@ pub struct Decoder {
     pub norm: RmsNorm,
     pub lm_head: Option<Linear>,
     pub options: DecoderOptions,
+    /// This rank's place in a layer pipeline (`crate::distributed::shard`).
+    pub pipeline: Option<crate::distributed::shard::PipelineStage>,
 }
 
 impl Decoder {
@@ -206,14 +208,21 @@ impl Decoder {
             norm,
             lm_head,
             options,
+            pipeline: None,
         })
     }
 
     /// Hidden states after the final norm, `[B, L, hidden]`.
     pub fn hidden(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed_tokens.forward(inputs)?;
+        if let Some(stage) = &self.pipeline {
+            h = stage.receive(&h)?;
+        }
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             h = layer.forward(&h, cache.as_mut())?;
+        }
+        if let Some(stage) = &self.pipeline {
+            h = stage.pass_on(&h)?;
         }
         self.norm.forward(&h)
     }
