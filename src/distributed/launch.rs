@@ -14,6 +14,7 @@
 //! rank fails it stops the others and reports that rank's error.
 
 use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -306,6 +307,8 @@ fn start_all(
         cmd.stdin(Stdio::null())
             .stdout(Stdio::inherit())
             .stderr(Stdio::piped());
+        // Each rank leads its own process group, so stopping it stops what it started.
+        cmd.process_group(0);
         match cmd.spawn() {
             Ok(child) => running.push(watch(rank, child)),
             Err(e) => {
@@ -371,6 +374,7 @@ fn start_mpi(spec: &LaunchSpec, envs: &[Vec<(String, String)>]) -> Result<Runnin
     cmd.stdin(Stdio::null())
         .stdout(Stdio::inherit())
         .stderr(Stdio::piped());
+    cmd.process_group(0);
     let child = cmd
         .spawn()
         .map_err(|e| anyhow!("starting mpirun: {e} (is MPI installed?)"))?;
@@ -409,9 +413,10 @@ fn watch(rank: usize, mut child: Child) -> Running {
 fn stop(running: &mut [Running], sig: i32) {
     for r in running.iter_mut() {
         if matches!(r.child.try_wait(), Ok(None)) {
-            // SAFETY: signals a child this process started and has not reaped.
+            // SAFETY: signals the process group of a child this process
+            // started (its leader) and has not reaped.
             unsafe {
-                libc::kill(r.child.id() as i32, sig);
+                libc::kill(-(r.child.id() as i32), sig);
             }
         }
     }
