@@ -4,7 +4,8 @@
 //! - ring: `MLX_RANK` and `MLX_HOSTFILE`, a file holding a JSON list with one
 //!   entry per rank, each a list of `"ip:port"` the rank listens on;
 //! - nccl: `MLX_RANK`, `MLX_WORLD_SIZE`, `NCCL_HOST_IP`, `NCCL_PORT` (rank 0's
-//!   address) and `CUDA_VISIBLE_DEVICES` (one GPU per rank on a host);
+//!   address), `CUDA_VISIBLE_DEVICES` (one GPU per rank on a host) and
+//!   `NCCL_NVLS_ENABLE=0` unless given;
 //! - mpi: `mpirun` with a host file of `host slots=n`.
 //!
 //! A host file is a JSON list of `{"ssh": name, "ips": [..]}`, or an object
@@ -135,8 +136,11 @@ pub struct LaunchSpec {
     pub command: Vec<String>,
 }
 
+/// `NAME`, `VALUE` pairs of one rank's environment.
+pub type RankEnv = Vec<(String, String)>;
+
 /// The environment of each rank (and the ring host list, when there is one).
-pub fn rank_envs(spec: &LaunchSpec) -> Result<(Vec<Vec<(String, String)>>, Option<String>)> {
+pub fn rank_envs(spec: &LaunchSpec) -> Result<(Vec<RankEnv>, Option<String>)> {
     let hosts = &spec.hosts.hosts;
     let n = hosts.len();
     let mut common: Vec<(String, String)> = spec
@@ -183,6 +187,11 @@ pub fn rank_envs(spec: &LaunchSpec) -> Result<(Vec<Vec<(String, String)>>, Optio
             common.push(("NCCL_HOST_IP".into(), master.clone()));
             common.push(("NCCL_PORT".into(), spec.nccl_port.to_string()));
             common.push(("MLX_WORLD_SIZE".into(), n.to_string()));
+            // NVLink multicast (NVLS) stays off unless asked for: on a host
+            // whose GPUs others share it can take them out of service.
+            if !common.iter().any(|(k, _)| k == "NCCL_NVLS_ENABLE") {
+                common.push(("NCCL_NVLS_ENABLE".into(), "0".into()));
+            }
         }
         "mpi" | "any" => {}
         other => bail!("unknown backend {other:?} (ring, nccl or mpi)"),
@@ -517,6 +526,7 @@ mod tests {
         assert!(ring.is_none());
         assert!(envs[1].contains(&("CUDA_VISIBLE_DEVICES".into(), "1".into())));
         assert!(envs[1].contains(&("MLX_WORLD_SIZE".into(), "2".into())));
+        assert!(envs[1].contains(&("NCCL_NVLS_ENABLE".into(), "0".into())));
         assert!(envs[0].contains(&("NCCL_HOST_IP".into(), "127.0.0.1".into())));
     }
 }
