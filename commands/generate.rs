@@ -233,7 +233,6 @@ pub fn run(args: Args) -> Result<()> {
     let group = crate::launch::join_group()?;
     if group.is_some() {
         crate::launch::refuse_sharded(&[
-            ("--draft-model", args.draft_model.is_some()),
             ("--adapter-path", args.adapter_path.is_some()),
             ("--prompt-cache-file", args.prompt_cache_file.is_some()),
         ])?;

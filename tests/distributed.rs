@@ -12,7 +12,7 @@ use serde_json::Value;
 
 const PROMPT: &str = "Write a haiku about the sea";
 
-fn generate(model: &std::path::Path, launch: Option<&[&str]>) -> Value {
+fn generate(model: &std::path::Path, launch: Option<&[&str]>, extra: &[&str]) -> Value {
     let mut cmd = bin();
     if let Some(extra) = launch {
         cmd.args(["launch", "-n", "2", "--backend", "ring", "--"]);
@@ -20,6 +20,7 @@ fn generate(model: &std::path::Path, launch: Option<&[&str]>) -> Value {
         cmd.args(extra);
     } else {
         cmd.arg("generate");
+        cmd.args(extra);
     }
     cmd.args(["--model", model.to_str().unwrap(), "--prompt", PROMPT])
         .args(["--max-tokens", "8", "--temp", "0", "--json"]);
@@ -34,8 +35,14 @@ fn generate(model: &std::path::Path, launch: Option<&[&str]>) -> Value {
 }
 
 fn check_sharded(model: &std::path::Path, flags: &[&str]) {
-    let single = generate(model, None);
-    let sharded = generate(model, Some(flags));
+    // Flags after --pipeline apply to the single process too.
+    let shared: Vec<&str> = flags
+        .iter()
+        .copied()
+        .filter(|f| *f != "--pipeline")
+        .collect();
+    let single = generate(model, None, &shared);
+    let sharded = generate(model, Some(flags), &[]);
     assert_eq!(single["generation_tokens"], 8);
     assert_eq!(sharded["token_ids"], single["token_ids"], "{flags:?}");
     assert_eq!(sharded["text"], single["text"], "{flags:?}");
@@ -67,6 +74,17 @@ fn tensor_parallel_quantized_matches_single_process() {
 }
 
 #[test]
+fn speculative_with_a_sharded_target_matches_single_process() {
+    // The draft (4-bit) runs whole on every rank; the float32 target is sharded.
+    let draft = model_dir();
+    let draft = draft.to_str().unwrap();
+    check_sharded(
+        &float32_model(),
+        &["--draft-model", draft, "--num-draft-tokens", "3"],
+    );
+}
+
+#[test]
 fn a_failing_rank_stops_the_others_with_its_error() {
     let start = Instant::now();
     let out = bin()
@@ -90,13 +108,13 @@ fn a_failing_rank_stops_the_others_with_its_error() {
 fn sharded_refusals_name_the_flag() {
     let out = bin()
         .args(["launch", "-n", "2", "--", "generate", "--prompt", "hi"])
-        .args(["--draft-model", "ngram", "--max-tokens", "1"])
+        .args(["--adapter-path", "adapters", "--max-tokens", "1"])
         .output()
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--draft-model is not supported when the model is sharded"),
+        stderr.contains("--adapter-path is not supported when the model is sharded"),
         "{stderr}"
     );
     let out = bin()
