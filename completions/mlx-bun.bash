@@ -43,6 +43,9 @@ _mlx__bun() {
             mlx__bun,help)
                 cmd="mlx__bun__subcmd__help"
                 ;;
+            mlx__bun,launch)
+                cmd="mlx__bun__subcmd__launch"
+                ;;
             mlx__bun,serve)
                 cmd="mlx__bun__subcmd__serve"
                 ;;
@@ -118,6 +121,9 @@ _mlx__bun() {
             mlx__bun__subcmd__help,help)
                 cmd="mlx__bun__subcmd__help__subcmd__help"
                 ;;
+            mlx__bun__subcmd__help,launch)
+                cmd="mlx__bun__subcmd__help__subcmd__launch"
+                ;;
             mlx__bun__subcmd__help,serve)
                 cmd="mlx__bun__subcmd__help__subcmd__serve"
                 ;;
@@ -161,7 +167,7 @@ _mlx__bun() {
 
     case "${cmd}" in
         mlx__bun)
-            opts="-h -V --help --version generate cache-prompt chat serve convert train bench evals fit completions help"
+            opts="-h -V --help --version generate cache-prompt chat serve convert train bench evals fit completions launch help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -737,7 +743,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__generate)
-            opts="-m -p -n -v -h --model --prompt --batch-file --decode-concurrency --prompt-concurrency --prompt-file --messages-file --system --ignore-chat-template --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --repetition-context-size --logit-bias --seed --stop --json --verbose --prefill-step-size --draft-model --num-draft-tokens --adapter-path --json-schema --json-object --regex --choice --grammar --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --help"
+            opts="-m -p -n -v -h --model --prompt --batch-file --decode-concurrency --prompt-concurrency --prompt-file --messages-file --system --ignore-chat-template --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --repetition-context-size --logit-bias --seed --stop --json --verbose --prefill-step-size --draft-model --num-draft-tokens --adapter-path --json-schema --json-object --regex --choice --grammar --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --pipeline --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -887,7 +893,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help)
-            opts="generate cache-prompt chat serve convert train bench evals fit completions help"
+            opts="generate cache-prompt chat serve convert train bench evals fit completions launch help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1096,6 +1102,20 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__launch)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__help__subcmd__serve)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -1138,8 +1158,62 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__launch)
+            opts="-n -p -h --backend --hostfile --hosts --repeat-hosts --num-ranks --starting-port --nccl-port --env --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --backend)
+                    COMPREPLY=($(compgen -W "ring nccl mpi" -- "${cur}"))
+                    return 0
+                    ;;
+                --hosts)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --hostfile)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-ranks)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --repeat-hosts)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -n)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --starting-port)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --nccl-port)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --env)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__serve)
-            opts="-m -h --model --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --temp --top-p --top-k --min-p --allowed-origins --shutdown-grace --help"
+            opts="-m -h --model --pipeline --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --temp --top-p --top-k --min-p --allowed-origins --shutdown-grace --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -36,6 +36,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "bench" -d 'Micro-be
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "launch" -d 'Run a subcommand on several ranks (MLX distributed: ring, nccl, mpi)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s p -l prompt -d 'Prompt text; `-` reads standard input' -r
@@ -72,6 +73,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l ignore-chat
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json -d 'Print one JSON object with the text and statistics instead of streaming'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s v -l verbose -d 'Print prompt/decode speed and peak memory to stderr'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json-object -d 'Constrain the output to any JSON object'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l pipeline -d 'Under `mlx-bun launch` with several ranks: split the layers across ranks (pipeline parallel) instead of the heads and MLP columns'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s p -l prompt -d 'The text to cache; `-` reads standard input' -r
@@ -121,6 +123,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-k -d 'top_
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-p -d 'min_p for requests that give none' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-origins -d 'Browser origins that may call the API: `loopback` (localhost, 127.0.0.1, [::1], any port), `*`, or a comma-separated list' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l pipeline -d 'Pipeline parallel under `mlx-bun launch` (sharded serving is not supported yet: see docs/distributed.md)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l gguf -d 'A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l model -d 'An mlx-lm model directory to quantize (-q) or cast (--dtype)' -r -F
@@ -245,17 +248,27 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-siz
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand completions" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "completions" -d 'Print shell completions'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -l backend -d 'Distributed backend: ring (TCP), nccl (CUDA GPUs) or mpi. Default: the host file\'s, else nccl on a GPU build, else ring' -r -f -a "ring\t''
+nccl\t''
+mpi\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -l hosts -l hostfile -d 'An `mlx.launch` host file (JSON list of {"ssh", "ips"}, or an object with "backend", "envs" and "hosts")' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -s n -l num-ranks -l repeat-hosts -d 'Run N ranks on this machine' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -s p -l starting-port -d 'Ring backend: first port (one per rank and address). Default: free ports when every rank is local, else 32323' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -l nccl-port -d 'NCCL backend: the port rank 0 listens on' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -l env -d 'Extra NAME=VALUE environment for every rank (repeatable)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "launch" -d 'Run a subcommand on several ranks (MLX distributed: ring, nccl, mpi)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions launch help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from train" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
