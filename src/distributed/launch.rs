@@ -508,6 +508,26 @@ mod tests {
     }
 
     #[test]
+    fn the_remote_shell_line_sets_the_environment_and_the_ring_file() {
+        let env = vec![
+            ("MLX_RANK".to_string(), "1".to_string()),
+            ("Q".into(), "it's".into()),
+        ];
+        let command = [
+            "/bin/sh",
+            "-c",
+            r#"echo "$MLX_RANK $Q $(cat "$MLX_HOSTFILE")""#,
+        ]
+        .map(String::from);
+        let line = remote_script(&command, &env, Some(r#"[["10.0.0.1:5000"]]"#)).unwrap();
+        let out = Command::new("bash").arg("-c").arg(&line).output().unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).trim(),
+            r#"1 it's [["10.0.0.1:5000"]]"#
+        );
+    }
+
+    #[test]
     fn ring_and_nccl_environments() {
         let mut spec = LaunchSpec {
             hosts: HostFile::local(2),
