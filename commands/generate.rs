@@ -102,6 +102,10 @@ pub struct Args {
     max_kv_size: Option<usize>,
     #[command(flatten)]
     kv: crate::cache_prompt::KvArgs,
+    /// Under `mlx-bun launch` with several ranks: split the layers across
+    /// ranks (pipeline parallel) instead of the heads and MLP columns.
+    #[arg(long)]
+    pipeline: bool,
 }
 
 /// Structured-output flags: at most one of them.
@@ -226,6 +230,15 @@ pub fn run(args: Args) -> Result<()> {
     if args.batch_file.is_some() {
         return run_batch_file(args);
     }
+    let group = crate::launch::join_group()?;
+    if group.is_some() {
+        crate::launch::refuse_sharded(&[
+            ("--adapter-path", args.adapter_path.is_some()),
+            ("--prompt-cache-file", args.prompt_cache_file.is_some()),
+        ])?;
+    }
+    // Only rank 0 writes the output; the other ranks compute alongside it.
+    let rank0 = group.as_ref().is_none_or(|g| g.rank() == 0);
     let input = prompt_input(&args)?;
     let sampling = sampling(&args)?;
     let constraint_spec = args.constraint.spec()?;
@@ -245,11 +258,17 @@ pub fn run(args: Args) -> Result<()> {
             };
             let context = prompt.len() + args.max_tokens;
             let n_draft = args.num_draft_tokens;
-            mlx_bun::fit::check_fits(&dir, draft_dir.as_deref(), context, n_draft, 0)?;
+            // A sharded model need not fit one device.
+            if group.is_none() {
+                mlx_bun::fit::check_fits(&dir, draft_dir.as_deref(), context, n_draft, 0)?;
+            }
             Some(prompt)
         }
     };
     let mut model = Model::load(&dir)?;
+    if let Some(group) = &group {
+        crate::launch::shard(&mut model, group, args.pipeline)?;
+    }
     if let Some(id) = sampling
         .logit_bias
         .keys()
@@ -283,7 +302,12 @@ pub fn run(args: Args) -> Result<()> {
         Some(spec) => Some(GrammarEngine::new(&tokenizer)?.constraint(spec)?),
         None => None,
     };
-    if let Some(seed) = args.seed {
+    // Ranks sample alike only from the same seed: they agree on rank 0's.
+    let seed = match &group {
+        Some(group) => Some(group.agree_seed(args.seed)?),
+        None => args.seed,
+    };
+    if let Some(seed) = seed {
         mlx_rs::random::seed(seed)?;
     }
     let opts = GenerateOptions {
@@ -293,7 +317,7 @@ pub fn run(args: Args) -> Result<()> {
         logprobs: None,
         prefill_step: args.prefill_step_size,
     };
-    let stream = !args.json;
+    let stream = !args.json && rank0;
     let mut stdout = std::io::stdout();
     // A failed write (the reader went away) stops generating; the error is
     // returned after the loop (main ends quietly on a broken pipe).
@@ -351,6 +375,9 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(e) = write_error {
         return Err(anyhow::Error::new(e).context("writing to standard output"));
     }
+    if !rank0 {
+        return Ok(());
+    }
     let mut stdout = std::io::stdout();
     if args.json {
         writeln!(stdout, "{}", serde_json::to_string(&result)?)?;
@@ -376,6 +403,9 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn run_batch_file(args: Args) -> Result<()> {
+    if mlx_bun::distributed::launched() {
+        bail!("--batch-file is not supported when the model is sharded across ranks (see docs/distributed.md)");
+    }
     if args.decode_concurrency == 0 || args.prompt_concurrency == 0 {
         bail!("--decode-concurrency and --prompt-concurrency must be at least 1");
     }

@@ -10,6 +10,7 @@ mod convert;
 mod evals;
 mod fit;
 mod generate;
+mod launch;
 mod manage;
 mod model_arg;
 mod serve;
@@ -59,6 +60,8 @@ enum Command {
     Fit(fit::Args),
     /// Print shell completions.
     Completions(completions::Args),
+    /// Run a subcommand on several ranks (MLX distributed: ring, nccl, mpi).
+    Launch(launch::Args),
 }
 
 fn main() -> ExitCode {
@@ -83,6 +86,7 @@ fn main() -> ExitCode {
         Command::Evals(args) => evals::run(args),
         Command::Fit(args) => fit::run(args),
         Command::Completions(args) => completions::run(args),
+        Command::Launch(args) => launch::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -20,6 +20,10 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct).
     #[arg(long, short)]
     model: Option<String>,
+    /// Pipeline parallel under `mlx-bun launch` (sharded serving is not
+    /// supported yet: see docs/distributed.md).
+    #[arg(long)]
+    pipeline: bool,
     /// Address to listen on; anything but loopback exposes the server to the network.
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
@@ -211,6 +215,12 @@ async fn shutdown_signal() {
 }
 
 pub fn run(args: Args) -> Result<()> {
+    if mlx_bun::distributed::launched() {
+        anyhow::bail!(
+            "serve does not run sharded across ranks yet{}: run it as one process (see docs/distributed.md)",
+            if args.pipeline { " (--pipeline)" } else { "" }
+        );
+    }
     check(&args)?;
     let dispatch = log_dispatch(&args.log_level)?;
     let _log = tracing::dispatcher::set_default(&dispatch);

@@ -285,6 +285,8 @@ pub struct Decoder {
     pub embed_scale: Option<f32>,
     /// What the output logits go through last.
     pub logits_map: LogitsMap,
+    /// This rank's place in a layer pipeline (`crate::distributed::shard`).
+    pub pipeline: Option<crate::distributed::shard::PipelineStage>,
 }
 
 impl Decoder {
@@ -324,6 +326,7 @@ impl Decoder {
             options,
             embed_scale: None,
             logits_map: LogitsMap::Identity,
+            pipeline: None,
         })
     }
 
@@ -348,6 +351,7 @@ impl Decoder {
             options,
             embed_scale: None,
             logits_map: LogitsMap::Identity,
+            pipeline: None,
         })
     }
 
@@ -363,8 +367,14 @@ impl Decoder {
     /// Hidden states after the final norm, `[B, L, hidden]`.
     pub fn hidden(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
         let mut h = self.embed(inputs)?;
+        if let Some(stage) = &self.pipeline {
+            h = stage.receive(&h)?;
+        }
         for (layer, cache) in self.layers.iter().zip(caches.iter_mut()) {
             h = layer.forward(&h, cache.as_mut())?;
+        }
+        if let Some(stage) = &self.pipeline {
+            h = stage.pass_on(&h)?;
         }
         self.norm.forward(&h)
     }

@@ -209,5 +209,6 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
             Some(cap) => LogitsMap::SoftCap(cap),
             None => LogitsMap::Identity,
         },
+        pipeline: None,
     })
 }

@@ -101,5 +101,6 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
         },
         embed_scale: Some(embed_scale),
         logits_map: LogitsMap::Identity,
+        pipeline: None,
     })
 }

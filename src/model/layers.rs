@@ -42,6 +42,9 @@ pub struct Linear {
     pub weight: LinearWeight,
     pub bias: Option<Array>,
     pub lora: Option<Lora>,
+    /// Row-parallel under tensor parallelism: the output is this rank's
+    /// partial sum, summed across the group (`crate::distributed::shard`).
+    pub all_sum: Option<crate::distributed::Group>,
 }
 
 impl Linear {
@@ -53,6 +56,7 @@ impl Linear {
             weight,
             bias,
             lora: None,
+            all_sum: None,
         })
     }
 
@@ -91,6 +95,9 @@ impl Linear {
                 matmul(matmul(x, &lora.a)?, &lora.b)?
             };
             y = &y + &(&z * lora.scale);
+        }
+        if let Some(group) = &self.all_sum {
+            y = group.all_sum(&y)?;
         }
         Ok(y)
     }

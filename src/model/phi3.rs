@@ -175,5 +175,6 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
         options: DecoderOptions::default(),
         embed_scale: None,
         logits_map: LogitsMap::Identity,
+        pipeline: None,
     })
 }
