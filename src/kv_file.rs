@@ -215,6 +215,15 @@ impl Parsed<'_> {
         let shape: Vec<i32> = t.shape().iter().map(|&d| d as i32).collect();
         let data = t.data();
         use safetensors::Dtype as D;
+        // Aligned little-endian data (a memory-mapped file) is copied once.
+        if let Some(a) = match t.dtype() {
+            D::F32 => in_place::<f32>(data).map(|v| Array::from_slice(v, &shape)),
+            D::U32 => in_place::<u32>(data).map(|v| Array::from_slice(v, &shape)),
+            D::I32 => in_place::<i32>(data).map(|v| Array::from_slice(v, &shape)),
+            _ => None,
+        } {
+            return Ok(a);
+        }
         let a = match t.dtype() {
             D::F32 => Array::from_slice(&le::<4, f32>(data, f32::from_le_bytes), &shape),
             D::F16 => {
@@ -251,6 +260,18 @@ impl Parsed<'_> {
         };
         usize::try_from(v).map_err(|_| anyhow!("{}: value {name} is negative", self.path.display()))
     }
+}
+
+/// `data` as a slice of `T` when it is aligned for it and the host is
+/// little-endian (as the file is).
+fn in_place<T: Copy>(data: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    let aligned = (data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>());
+    if !cfg!(target_endian = "little") || !aligned || !data.len().is_multiple_of(size) {
+        return None;
+    }
+    // SAFETY: aligned, in bounds, and every bit pattern is a valid f32/u32/i32.
+    Some(unsafe { std::slice::from_raw_parts(data.as_ptr() as *const T, data.len() / size) })
 }
 
 fn le<const N: usize, T>(data: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
