@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # SSD tier benchmark (`serve --ssd-cache`), in one run, with two servers
-# side by side: OFF (no tier, RAM prompt cache off) and ON (the tier):
+# side by side, both with the default RAM prompt cache: OFF (no tier) and
+# ON (with the tier):
 #   1. TTFT of a ~2,000-token prompt with a full prefill, on both;
 #   2. ON is stopped and restarted (RAM empty, the entry on disk), and the
 #      prompt comes back with another question: TTFT restored from disk;
-#   3. decode tok/s of short prompts, rounds alternating OFF and ON.
+#   3. decode tok/s of short prompts, rounds alternating OFF and ON, and
+#      the CPU time each server used per generated token.
 #
 #   scripts/bench-ssd-cache.sh [--model DIR] [--words W] [--decode-tokens T] [--rounds R]
 set -euo pipefail
@@ -95,9 +97,11 @@ if not times:
 ttft = times[0] - t0
 tps = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
 cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-print(f"{ttft:.3f} {tps:.2f} {usage.get('prompt_tokens', 0)} {cached}")
+print(f"{ttft:.3f} {tps:.2f} {usage.get('prompt_tokens', 0)} {cached} {usage.get('completion_tokens', 0)}")
 PY
 req() { python3 "$WORK/req.py" "$@"; }
+# CPU seconds (user + system, all threads) a process has used so far.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{print ($14 + $15) / hz}' "/proc/$1/stat"; }
 median() { sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
 ssd_stat() { curl -s "$1/stats" | python3 -c "import json,sys; print(json.load(sys.stdin)['ssd_cache']$2)"; }
 
@@ -106,7 +110,7 @@ date -u +"date: %Y-%m-%d %H:%M UTC"
 echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 SSD="$WORK/ssd"
-start OFF --prompt-cache 0
+start OFF
 start ON --ssd-cache "$SSD"
 read -r FULL_TTFT _ FULL_PROMPT _ < <(req "$BASE_OFF" "$WORK/long.txt" " Which word comes first?" 4)
 read -r COLD_TTFT _ _ _ < <(req "$BASE_ON" "$WORK/long.txt" " Which word comes first?" 4)
@@ -120,22 +124,36 @@ start ON --ssd-cache "$SSD"
 read -r WARM_TTFT _ WARM_PROMPT WARM_CACHED < <(req "$BASE_ON" "$WORK/long.txt" " Which word comes last?" 4)
 RESTORE_S="$(ssd_stat "$BASE_ON" '["restore_s"]["last"]')"
 
-: >"$WORK/off.tps"; : >"$WORK/on.tps"
+# Wall-clock tok/s swings with other load on a shared machine; the CPU
+# time each server spends per generated token (its writer thread included)
+# does much less.
+: >"$WORK/off.tps"; : >"$WORK/on.tps"; : >"$WORK/off.tok"; : >"$WORK/on.tok"
+CPU0_OFF="$(cpu_s "$PID_OFF")"; CPU0_ON="$(cpu_s "$PID_ON")"
 for i in $(seq "$ROUNDS"); do
   for side in OFF ON; do
-    base="BASE_$side"
-    req "${!base}" - "Write a long story about a fox number $i." "$DECODE_TOKENS" \
-      | awk '{print $2}' >>"$WORK/$(echo "$side" | tr A-Z a-z).tps"
+    base="BASE_$side"; lower="$(echo "$side" | tr A-Z a-z)"
+    req "${!base}" - "Write a long story about a fox number $i." "$DECODE_TOKENS" >"$WORK/r"
+    awk '{print $2}' "$WORK/r" >>"$WORK/$lower.tps"
+    awk '{print $5}' "$WORK/r" >>"$WORK/$lower.tok"
   done
 done
+sleep 1 # let the last write finish
+CPU_OFF="$(awk -v a="$CPU0_OFF" -v b="$(cpu_s "$PID_OFF")" 'BEGIN {print b - a}')"
+CPU_ON="$(awk -v a="$CPU0_ON" -v b="$(cpu_s "$PID_ON")" 'BEGIN {print b - a}')"
+TOK_OFF="$(awk '{s += $1} END {print s}' "$WORK/off.tok")"
+TOK_ON="$(awk '{s += $1} END {print s}' "$WORK/on.tok")"
 WRITES="$(ssd_stat "$BASE_ON" '["writes"]')"
 stop ON
 stop OFF
 
 python3 - "$FULL_TTFT" "$FULL_PROMPT" "$COLD_TTFT" "$WARM_TTFT" "$WARM_PROMPT" "$WARM_CACHED" \
-  "$RESTORE_S" "$ENTRY_BYTES" "$WRITES" "$WORK/off.tps" "$WORK/on.tps" <<'PY'
+  "$RESTORE_S" "$ENTRY_BYTES" "$WRITES" "$WORK/off.tps" "$WORK/on.tps" \
+  "$CPU_OFF" "$TOK_OFF" "$CPU_ON" "$TOK_ON" <<'PY'
 import statistics, sys
-full, fp, cold, warm, wp, wc, restore, size, writes, off_path, on_path = sys.argv[1:]
+(full, fp, cold, warm, wp, wc, restore, size, writes, off_path, on_path,
+ cpu_off, tok_off, cpu_on, tok_on) = sys.argv[1:]
+ms_off = 1000 * float(cpu_off) / float(tok_off)
+ms_on = 1000 * float(cpu_on) / float(tok_on)
 full, cold, warm, restore = map(float, (full, cold, warm, restore))
 offs = [float(x) for x in open(off_path).read().split()]
 ons = [float(x) for x in open(on_path).read().split()]
@@ -147,6 +165,8 @@ print(f"| after restart, restored from disk | {wp} prompt tokens, {wc} restored 
 print(f"| entry on disk | {int(size) / 1e6:.1f} MB | |")
 print(f"| decode tok/s, median of {len(offs)} interleaved rounds | tier off {off:.2f} | "
       f"tier on {on:.2f} ({100 * (on - off) / off:+.1f}%; {writes} entries written meanwhile) |")
+print(f"| CPU time per generated token | tier off {ms_off:.1f} ms ({tok_off} tokens) | "
+      f"tier on {ms_on:.1f} ms ({tok_on} tokens; {100 * (ms_on - ms_off) / ms_off:+.1f}%) |")
 print(f"rounds off: {offs}")
 print(f"rounds on:  {ons}")
 PY
