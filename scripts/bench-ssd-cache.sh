@@ -112,8 +112,8 @@ echo "load: $(cut -d' ' -f1-3 /proc/loadavg)"
 SSD="$WORK/ssd"
 start OFF
 start ON --ssd-cache "$SSD"
-read -r FULL_TTFT _ FULL_PROMPT _ < <(req "$BASE_OFF" "$WORK/long.txt" " Which word comes first?" 4)
-read -r COLD_TTFT _ _ _ < <(req "$BASE_ON" "$WORK/long.txt" " Which word comes first?" 4)
+read -r FULL_TTFT _ FULL_PROMPT _ _ < <(req "$BASE_OFF" "$WORK/long.txt" " Which word comes first?" 4)
+read -r COLD_TTFT _ _ _ _ < <(req "$BASE_ON" "$WORK/long.txt" " Which word comes first?" 4)
 for _ in $(seq 300); do
   [ "$(ssd_stat "$BASE_ON" '["writes"]')" -ge 1 ] && break
   sleep 0.2
@@ -121,7 +121,7 @@ done
 stop ON
 ENTRY_BYTES="$(du -cb "$SSD"/*.safetensors | tail -1 | cut -f1)"
 start ON --ssd-cache "$SSD"
-read -r WARM_TTFT _ WARM_PROMPT WARM_CACHED < <(req "$BASE_ON" "$WORK/long.txt" " Which word comes last?" 4)
+read -r WARM_TTFT _ WARM_PROMPT WARM_CACHED _ < <(req "$BASE_ON" "$WORK/long.txt" " Which word comes last?" 4)
 RESTORE_S="$(ssd_stat "$BASE_ON" '["restore_s"]["last"]')"
 
 # Wall-clock tok/s swings with other load on a shared machine; the CPU
