@@ -103,6 +103,46 @@ pub struct Args {
     /// Seconds to let running requests finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
+    /// Bound each request's KV cache to this many positions (the first 4
+    /// are kept). Requests then run one at a time (no batching).
+    #[arg(long)]
+    max_kv_size: Option<usize>,
+    /// KV quantization; requests then run one at a time (no batching).
+    #[command(flatten)]
+    kv: crate::cache_prompt::KvArgs,
+    /// Folder of the prompt cache's tier on disk: finished requests' KV
+    /// caches are written there and restored after a restart.
+    #[arg(long)]
+    ssd_cache: Option<PathBuf>,
+    /// Size cap of --ssd-cache in GiB (least recently used entries go first).
+    #[arg(long, default_value_t = 32.0)]
+    ssd_cache_max: f64,
+}
+
+/// The KV cache kind from `--max-kv-size` and `--kv-*`.
+fn kv_settings(args: &Args, head_dim: i32) -> Result<mlx_bun::gateway::KvSettings> {
+    let quantization = match args.kv.kv_bits {
+        Some(bits) => {
+            let q = mlx_bun::cache::KvQuantization {
+                bits,
+                group_size: args.kv.kv_group_size,
+                start: args.kv.quantized_kv_start,
+            };
+            q.validate(head_dim)?;
+            Some(q)
+        }
+        None => None,
+    };
+    if args.max_kv_size.is_some() && quantization.is_some() {
+        bail!("--max-kv-size and --kv-bits cannot be combined (as in mlx-lm)");
+    }
+    if args.max_kv_size.is_some_and(|n| n <= 4) {
+        bail!("--max-kv-size must exceed the 4 positions it always keeps");
+    }
+    Ok(mlx_bun::gateway::KvSettings {
+        max_kv_size: args.max_kv_size,
+        quantization,
+    })
 }
 
 /// The `--log-level` filter, installed for the threads the server runs on
@@ -151,6 +191,9 @@ fn check(args: &Args) -> Result<()> {
     }
     if args.num_draft_tokens == 0 {
         bail!("--num-draft-tokens must be at least 1");
+    }
+    if !(args.ssd_cache_max.is_finite() && args.ssd_cache_max > 0.0) {
+        bail!("--ssd-cache-max must be a size in GiB above 0");
     }
     if matches!(&args.api_key, Some(k) if k.trim().is_empty()) {
         bail!("--api-key must not be empty");
@@ -280,6 +323,17 @@ pub fn run(args: Args) -> Result<()> {
         cors: mlx_bun::server::cors::AllowedOrigins::parse(&args.allowed_origins),
         agent,
     };
+    let kv = kv_settings(&args, model_args.head_dim())?;
+    let ssd = match &args.ssd_cache {
+        Some(folder) => Some(mlx_bun::gateway::SsdConfig::for_model(
+            folder.clone(),
+            (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
+            &dir,
+            args.adapter_path.as_deref(),
+            &kv,
+        )?),
+        None => None,
+    };
     let load_dir = dir.clone();
     let adapter = args.adapter_path.clone();
     let load = move || -> Result<LoadedModels> {
@@ -303,6 +357,8 @@ pub fn run(args: Args) -> Result<()> {
             decode_concurrency: args.decode_concurrency,
             prompt_concurrency: args.prompt_concurrency,
             kv_budget_bytes: args.kv_budget.map(|g| (g * (1u64 << 30) as f64) as usize),
+            kv,
+            ssd,
         },
     )?);
 

@@ -127,6 +127,12 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l reasoning-pars
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template -d 'A Jinja chat template file to use instead of the model\'s' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template-args -d 'Template variables for every request, as a JSON object, e.g. \'{"enable_thinking": false}\'; a request\'s chat_template_kwargs win' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l max-kv-size -d 'Bound each request\'s KV cache to this many positions (the first 4 are kept). Requests then run one at a time (no batching)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-group-size -d 'Group size of KV quantization' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache -d 'Folder of the prompt cache\'s tier on disk: finished requests\' KV caches are written there and restored after a restart' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache-max -d 'Size cap of --ssd-cache in GiB (least recently used entries go first)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l hf-path -l model -d 'A Hugging Face model: a local folder (Hugging Face or mlx-lm layout) or a Hub repo id' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l gguf -d 'A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors)' -r -F

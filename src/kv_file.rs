@@ -82,14 +82,14 @@ fn pad_positions(a: &Array, offset: i32) -> Result<Array> {
     Ok(concatenate(&[live, zeros], 2)?)
 }
 
-/// Writes `caches` to `path` in mlx-lm's layout, atomically (a temporary
-/// file renamed into place). As MLX does, `.safetensors` is appended when
-/// the name lacks it; returns the path written.
-pub fn save(
-    path: &Path,
+/// Tensors and metadata of `caches` in mlx-lm's layout (`metadata` goes
+/// under `0.`): what [`save`] writes. `pad` pads dense keys and values to a
+/// multiple of 256 positions as mlx-lm's buffer is (readers need not).
+pub fn layout(
     caches: &[Box<dyn KvCache>],
     metadata: &BTreeMap<String, String>,
-) -> Result<PathBuf> {
+    pad: bool,
+) -> Result<(BTreeMap<String, Array>, BTreeMap<String, String>)> {
     let mut tensors: BTreeMap<String, Array> = BTreeMap::new();
     let mut meta: BTreeMap<String, String> = BTreeMap::new();
     let mut scalars: Vec<String> = Vec::new();
@@ -109,8 +109,13 @@ pub fn save(
                     .state()
                     .ok_or_else(|| anyhow!("layer {i}: the cache is empty"))?;
                 let off = cache.offset() as i32;
-                tensors.insert(format!("{i}.0"), pad_positions(&k, off)?);
-                tensors.insert(format!("{i}.1"), pad_positions(&v, off)?);
+                let (k, v) = if pad {
+                    (pad_positions(&k, off)?, pad_positions(&v, off)?)
+                } else {
+                    (k, v)
+                };
+                tensors.insert(format!("{i}.0"), k);
+                tensors.insert(format!("{i}.1"), v);
                 scalar(format!("{i}.2"), cache.offset(), &mut tensors);
             }
             "RotatingKVCache" => {
@@ -151,6 +156,18 @@ pub fn save(
         meta.insert(format!("2.{}.0", j + 1), name.clone());
         meta.insert(format!("2.{}.1", j + 1), "scalar".into());
     }
+    Ok((tensors, meta))
+}
+
+/// Writes `caches` to `path` in mlx-lm's layout, atomically (a temporary
+/// file renamed into place). As MLX does, `.safetensors` is appended when
+/// the name lacks it; returns the path written.
+pub fn save(
+    path: &Path,
+    caches: &[Box<dyn KvCache>],
+    metadata: &BTreeMap<String, String>,
+) -> Result<PathBuf> {
+    let (tensors, meta) = layout(caches, metadata, true)?;
     let mut target = path.to_path_buf();
     if !path.to_string_lossy().ends_with(".safetensors") {
         target = PathBuf::from(format!("{}.safetensors", path.display()));
@@ -198,6 +215,15 @@ impl Parsed<'_> {
         let shape: Vec<i32> = t.shape().iter().map(|&d| d as i32).collect();
         let data = t.data();
         use safetensors::Dtype as D;
+        // Aligned little-endian data (a memory-mapped file) is copied once.
+        if let Some(a) = match t.dtype() {
+            D::F32 => in_place::<f32>(data).map(|v| Array::from_slice(v, &shape)),
+            D::U32 => in_place::<u32>(data).map(|v| Array::from_slice(v, &shape)),
+            D::I32 => in_place::<i32>(data).map(|v| Array::from_slice(v, &shape)),
+            _ => None,
+        } {
+            return Ok(a);
+        }
         let a = match t.dtype() {
             D::F32 => Array::from_slice(&le::<4, f32>(data, f32::from_le_bytes), &shape),
             D::F16 => {
@@ -236,6 +262,18 @@ impl Parsed<'_> {
     }
 }
 
+/// `data` as a slice of `T` when it is aligned for it and the host is
+/// little-endian (as the file is).
+fn in_place<T: Copy>(data: &[u8]) -> Option<&[T]> {
+    let size = std::mem::size_of::<T>();
+    let aligned = (data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<T>());
+    if !cfg!(target_endian = "little") || !aligned || !data.len().is_multiple_of(size) {
+        return None;
+    }
+    // SAFETY: aligned, in bounds, and every bit pattern is a valid f32/u32/i32.
+    Some(unsafe { std::slice::from_raw_parts(data.as_ptr() as *const T, data.len() / size) })
+}
+
 fn le<const N: usize, T>(data: &[u8], f: fn([u8; N]) -> T) -> Vec<T> {
     data.chunks_exact(N)
         .map(|c| f(c.try_into().unwrap()))
@@ -256,13 +294,18 @@ fn check_4d(path: &Path, name: &str, a: &Array) -> Result<()> {
 /// Reads a prompt-cache file written by mlx-lm or by us.
 pub fn load(path: &Path) -> Result<CacheFile> {
     let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+    parse(&bytes, path)
+}
+
+/// Reads a prompt-cache file from its bytes; `path` names it in errors.
+pub fn parse(bytes: &[u8], path: &Path) -> Result<CacheFile> {
+    let st = SafeTensors::deserialize(bytes).map_err(|e| {
         anyhow!(
             "{} is not a valid safetensors file ({e:?}): truncated or corrupt",
             path.display()
         )
     })?;
-    let (_, header) = SafeTensors::read_metadata(&bytes)
+    let (_, header) = SafeTensors::read_metadata(bytes)
         .map_err(|e| anyhow!("{}: bad header ({e:?})", path.display()))?;
     let raw = header.metadata().clone().unwrap_or_default();
     let p = Parsed { st, path };

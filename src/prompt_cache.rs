@@ -12,6 +12,9 @@ struct Entry {
     last_used: u64,
 }
 
+/// An entry pushed out of the cache: its tokens and caches.
+pub type Evicted = (Vec<u32>, Vec<Box<dyn KvCache>>);
+
 /// Caches ready for a prompt: the first `cached` prompt tokens are in them.
 pub struct PromptCacheHit {
     pub caches: Vec<Box<dyn KvCache>>,
@@ -100,17 +103,19 @@ impl PromptCache {
 
     /// Stores `caches`, which hold exactly `tokens`. Entries that are a
     /// prefix of `tokens` are dropped: the new entry serves them too.
-    pub fn insert(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) {
+    /// Returns the entries evicted to make room (a colder tier may keep them).
+    pub fn insert(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) -> Vec<Evicted> {
+        let mut evicted = Vec::new();
         if !self.is_enabled() || tokens.is_empty() {
-            return;
+            return evicted;
         }
         if caches.iter().any(|c| c.offset() != tokens.len()) {
             tracing::warn!("prompt cache: caches and token list disagree; not stored");
-            return;
+            return evicted;
         }
         let bytes = total_bytes(&caches);
         if bytes > self.max_bytes {
-            return;
+            return evicted;
         }
         let mut removed = 0;
         self.entries.retain(|e| {
@@ -122,7 +127,10 @@ impl PromptCache {
         });
         self.bytes -= removed;
         while self.bytes + bytes > self.max_bytes {
-            self.evict_oldest();
+            match self.evict_oldest() {
+                Some(e) => evicted.push(e),
+                None => break,
+            }
         }
         let now = self.tick();
         self.bytes += bytes;
@@ -132,13 +140,14 @@ impl PromptCache {
             bytes,
             last_used: now,
         });
+        evicted
     }
 
-    fn evict_oldest(&mut self) {
-        if let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) {
-            let e = self.entries.swap_remove(i);
-            self.bytes -= e.bytes;
-        }
+    fn evict_oldest(&mut self) -> Option<Evicted> {
+        let i = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)?;
+        let e = self.entries.swap_remove(i);
+        self.bytes -= e.bytes;
+        Some((e.tokens, e.caches))
     }
 
     pub fn clear(&mut self) {
@@ -206,7 +215,9 @@ mod tests {
         pc.insert(vec![1, 2], caches(1, 2));
         pc.insert(vec![3, 4], caches(1, 2));
         pc.lookup(&[1, 2, 5]).unwrap();
-        pc.insert(vec![5, 6], caches(1, 2));
+        let evicted = pc.insert(vec![5, 6], caches(1, 2));
+        assert_eq!(evicted.len(), 1);
+        assert_eq!(evicted[0].0, vec![3, 4]);
         assert!(pc.lookup(&[3, 4, 0]).is_none());
         assert!(pc.lookup(&[1, 2, 0]).is_some());
         assert!(pc.stats().bytes <= 2 * one);

@@ -159,10 +159,10 @@ impl<'a> BatchLane<'a> {
             .fetch_sub(1, Ordering::SeqCst);
         let mut result = f.result;
         let tokens = std::mem::take(&mut result.cache_tokens);
-        shared.store(tokens, f.caches);
         shared
             .reporter
             .finish(&info.client, result, info.first_token.get());
+        shared.store(tokens, f.caches);
     }
 
     /// The engine failed mid-step: every row fails, and the batch starts over.

@@ -12,17 +12,20 @@
 //! - `admission`: the KV budget
 //! - `job`: a request's events and how its end is reported and counted
 //! - `stats`: counters and the `/stats` snapshot
+//! - `ssd_tier`: the prompt cache's cold tier on disk (`--ssd-cache`)
 
 mod admission;
 mod batch_lane;
 mod job;
 mod route;
 mod serial;
+mod ssd_tier;
 mod stats;
 mod worker;
 
 pub use admission::{available_memory_bytes, default_kv_budget_bytes};
 pub use route::{route, Lane, RequestShape};
+pub use ssd_tier::{SsdConfig, SsdStats};
 pub use stats::{quantile, GatewayStats};
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -62,6 +65,38 @@ pub struct GatewayConfig {
     pub prompt_concurrency: usize,
     /// KV bytes admitted rows may reach; `None`: a share of free memory.
     pub kv_budget_bytes: Option<usize>,
+    /// Bounded (`--max-kv-size`) or quantized (`--kv-bits`) KV caches.
+    pub kv: KvSettings,
+    /// The prompt cache's tier on disk.
+    pub ssd: Option<SsdConfig>,
+}
+
+/// How the server builds KV caches: dense (the default), bounded to
+/// `max_kv_size` positions, or quantized. Bounded and quantized caches do
+/// not batch: such servers run requests serially (see [`route`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvSettings {
+    pub max_kv_size: Option<usize>,
+    pub quantization: Option<crate::cache::KvQuantization>,
+}
+
+impl KvSettings {
+    pub fn is_default(&self) -> bool {
+        self.max_kv_size.is_none() && self.quantization.is_none()
+    }
+
+    /// What an SSD entry records, so entries are only restored into caches
+    /// of the same kind.
+    pub fn describe(&self) -> String {
+        match (self.max_kv_size, self.quantization) {
+            (Some(n), _) => format!("rotating max={n} keep=4"),
+            (None, Some(q)) => format!(
+                "quantized bits={} group={} start={}",
+                q.bits, q.group_size, q.start
+            ),
+            (None, None) => "dense".into(),
+        }
+    }
 }
 
 /// The models the worker serves: the target and an optional draft.
@@ -165,6 +200,7 @@ pub struct Gateway {
     worker: Mutex<Option<JoinHandle<()>>>,
     has_draft: bool,
     can_batch: bool,
+    default_kv: bool,
     max_queue: usize,
     budget: KvBudget,
     decode_concurrency: usize,
@@ -198,6 +234,12 @@ impl Gateway {
         };
         let ready = readiness.clone();
         let decode_concurrency = config.decode_concurrency.max(1);
+        let ssd = match &config.ssd {
+            Some(c) => Some(ssd_tier::SsdTier::open(c.clone())?),
+            None => None,
+        };
+        *counters.ssd.lock().unwrap() = ssd.as_ref().map(|t| t.stats_handle());
+        let default_kv = config.kv.is_default();
         let handle = std::thread::Builder::new()
             .name("mlx-bun-gateway".into())
             .spawn(move || {
@@ -226,9 +268,10 @@ impl Gateway {
                     prompt_cache: PromptCache::new(config.prompt_cache_bytes),
                     reporter,
                     num_draft_tokens: config.num_draft_tokens,
+                    kv: config.kv,
+                    ssd,
                 };
-                *shared.reporter.counters.prompt_cache.lock().unwrap() =
-                    shared.prompt_cache.stats();
+                shared.publish_cache_stats();
                 let plan = WorkerPlan {
                     limits: BatchLimits {
                         decode_concurrency,
@@ -261,6 +304,7 @@ impl Gateway {
             worker: Mutex::new(Some(handle)),
             has_draft: loaded.has_draft,
             can_batch: loaded.can_batch,
+            default_kv,
             max_queue,
             budget: loaded.budget,
             decode_concurrency,
@@ -294,12 +338,13 @@ impl Gateway {
             has_draft: self.has_draft,
             wants_logprobs: request.options.logprobs.is_some(),
             can_batch: self.can_batch,
+            default_kv: self.default_kv,
         }
     }
 
     /// Whether requests without a draft run as rows of the batch.
     pub fn batches(&self) -> bool {
-        self.can_batch
+        self.can_batch && self.default_kv
     }
 
     /// Queues `request`; fails at once when the queue is full.
@@ -376,7 +421,7 @@ impl Gateway {
             active: c.active.load(Ordering::SeqCst),
             batch_rows: c.batch_rows.load(Ordering::Relaxed),
             prefilling_rows: c.prefilling_rows.load(Ordering::Relaxed),
-            decode_concurrency: if self.can_batch {
+            decode_concurrency: if self.batches() {
                 self.decode_concurrency
             } else {
                 1
@@ -394,6 +439,7 @@ impl Gateway {
             drafted_tokens: c.drafted_tokens.load(Ordering::Relaxed),
             accepted_tokens: c.accepted_tokens.load(Ordering::Relaxed),
             prompt_cache: *c.prompt_cache.lock().unwrap(),
+            ssd: c.ssd.lock().unwrap().as_ref().map(|h| h.get()),
             ttft_p50_s: quantile(&ttft, 0.5),
             ttft_p95_s: quantile(&ttft, 0.95),
             decode_tps_p50: quantile(&tps, 0.5),

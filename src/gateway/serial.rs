@@ -93,8 +93,10 @@ pub(crate) fn run(shared: &mut Shared, models: &LoadedModels, job: &Job) {
             result.ttft_s = ttft;
             result.prompt_tps = (request.prompt.len() - cached) as f64 / ttft.max(1e-9);
             let cache_tokens = std::mem::take(&mut result.cache_tokens);
-            shared.store(cache_tokens, caches);
+            // The client has its answer before the cache is kept (the SSD
+            // tier copies it to host memory here).
             reporter.finish(client, result, first_token);
+            shared.store(cache_tokens, caches);
         }
         Err(e) => reporter.fail(client, GatewayError::Internal(format!("{e:#}"))),
     }

@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Mutex;
 
+use super::ssd_tier::{SsdStats, SsdStatsHandle};
 use crate::prompt_cache::PromptCacheStats;
 
 /// How many recent requests the latency percentiles are computed over.
@@ -60,6 +61,7 @@ pub(crate) struct Counters {
     pub accepted_tokens: AtomicU64,
     pub samples: Mutex<Samples>,
     pub prompt_cache: Mutex<PromptCacheStats>,
+    pub ssd: Mutex<Option<SsdStatsHandle>>,
 }
 
 /// A snapshot for `/stats` and `/metrics`.
@@ -87,6 +89,8 @@ pub struct GatewayStats {
     pub drafted_tokens: u64,
     pub accepted_tokens: u64,
     pub prompt_cache: PromptCacheStats,
+    /// The SSD tier, when the server has one.
+    pub ssd: Option<SsdStats>,
     pub ttft_p50_s: f64,
     pub ttft_p95_s: f64,
     pub decode_tps_p50: f64,

@@ -15,7 +15,8 @@ use super::admission::KvBudget;
 use super::batch_lane::BatchLane;
 use super::job::{Job, Reporter};
 use super::route::Lane;
-use super::{serial, GatewayError, LoadedModels, Readiness};
+use super::ssd_tier::SsdTier;
+use super::{serial, GatewayError, KvSettings, LoadedModels, Readiness};
 use crate::cache::KvCache;
 use crate::constraint::TokenConstraint;
 use crate::decode::BatchLimits;
@@ -25,13 +26,16 @@ use crate::prompt_cache::PromptCache;
 use crate::tokenizer::Tokenizer;
 
 /// What every lane uses: the tokenizer, the grammar engine, the prompt
-/// cache, and the reporter.
+/// cache (RAM, and the SSD tier when there is one), the KV cache settings,
+/// and the reporter.
 pub(crate) struct Shared {
     pub tokenizer: Arc<Tokenizer>,
     pub grammar: Option<GrammarEngine>,
     pub prompt_cache: PromptCache,
     pub reporter: Reporter,
     pub num_draft_tokens: usize,
+    pub kv: KvSettings,
+    pub ssd: Option<SsdTier>,
 }
 
 impl Shared {
@@ -50,22 +54,62 @@ impl Shared {
             .map_err(|e| GatewayError::InvalidRequest(format!("{e:#}")))
     }
 
-    /// Caches holding the longest cached prefix of `prompt`, and its length.
+    /// Empty caches of the server's kind.
+    fn fresh_caches(&self, model: &Model) -> Vec<Box<dyn KvCache>> {
+        if self.kv.is_default() {
+            return model.make_caches();
+        }
+        // Validated when the server started.
+        model
+            .decoder
+            .make_caches_with(self.kv.max_kv_size, self.kv.quantization)
+            .unwrap_or_else(|_| model.make_caches())
+    }
+
+    /// Caches holding the longest cached prefix of `prompt`, and its length:
+    /// from RAM, or from the SSD tier when it holds a longer prefix.
     pub fn cached_prefix(
         &mut self,
         model: &Model,
         prompt: &[u32],
     ) -> (Vec<Box<dyn KvCache>>, usize) {
-        match self.prompt_cache.lookup(prompt) {
-            Some(hit) => (hit.caches, hit.cached),
-            None => (model.make_caches(), 0),
-        }
+        let ram = self.prompt_cache.lookup(prompt);
+        let ram_cached = ram.as_ref().map_or(0, |h| h.cached);
+        let disk = self
+            .ssd
+            .as_ref()
+            .and_then(|ssd| ssd.restore(model, prompt, ram_cached));
+        let found = match (disk, ram) {
+            (Some(d), _) => d,
+            (None, Some(hit)) => (hit.caches, hit.cached),
+            (None, None) => (self.fresh_caches(model), 0),
+        };
+        self.publish_cache_stats();
+        found
     }
 
-    /// Keeps `caches` (which hold exactly `tokens`) in the prompt cache.
+    /// Keeps `caches` (which hold exactly `tokens`) in the prompt cache, and
+    /// hands them to the SSD tier with any entry RAM evicts that is not on
+    /// disk yet.
     pub fn store(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) {
-        self.prompt_cache.insert(tokens, caches);
-        *self.reporter.counters.prompt_cache.lock().unwrap() = self.prompt_cache.stats();
+        if let Some(ssd) = &self.ssd {
+            ssd.snapshot(&tokens, &caches);
+        }
+        let evicted = self.prompt_cache.insert(tokens, caches);
+        if let Some(ssd) = &self.ssd {
+            for (tokens, caches) in evicted {
+                if !ssd.contains(&tokens) {
+                    ssd.snapshot(&tokens, &caches);
+                }
+            }
+        }
+        self.publish_cache_stats();
+    }
+
+    pub fn publish_cache_stats(&self) {
+        let counters = &self.reporter.counters;
+        // The SSD tier's counters are read live through its handle.
+        *counters.prompt_cache.lock().unwrap() = self.prompt_cache.stats();
     }
 }
 

@@ -100,6 +100,7 @@ pub fn stats_json(model: &str, ready: bool, http: &HttpMetrics, g: &GatewayStats
             "bytes": g.prompt_cache.bytes,
             "max_bytes": g.prompt_cache.max_bytes,
         },
+        "ssd_cache": ssd_json(g),
         "latency": {
             "samples": g.samples,
             "ttft_s": {"p50": g.ttft_p50_s, "p95": g.ttft_p95_s},
@@ -282,5 +283,93 @@ pub fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
         "Seconds since the server started.",
         &[("", http.uptime_s())],
     );
+    ssd_metrics(&mut out, g);
     out
+}
+
+/// The SSD tier in `/stats`; `null` without `--ssd-cache`.
+fn ssd_json(g: &GatewayStats) -> Value {
+    let Some(s) = g.ssd else {
+        return Value::Null;
+    };
+    json!({
+        "hits": s.hits,
+        "misses": s.misses,
+        "entries": s.entries,
+        "bytes": s.bytes,
+        "max_bytes": s.max_bytes,
+        "writes": s.writes,
+        "write_errors": s.write_errors,
+        "dropped_writes": s.dropped_writes,
+        "quarantined": s.quarantined,
+        "restore_s": {
+            "last": s.last_restore_s,
+            "mean": if s.hits > 0 { s.restore_seconds_total / s.hits as f64 } else { 0.0 },
+        },
+    })
+}
+
+fn ssd_metrics(out: &mut String, g: &GatewayStats) {
+    let Some(s) = g.ssd else {
+        return;
+    };
+    let rows: [(&str, &str, &str, f64); 9] = [
+        (
+            "ssd_cache_hits_total",
+            "counter",
+            "Prompts restored from the SSD tier.",
+            s.hits as f64,
+        ),
+        (
+            "ssd_cache_misses_total",
+            "counter",
+            "Prompts found neither in RAM nor on disk.",
+            s.misses as f64,
+        ),
+        (
+            "ssd_cache_bytes",
+            "gauge",
+            "Bytes of SSD-tier entries.",
+            s.bytes as f64,
+        ),
+        (
+            "ssd_cache_entries",
+            "gauge",
+            "Entries in the SSD tier.",
+            s.entries as f64,
+        ),
+        (
+            "ssd_cache_writes_total",
+            "counter",
+            "Entries written to the SSD tier.",
+            s.writes as f64,
+        ),
+        (
+            "ssd_cache_write_errors_total",
+            "counter",
+            "SSD-tier writes that failed (full or read-only disk).",
+            s.write_errors as f64,
+        ),
+        (
+            "ssd_cache_dropped_writes_total",
+            "counter",
+            "Snapshots dropped because the writer was behind.",
+            s.dropped_writes as f64,
+        ),
+        (
+            "ssd_cache_quarantined_total",
+            "counter",
+            "Corrupt or incompatible files moved aside.",
+            s.quarantined as f64,
+        ),
+        (
+            "ssd_cache_restore_seconds_total",
+            "counter",
+            "Time spent restoring from the SSD tier.",
+            s.restore_seconds_total,
+        ),
+    ];
+    for (name, kind, help, value) in rows {
+        metric(out, name, kind, help, &[("", value)]);
+    }
 }
