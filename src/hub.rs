@@ -42,14 +42,20 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     download_repo(spec)
 }
 
-fn download_repo(repo_id: &str) -> Result<PathBuf> {
+/// The local folder of a Hugging Face repo id already in the cache, without
+/// any download; `None` when it is not a repo id or not cached whole.
+pub fn cached_repo(repo_id: &str) -> Option<PathBuf> {
+    if !looks_like_repo_id(repo_id) || repo_id.starts_with('.') {
+        return None;
+    }
     let cached = hf_hub::Cache::from_env().model(repo_id.to_string());
-    if let Some(config) = cached.get("config.json") {
-        if let Some(dir) = config.parent() {
-            if dir.join("tokenizer.json").is_file() {
-                return Ok(dir.to_path_buf());
-            }
-        }
+    let dir = cached.get("config.json")?.parent()?.to_path_buf();
+    dir.join("tokenizer.json").is_file().then_some(dir)
+}
+
+fn download_repo(repo_id: &str) -> Result<PathBuf> {
+    if let Some(dir) = cached_repo(repo_id) {
+        return Ok(dir);
     }
     let api = hf_hub::api::sync::ApiBuilder::from_env()
         .with_progress(true)

@@ -37,7 +37,8 @@ pub async fn require_api_key(
     next: Next,
 ) -> Response {
     if let Some(expected) = &app.config.api_key {
-        if request.uri().path() != "/health" {
+        // The chat page is static; it sends the key with its API calls.
+        if !matches!(request.uri().path(), "/health" | "/") {
             let header = request
                 .headers()
                 .get(AUTHORIZATION)
