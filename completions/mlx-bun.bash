@@ -1139,7 +1139,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__serve)
-            opts="-m -h --model --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --temp --top-p --top-k --min-p --allowed-origins --shutdown-grace --help"
+            opts="-m -h --model --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --temp --top-p --top-k --min-p --allowed-origins --allowed-models --allow-any-model --model-memory --shutdown-grace --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1226,6 +1226,14 @@ _mlx__bun() {
                     return 0
                     ;;
                 --allowed-origins)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --allowed-models)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --model-memory)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -120,7 +120,10 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-p -d 'top_
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-k -d 'top_k for requests that give none; 0 is off' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-p -d 'min_p for requests that give none' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-origins -d 'Browser origins that may call the API: `loopback` (localhost, 127.0.0.1, [::1], any port), `*`, or a comma-separated list' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-models -d 'Other models requests may name in `model`: a folder (each subfolder with a config.json, by folder name) or a glob of model folders (by path). Repeatable' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l model-memory -d 'GiB of weights the loaded models may hold together; the least recently used idle model is unloaded past it (default: half the memory available at start)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allow-any-model -d 'Requests may name any local model folder or cached Hub repo id'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l gguf -d 'A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l model -d 'An mlx-lm model directory to quantize (-q) or cast (--dtype)' -r -F
