@@ -278,6 +278,7 @@ fn adapters_per_request_are_their_own_pool_entry() {
     let root = tempfile::tempdir().unwrap();
     let adapter = root.path().join("my-adapter");
     random_adapter(&dir, &adapter);
+    std::os::unix::fs::symlink(common::float32_model(), root.path().join(F32_ID)).unwrap();
     let s = Server::start(&dir, &["--allowed-models", root.path().to_str().unwrap()]);
     let ask = |extra: Value| {
         let mut body = json!({"max_tokens": 6, "temperature": 0,
@@ -305,6 +306,15 @@ fn adapters_per_request_are_their_own_pool_entry() {
     let id = dir.to_str().unwrap();
     assert_eq!(loaded(&s), vec![id, id]);
     assert_eq!(ask(json!({})), base);
+    // A draft model per request: speculative decoding with the float32 copy
+    // as the draft gives the same greedy answer.
+    assert_eq!(ask(json!({"draft_model": F32_ID})), base);
+    let stats = get(&s, "/stats");
+    assert!(
+        stats["speculative"]["drafted_tokens"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    assert_eq!(loaded(&s).len(), 3);
     // An adapter outside the allowed folders is refused by field.
     let elsewhere = tempfile::tempdir().unwrap();
     let copy = elsewhere.path().join("a");
