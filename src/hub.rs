@@ -45,12 +45,37 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
 /// The local folder of a Hugging Face repo id already in the cache, without
 /// any download; `None` when it is not a repo id or not cached whole.
 pub fn cached_repo(repo_id: &str) -> Option<PathBuf> {
+    cached_repo_in(&hf_hub::Cache::from_env(), repo_id)
+}
+
+fn cached_repo_in(cache: &hf_hub::Cache, repo_id: &str) -> Option<PathBuf> {
     if !looks_like_repo_id(repo_id) || repo_id.starts_with('.') {
         return None;
     }
-    let cached = hf_hub::Cache::from_env().model(repo_id.to_string());
+    let cached = cache.model(repo_id.to_string());
     let dir = cached.get("config.json")?.parent()?.to_path_buf();
     dir.join("tokenizer.json").is_file().then_some(dir)
+}
+
+/// The Hugging Face repo ids whose model files are all in the cache, sorted.
+pub fn cached_repos() -> Vec<String> {
+    cached_repos_in(&hf_hub::Cache::from_env())
+}
+
+fn cached_repos_in(cache: &hf_hub::Cache) -> Vec<String> {
+    let mut ids: Vec<String> = std::fs::read_dir(cache.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (org, repo) = name.strip_prefix("models--")?.split_once("--")?;
+            Some(format!("{org}/{repo}"))
+        })
+        .filter(|id| cached_repo_in(cache, id).is_some())
+        .collect();
+    ids.sort();
+    ids
 }
 
 fn download_repo(repo_id: &str) -> Result<PathBuf> {
@@ -80,4 +105,33 @@ fn download_repo(repo_id: &str) -> Result<PathBuf> {
         }
     }
     dir.with_context(|| format!("{repo_id} has no model files"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(root: &Path, repo: &str, files: &[&str]) -> PathBuf {
+        let dir = root.join(format!("models--{repo}/snapshots/abc"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in files {
+            std::fs::write(dir.join(f), "{}").unwrap();
+        }
+        std::fs::create_dir_all(root.join(format!("models--{repo}/refs"))).unwrap();
+        std::fs::write(root.join(format!("models--{repo}/refs/main")), "abc").unwrap();
+        dir
+    }
+
+    #[test]
+    fn cached_repos_are_those_whose_model_files_are_all_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tiny = snapshot(tmp.path(), "org--tiny", &["config.json", "tokenizer.json"]);
+        snapshot(tmp.path(), "org--partial", &["config.json"]);
+        std::fs::create_dir_all(tmp.path().join("datasets--org--data")).unwrap();
+        let cache = hf_hub::Cache::new(tmp.path().to_path_buf());
+        assert_eq!(cached_repos_in(&cache), vec!["org/tiny"]);
+        assert_eq!(cached_repo_in(&cache, "org/tiny"), Some(tiny));
+        assert_eq!(cached_repo_in(&cache, "org/partial"), None);
+        assert_eq!(cached_repo_in(&cache, "../x"), None);
+    }
 }

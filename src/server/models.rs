@@ -523,7 +523,7 @@ impl ModelPool {
 
     /// The models this server may serve: the default, every model of the
     /// `--allowed-models` folders and globs, and (with `--allow-any-model`)
-    /// whatever else is loaded.
+    /// the Hub repos in the cache and whatever else is loaded.
     pub fn list(&self) -> Vec<Listed> {
         let c = &self.config;
         let loaded = self.loaded_ids();
@@ -547,6 +547,9 @@ impl ModelPool {
             };
             found.sort();
             ids.extend(found);
+        }
+        if c.allow_any {
+            ids.extend(crate::hub::cached_repos());
         }
         ids.extend(loaded.iter().cloned());
         let mut seen = std::collections::HashSet::new();
