@@ -1,6 +1,7 @@
 //! The chat page at `/`, end to end in headless Chromium: the page is loaded
 //! from a real `mlx-bun serve`, a prompt is typed and sent, the streamed
-//! answer and its stats are read back from the DOM, and a screenshot is kept
+//! answer and its stats are read back from the DOM (then a JSON-schema turn
+//! and a turn with another model from the picker), and a screenshot is kept
 //! at `target/test-artifacts/chat-page.png`. Chromium is driven over the
 //! DevTools protocol on `--remote-debugging-pipe` (no WebDriver, no
 //! WebSocket): JSON messages separated by NUL bytes on file descriptors 3
@@ -169,7 +170,12 @@ fn chat_page_streams_an_answer_in_chromium() {
         return;
     }
     let model = common::model_dir();
-    let server = Server::start(&model, &[]);
+    let others = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(common::float32_model(), others.path().join("smol-f32")).unwrap();
+    let server = Server::start(
+        &model,
+        &["--allowed-models", others.path().to_str().unwrap()],
+    );
     let page = server.get_page();
     assert!(page.contains("<title>mlx-bun chat</title>"));
 
@@ -225,6 +231,21 @@ fn chat_page_streams_an_answer_in_chromium() {
         json_answer.trim_start().starts_with('{') && json_answer.contains("\"answer\""),
         "not JSON from the schema: {json_answer:?}"
     );
+
+    // Another model from the picker answers the next turn.
+    assert_eq!(
+        b.eval("[...document.querySelectorAll('#model option')].map(o => o.value).join(',')"),
+        json!(format!("{},smol-f32", model.display()))
+    );
+    b.eval(
+        "document.getElementById('json-mode').click();\
+         document.getElementById('model').value = 'smol-f32';\
+         document.getElementById('max-tokens').value = '6'; true",
+    );
+    b.type_and_send("Thanks!");
+    let (other, other_stats) = finished_answer(&mut b);
+    assert!(!other.trim().is_empty());
+    assert!(other_stats.starts_with("smol-f32 ·"), "{other_stats}");
 
     let shot = b.call("Page.captureScreenshot", json!({"format": "png"}));
     let png = base64::engine::general_purpose::STANDARD
