@@ -6,13 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use mlx_bun::chat_template::ChatTemplate;
-use mlx_bun::gateway::{Gateway, GatewayConfig, LoadedModels};
-use mlx_bun::model::Model;
+use mlx_bun::gateway::GatewayConfig;
 use mlx_bun::reasoning::ReasoningMarkers;
 use mlx_bun::server::agent::AgentConfig;
+use mlx_bun::server::models::{Allowed, ModelPool, PoolConfig};
 use mlx_bun::server::{AppState, ServerConfig};
-use mlx_bun::tokenizer::Tokenizer;
 use mlx_bun::tool_calls::ToolFormat;
 
 #[derive(clap::Args)]
@@ -100,6 +98,19 @@ pub struct Args {
     /// '{"enable_thinking": false}'; a request's chat_template_kwargs win.
     #[arg(long)]
     chat_template_args: Option<String>,
+    /// Other models requests may name in `model`: a folder (each subfolder
+    /// with a config.json, by folder name) or a glob of model folders (by
+    /// path). Repeatable.
+    #[arg(long, value_name = "DIR|GLOB")]
+    allowed_models: Vec<String>,
+    /// Requests may name any local model folder or cached Hub repo id.
+    #[arg(long)]
+    allow_any_model: bool,
+    /// GiB of weights the loaded models may hold together; the least
+    /// recently used idle model is unloaded past it (default: half the
+    /// memory available at start).
+    #[arg(long, value_name = "GIB")]
+    model_memory: Option<f64>,
     /// Seconds to let running requests finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     shutdown_grace: u64,
@@ -195,6 +206,9 @@ fn check(args: &Args) -> Result<()> {
     if !(args.ssd_cache_max.is_finite() && args.ssd_cache_max > 0.0) {
         bail!("--ssd-cache-max must be a size in GiB above 0");
     }
+    if matches!(args.model_memory, Some(b) if !(b.is_finite() && b >= 0.0)) {
+        bail!("--model-memory must be a size in GiB, 0 or more");
+    }
     if matches!(&args.api_key, Some(k) if k.trim().is_empty()) {
         bail!("--api-key must not be empty");
     }
@@ -270,49 +284,36 @@ pub fn run(args: Args) -> Result<()> {
 
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     let (model_args, _) = mlx_bun::model::read_config(&dir)?;
-    let mut tokenizer = Tokenizer::load(&dir)?;
-    if let Some(path) = &args.chat_template {
-        let source = std::fs::read_to_string(path)
-            .with_context(|| format!("reading --chat-template {}", path.display()))?;
-        tokenizer.chat_template = Some(
-            ChatTemplate::new(
-                source,
-                tokenizer.bos_token.clone(),
-                tokenizer.eos_token.clone(),
-            )
-            .with_context(|| format!("--chat-template {}", path.display()))?,
-        );
-    }
-    let agent = agent_config(&args)?;
-    let tokenizer = Arc::new(tokenizer);
-    let draft_dir = match &args.draft_model {
-        Some(spec) => {
-            let draft_dir = mlx_bun::hub::resolve_model(spec)?;
-            let draft_tokenizer = Tokenizer::load(&draft_dir)?;
-            if let Some(warning) =
-                mlx_bun::speculative::check_draft_tokenizer(&tokenizer, &draft_tokenizer)?
-            {
-                tracing::warn!("{warning}");
-            }
-            Some(draft_dir)
+    let chat_template = match &args.chat_template {
+        Some(path) => {
+            let source = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --chat-template {}", path.display()))?;
+            mlx_bun::chat_template::ChatTemplate::new(source.clone(), None, None)
+                .with_context(|| format!("--chat-template {}", path.display()))?;
+            Some(source)
         }
         None => None,
     };
-    // Refuse a model that cannot hold a default-length exchange in memory.
-    let min_context = (args.max_tokens_default + 512)
-        .min(model_args.max_position_embeddings.unwrap_or(usize::MAX));
-    let cache_bytes = (args.prompt_cache * (1u64 << 30) as f64) as u64;
-    let draft = draft_dir.as_deref();
-    mlx_bun::fit::check_fits(&dir, draft, min_context, args.num_draft_tokens, cache_bytes)?;
+    let agent = agent_config(&args)?;
+    let draft_dir = match &args.draft_model {
+        Some(spec) => Some(mlx_bun::hub::resolve_model(spec)?),
+        None => None,
+    };
+    let allowed = args
+        .allowed_models
+        .iter()
+        .map(|spec| Allowed::parse(spec))
+        .collect::<Result<Vec<_>>>()?;
+    let gib = |g: f64| (g * (1u64 << 30) as f64) as u64;
+    let memory_budget_bytes = match args.model_memory {
+        Some(g) => gib(g),
+        None => mlx_bun::fit::available_memory().unwrap_or(u64::MAX) / 2,
+    };
     let config = ServerConfig {
-        model_id: model_id(&args, &dir),
         api_key: args.api_key.clone(),
         max_body_bytes: args.max_body_bytes,
         max_tokens_default: args.max_tokens_default,
-        context_length: model_args.max_position_embeddings,
-        vocab_size: model_args.vocab_size.max(0) as usize,
         fingerprint: format!("fp_mlx-bun-{}", mlx_bun::version()),
-        created: mlx_bun::server::response::unix_now(),
         default_sampling: mlx_bun::sampling::SamplingParams {
             temperature: args.temp,
             top_p: args.top_p,
@@ -334,33 +335,36 @@ pub fn run(args: Args) -> Result<()> {
         )?),
         None => None,
     };
-    let load_dir = dir.clone();
-    let adapter = args.adapter_path.clone();
-    let load = move || -> Result<LoadedModels> {
-        let mut model = Model::load(&load_dir)?;
-        if let Some(adapter) = &adapter {
-            mlx_bun::adapters::apply(&mut model, adapter)?;
-        }
-        let draft = match &draft_dir {
-            Some(d) => Some(Model::load(d).context("loading the draft model")?),
-            None => None,
-        };
-        Ok(LoadedModels { model, draft })
-    };
-    let gateway = Arc::new(Gateway::start(
-        load,
-        tokenizer.clone(),
-        GatewayConfig {
+    let models = ModelPool::new(PoolConfig {
+        default_id: model_id(&args, &dir),
+        default_dir: dir.clone(),
+        default_adapter: args.adapter_path.clone(),
+        default_draft: draft_dir,
+        allowed,
+        allow_any: args.allow_any_model,
+        memory_budget_bytes,
+        // Refuse a model that cannot hold a default-length exchange in memory.
+        min_context: args.max_tokens_default + 512,
+        chat_template,
+        gateway: GatewayConfig {
             max_queue: args.max_queue,
-            prompt_cache_bytes: (args.prompt_cache * (1u64 << 30) as f64) as usize,
+            prompt_cache_bytes: gib(args.prompt_cache) as usize,
             num_draft_tokens: args.num_draft_tokens,
             decode_concurrency: args.decode_concurrency,
             prompt_concurrency: args.prompt_concurrency,
-            kv_budget_bytes: args.kv_budget.map(|g| (g * (1u64 << 30) as f64) as usize),
+            kv_budget_bytes: args.kv_budget.map(|g| gib(g) as usize),
             kv,
             ssd,
         },
-    )?);
+    });
+    // The default model loads before the port opens, so that a model that
+    // cannot load ends the command with its error.
+    let preload = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(models.acquire_default());
+    drop(preload.map_err(|e| anyhow::anyhow!("{}", e.message))?);
 
     let thread_dispatch = dispatch.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -392,11 +396,19 @@ pub fn run(args: Args) -> Result<()> {
         }
         let state = Arc::new(AppState {
             config,
-            gateway: gateway.clone(),
-            tokenizer,
+            models: models.clone(),
             metrics: Default::default(),
         });
-        let stopping = gateway.clone();
+        // Unload idle models past the budget once their requests end.
+        let sweeping = models.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                let pool = sweeping.clone();
+                let _ = tokio::task::spawn_blocking(move || pool.evict_over_budget()).await;
+            }
+        });
+        let stopping = models.clone();
         let shutdown = async move {
             shutdown_signal().await;
             eprintln!(
@@ -412,11 +424,6 @@ pub fn run(args: Args) -> Result<()> {
             });
         };
         let server = tokio::spawn(mlx_bun::server::serve(listener, state, shutdown));
-
-        let warm = gateway.clone();
-        tokio::task::spawn_blocking(move || warm.wait_ready())
-            .await
-            .context("warming up")??;
         let model_name = dir.display();
         // A closed stdout must not stop the server: the line is informational.
         use std::io::Write;
@@ -428,7 +435,7 @@ pub fn run(args: Args) -> Result<()> {
         .and_then(|()| stdout.flush());
 
         server.await.context("the HTTP server stopped")??;
-        let done = gateway.clone();
+        let done = models.clone();
         tokio::task::spawn_blocking(move || done.shutdown(Duration::ZERO)).await?;
         eprintln!("mlx-bun serve: stopped");
         anyhow::Ok(())

@@ -14,6 +14,8 @@ fi
 if ! compgen -G '/usr/lib/*/libopenblas.so.0' >/dev/null && ! compgen -G '/usr/lib*/libopenblas.so.0' >/dev/null; then
   need+=(libopenblas0-pthread)
 fi
+# tests/chat_page.rs drives the chat page in headless Chromium.
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
 if ! python3 -m pip --version >/dev/null 2>&1; then
   need+=(python3-pip)
 fi

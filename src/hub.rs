@@ -35,6 +35,42 @@ pub fn resolve_source(spec: &str) -> Result<(PathBuf, Option<String>)> {
     Ok((dir, from_hub.then(|| spec.to_string())))
 }
 
+/// The local folder of a Hugging Face repo id already in the cache, without
+/// any download; `None` when it is not a repo id or not cached whole.
+pub fn cached_repo(repo_id: &str) -> Option<PathBuf> {
+    cached_repo_in(&hf_hub::Cache::from_env(), repo_id)
+}
+
+fn cached_repo_in(cache: &hf_hub::Cache, repo_id: &str) -> Option<PathBuf> {
+    if !looks_like_repo_id(repo_id) || repo_id.starts_with('.') {
+        return None;
+    }
+    let cached = cache.model(repo_id.to_string());
+    let dir = cached.get("config.json")?.parent()?.to_path_buf();
+    dir.join("tokenizer.json").is_file().then_some(dir)
+}
+
+/// The Hugging Face repo ids whose model files are all in the cache, sorted.
+pub fn cached_repos() -> Vec<String> {
+    cached_repos_in(&hf_hub::Cache::from_env())
+}
+
+fn cached_repos_in(cache: &hf_hub::Cache) -> Vec<String> {
+    let mut ids: Vec<String> = std::fs::read_dir(cache.path())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let (org, repo) = name.strip_prefix("models--")?.split_once("--")?;
+            Some(format!("{org}/{repo}"))
+        })
+        .filter(|id| cached_repo_in(cache, id).is_some())
+        .collect();
+    ids.sort();
+    ids
+}
+
 /// Resolves `--model` to a local model directory.
 pub fn resolve_model(spec: &str) -> Result<PathBuf> {
     let path = Path::new(spec);
@@ -51,13 +87,8 @@ pub fn resolve_model(spec: &str) -> Result<PathBuf> {
 }
 
 fn download_repo(repo_id: &str) -> Result<PathBuf> {
-    let cached = hf_hub::Cache::from_env().model(repo_id.to_string());
-    if let Some(config) = cached.get("config.json") {
-        if let Some(dir) = config.parent() {
-            if dir.join("tokenizer.json").is_file() {
-                return Ok(dir.to_path_buf());
-            }
-        }
+    if let Some(dir) = cached_repo(repo_id) {
+        return Ok(dir);
     }
     let api = hf_hub::api::sync::ApiBuilder::from_env()
         .with_progress(true)
@@ -236,4 +267,33 @@ pub fn scan_cache(pattern: &str) -> Result<Vec<CachedRepo>> {
     }
     repos.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(repos)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snapshot(root: &Path, repo: &str, files: &[&str]) -> PathBuf {
+        let dir = root.join(format!("models--{repo}/snapshots/abc"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in files {
+            std::fs::write(dir.join(f), "{}").unwrap();
+        }
+        std::fs::create_dir_all(root.join(format!("models--{repo}/refs"))).unwrap();
+        std::fs::write(root.join(format!("models--{repo}/refs/main")), "abc").unwrap();
+        dir
+    }
+
+    #[test]
+    fn cached_repos_are_those_whose_model_files_are_all_there() {
+        let tmp = tempfile::tempdir().unwrap();
+        let tiny = snapshot(tmp.path(), "org--tiny", &["config.json", "tokenizer.json"]);
+        snapshot(tmp.path(), "org--partial", &["config.json"]);
+        std::fs::create_dir_all(tmp.path().join("datasets--org--data")).unwrap();
+        let cache = hf_hub::Cache::new(tmp.path().to_path_buf());
+        assert_eq!(cached_repos_in(&cache), vec!["org/tiny"]);
+        assert_eq!(cached_repo_in(&cache, "org/tiny"), Some(tiny));
+        assert_eq!(cached_repo_in(&cache, "org/partial"), None);
+        assert_eq!(cached_repo_in(&cache, "../x"), None);
+    }
 }

@@ -195,7 +195,7 @@ fn no_eos() -> Value {
 
 fn chat_body(content: &str, max_tokens: u32) -> Value {
     json!({
-        "model": "anything",
+        "model": "default_model",
         "messages": [{"role": "user", "content": content}],
         "max_tokens": max_tokens,
         "temperature": 0,

@@ -29,6 +29,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::Group;
+use crate::model::decoder::FeedForward;
 use crate::model::layers::{Linear, LinearWeight};
 use crate::model::Model;
 
@@ -82,6 +83,14 @@ impl PipelineStage {
 pub fn shard_model(model: &mut Model, group: &Group, mode: Parallelism) -> Result<()> {
     if group.size() < 2 {
         return Ok(());
+    }
+    const SHARDABLE: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+    if !SHARDABLE.contains(&model.args.model_type.as_str()) {
+        bail!(
+            "sharding {} models is not supported yet (supported: {})",
+            model.args.model_type,
+            SHARDABLE.join(", ")
+        );
     }
     let files = TensorFiles::open(&model.path)?;
     match mode {
@@ -182,7 +191,12 @@ fn shard_tensor(model: &mut Model, group: &Group, files: &TensorFiles) -> Result
         )?;
         attn.n_heads = q.len() as i32;
         attn.n_kv_heads = kv.len() as i32;
-        let mlp = &mut layer.mlp;
+        let mlp = match &mut layer.mlp {
+            FeedForward::Dense(mlp) => mlp,
+            FeedForward::Sparse(_) => {
+                bail!("{p}: tensor parallelism does not split mixture-of-experts layers yet")
+            }
+        };
         let (hidden, _) = mlp.gate_proj.shape();
         let unit = match &mlp.down_proj.weight {
             LinearWeight::Quantized { spec, .. } => spec.group_size,

@@ -1,7 +1,7 @@
 //! A submitted request on the worker's side: its event channel, its
 //! cancellation flag, and the one place that reports its end and counts it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -18,6 +18,24 @@ pub(crate) struct Client {
     pub events: UnboundedSender<GatewayEvent>,
     pub cancel: Arc<AtomicBool>,
     pub submitted: Instant,
+    /// Held until the last copy of the client is gone: the request is in flight.
+    pub _in_flight: Arc<InFlight>,
+}
+
+/// Counts a request in its gateway's in-flight number until dropped.
+pub(crate) struct InFlight(pub Arc<AtomicUsize>);
+
+impl InFlight {
+    pub fn new(count: &Arc<AtomicUsize>) -> Arc<Self> {
+        count.fetch_add(1, Ordering::SeqCst);
+        Arc::new(Self(count.clone()))
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Client {

@@ -28,7 +28,7 @@ pub use route::{route, Lane, RequestShape};
 pub use ssd_tier::{SsdConfig, SsdStats};
 pub use stats::{quantile, GatewayStats};
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -48,10 +48,11 @@ use crate::model::Model;
 use crate::prompt_cache::PromptCache;
 use crate::tokenizer::Tokenizer;
 use admission::KvBudget;
-use job::{Client, Job, Reporter};
+use job::{Client, InFlight, Job, Reporter};
 use stats::Counters;
 use worker::{Shared, WorkerPlan};
 
+#[derive(Clone)]
 pub struct GatewayConfig {
     /// Requests that may wait for the worker; more are refused.
     pub max_queue: usize,
@@ -204,6 +205,8 @@ pub struct Gateway {
     max_queue: usize,
     budget: KvBudget,
     decode_concurrency: usize,
+    /// Requests submitted whose events are still being produced.
+    in_flight: Arc<AtomicUsize>,
 }
 
 /// What the worker reports once the models are loaded.
@@ -308,6 +311,7 @@ impl Gateway {
             max_queue,
             budget: loaded.budget,
             decode_concurrency,
+            in_flight: Arc::new(AtomicUsize::new(0)),
         })
     }
 
@@ -371,6 +375,7 @@ impl Gateway {
                 events,
                 cancel: cancel.clone(),
                 submitted: Instant::now(),
+                _in_flight: InFlight::new(&self.in_flight),
             },
         };
         let queue = self.queue.lock().unwrap();
@@ -459,6 +464,12 @@ impl Gateway {
         self.stop_accepting();
         self.abort.store(true, Ordering::Relaxed);
         self.queue.lock().unwrap().take();
+    }
+
+    /// Requests submitted and not yet finished (queued, running, or being
+    /// wound down after their client left).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
     }
 
     /// Whether the worker is idle with an empty queue.

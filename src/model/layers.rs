@@ -137,6 +137,7 @@ impl Linear {
                 weight,
                 bias,
                 lora: None,
+                all_sum: None,
             });
             start += n;
         }

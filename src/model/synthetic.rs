@@ -47,7 +47,8 @@ impl Model {
     ) -> Result<Self> {
         crate::mlx_ext::init_runtime();
         let dtype = crate::mlx_ext::compute_dtype(dtype);
-        let args: ModelArgs = serde_json::from_value(config).context("synthetic model config")?;
+        let args: ModelArgs =
+            serde_json::from_value(config.clone()).context("synthetic model config")?;
         args.validate().context("synthetic model config")?;
         if args.model_type != "llama" {
             bail!("synthetic models have the llama layout only");

@@ -38,7 +38,8 @@ pub async fn require_api_key(
     next: Next,
 ) -> Response {
     if let Some(expected) = &app.config.api_key {
-        if request.uri().path() != "/health" {
+        // The chat page is static; it sends the key with its API calls.
+        if !matches!(request.uri().path(), "/health" | "/") {
             let headers = request.headers();
             let header = match headers.get(AUTHORIZATION) {
                 Some(v) => v.to_str().ok().map(str::to_string),

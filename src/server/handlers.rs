@@ -13,6 +13,7 @@ use serde_json::{json, Value};
 use super::agent::AnswerPlan;
 use super::error::ApiError;
 use super::metrics::{prometheus, stats_json};
+use super::models::Served;
 use super::request::{self, completion_budget, Endpoint, ParsedRequest};
 use super::response::{new_id, unix_now, Reply};
 use super::{sse, AppState};
@@ -43,11 +44,11 @@ pub(crate) fn read_json(
 /// Tokenizes the prompt off the async threads (templates and long texts);
 /// returns the rendered text too, when there is one.
 async fn tokenize(
-    app: &AppState,
+    served: &Served,
     endpoint: Endpoint,
     input: PromptInput,
 ) -> Result<(String, Vec<u32>), ApiError> {
-    let tokenizer = app.tokenizer.clone();
+    let tokenizer = served.tokenizer.clone();
     let built = tokio::task::spawn_blocking(move || build_prompt(&tokenizer, &input))
         .await
         .map_err(|e| ApiError::internal(format!("tokenizing failed: {e}")))?;
@@ -98,6 +99,8 @@ pub(crate) async fn start_generation(
     endpoint: Endpoint,
     body: &Value,
 ) -> Result<Started, ApiError> {
+    // Held until every choice is submitted; the gateway then counts them.
+    let served = app.models.acquire(body).await?;
     let ParsedRequest {
         inputs,
         n,
@@ -115,7 +118,7 @@ pub(crate) async fn start_generation(
     } = request::parse_with_defaults(
         endpoint,
         body,
-        app.config.vocab_size,
+        served.vocab_size,
         &app.config.default_sampling,
     )?;
     // Every choice is its own request to the gateway: with batching on,
@@ -129,10 +132,11 @@ pub(crate) async fn start_generation(
                 chat.kwargs.entry(k.clone()).or_insert_with(|| v.clone());
             }
         }
-        let (text, prompt) = tokenize(app, endpoint, input).await?;
+        let (text, prompt) = tokenize(&served, endpoint, input).await?;
         if let Some(agent) = &agent {
-            let answer = AnswerPlan::for_request(&app.config.agent, &app.tokenizer, agent, &text);
-            if let Some(call) = answer.call_constraint(agent, &app.tokenizer)? {
+            let answer =
+                AnswerPlan::for_request(&app.config.agent, &served.tokenizer, agent, &text);
+            if let Some(call) = answer.call_constraint(agent, &served.tokenizer)? {
                 if let Some(param) = constraint_param {
                     return Err(ApiError::invalid(
                         param,
@@ -150,7 +154,7 @@ pub(crate) async fn start_generation(
             endpoint,
             max_tokens,
             prompt.len(),
-            app.config.context_length,
+            served.context_length,
             app.config.max_tokens_default,
         )?;
         for j in 0..n {
@@ -172,7 +176,7 @@ pub(crate) async fn start_generation(
     }
     let mut tickets = Vec::with_capacity(requests.len());
     for request in requests {
-        tickets.push(app.gateway.submit(request)?);
+        tickets.push(served.gateway.submit(request)?);
     }
     for ticket in tickets.iter_mut() {
         wait_started(ticket)
@@ -188,9 +192,9 @@ pub(crate) async fn start_generation(
             endpoint,
             id: new_id(endpoint),
             created: unix_now(),
-            model: app.config.model_id.clone(),
+            model: served.id.clone(),
             fingerprint: app.config.fingerprint.clone(),
-            tokenizer: app.tokenizer.clone(),
+            tokenizer: served.tokenizer.clone(),
             include_usage,
             return_token_ids,
             logprobs: logprobs.is_some(),
@@ -242,34 +246,53 @@ pub async fn completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-fn model_object(app: &AppState) -> Value {
+fn model_object(app: &AppState, id: &str, loaded: bool) -> Value {
     json!({
-        "id": app.config.model_id,
+        "id": id,
         "object": "model",
-        "created": app.config.created,
+        "created": app.models.created(),
         "owned_by": "mlx-bun",
+        "loaded": loaded,
     })
 }
 
 pub async fn list_models(State(app): State<Arc<AppState>>) -> Json<Value> {
-    Json(json!({"object": "list", "data": [model_object(&app)]}))
+    let models = app.models.clone();
+    let listed = tokio::task::spawn_blocking(move || models.list())
+        .await
+        .unwrap_or_default();
+    let data: Vec<Value> = listed
+        .iter()
+        .map(|m| model_object(&app, &m.id, m.loaded))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 pub async fn get_model(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
-    if id == app.config.model_id {
-        Json(model_object(&app)).into_response()
+    if app.models.serves(&id) {
+        let loaded = app.models.loaded_ids().contains(&id);
+        Json(model_object(&app, &id, loaded)).into_response()
     } else {
         ApiError::not_found(format!(
-            "model {id:?} is not served here; this server serves {:?}",
-            app.config.model_id
+            "model {id:?} is not served here; GET /v1/models lists the models this server may serve"
         ))
         .with_param("model")
+        .with_code("model_not_found")
         .into_response()
     }
 }
 
+/// The chat page: one static file, no build step.
+pub async fn chat_page() -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        include_str!("page.html"),
+    )
+        .into_response()
+}
+
 pub async fn health(State(app): State<Arc<AppState>>) -> Response {
-    if app.gateway.is_ready() {
+    if app.models.is_ready() {
         Json(json!({"status": "ok"})).into_response()
     } else {
         (
@@ -281,12 +304,14 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
 }
 
 pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Value> {
-    Json(stats_json(
-        &app.config.model_id,
-        app.gateway.is_ready(),
+    let mut stats = stats_json(
+        app.models.default_id(),
+        app.models.is_ready(),
         &app.metrics,
-        &app.gateway.stats(),
-    ))
+        &app.models.stats(),
+    );
+    stats["loaded_models"] = json!(app.models.loaded_ids());
+    Json(stats)
 }
 
 pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
@@ -295,7 +320,7 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        prometheus(&app.metrics, &app.gateway.stats()),
+        prometheus(&app.metrics, &app.models.stats()),
     )
         .into_response()
 }

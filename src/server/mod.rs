@@ -9,6 +9,7 @@ pub mod error;
 pub mod fields;
 pub mod handlers;
 pub mod metrics;
+pub mod models;
 pub mod request;
 pub mod response;
 pub mod sse;
@@ -24,23 +25,15 @@ use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
 
-use crate::gateway::Gateway;
-use crate::tokenizer::Tokenizer;
 use metrics::HttpMetrics;
+use models::ModelPool;
 
 pub struct ServerConfig {
-    /// The id clients see in `/v1/models` and in every response.
-    pub model_id: String,
     pub api_key: Option<String>,
     pub max_body_bytes: usize,
     /// `max_tokens` when a request gives none (cut to fit the context).
     pub max_tokens_default: usize,
-    /// The model's `max_position_embeddings`, when known.
-    pub context_length: Option<usize>,
-    pub vocab_size: usize,
     pub fingerprint: String,
-    /// Unix time the model was loaded, for `/v1/models`.
-    pub created: u64,
     /// Sampling for fields a request leaves out (`--temp`, `--top-p`, …).
     pub default_sampling: crate::sampling::SamplingParams,
     /// Browser origins allowed to call the API.
@@ -51,8 +44,8 @@ pub struct ServerConfig {
 
 pub struct AppState {
     pub config: ServerConfig,
-    pub gateway: Arc<Gateway>,
-    pub tokenizer: Arc<Tokenizer>,
+    /// The models requests may name, loaded on demand.
+    pub models: Arc<ModelPool>,
     pub metrics: HttpMetrics,
 }
 
@@ -79,6 +72,7 @@ async fn observe(State(app): State<Arc<AppState>>, request: Request, next: Next)
 pub fn router(app: Arc<AppState>) -> Router {
     let limit = app.config.max_body_bytes;
     Router::new()
+        .route("/", get(handlers::chat_page))
         .route("/v1/models", get(handlers::list_models))
         .route("/v1/models/{*id}", get(handlers::get_model))
         .route("/v1/chat/completions", post(handlers::chat_completions))
