@@ -118,7 +118,7 @@ pub fn run(args: Args) -> Result<()> {
             let bytes = (weight_bytes + x.nbytes() + x.nbytes() / k as usize * n as usize) as f64;
             let pct = |us: f64| bytes / (us * 1e-6) / (args.peak_gbps * 1e9) * 100.0;
             let rel = diff / scale.max(f32::MIN_POSITIVE);
-            if !(rel <= tolerance) {
+            if rel.is_nan() || rel > tolerance {
                 failures.push(format!(
                     "{shape} with {rows} rows: relative difference {rel:.2e}"
                 ));

@@ -651,6 +651,7 @@ mod tests {
             allow_any,
             memory_budget_bytes: 0,
             min_context: 1,
+            chat_template: None,
             gateway: GatewayConfig {
                 max_queue: 1,
                 prompt_cache_bytes: 0,
@@ -658,6 +659,8 @@ mod tests {
                 decode_concurrency: 1,
                 prompt_concurrency: 1,
                 kv_budget_bytes: None,
+                kv: Default::default(),
+                ssd: None,
             },
         })
     }
