@@ -9,6 +9,7 @@ pub mod constraint;
 pub mod convert;
 pub mod decode;
 pub mod default_model;
+pub mod eval;
 pub mod evaldb;
 pub mod fit;
 pub mod gateway;
