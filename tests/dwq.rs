@@ -14,7 +14,7 @@ use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
 use mlx_bun::train::config::{OptimizerKind, OptimizerSettings};
 use mlx_bun::train::dwq::{
-    dwq_loss, epoch_batches, loss_and_grads, read_params, read_targets, trainable_sites,
+    dwq_loss, epoch_batches, loss_and_grads, read_params, read_targets, trainable_tensors,
     write_targets,
 };
 use mlx_bun::train::optimizer::{Optimizer, Schedule};
@@ -71,9 +71,10 @@ fn first_steps_match_mlx_lm_dwq() {
     )
     .unwrap();
     let student = Model::load(&student_dir).unwrap();
-    let sites = trainable_sites(&student);
-    // Every linear layer and the (tied) embedding are 4-bit: all trained.
-    assert_eq!(sites.len(), 30 * 7 + 1);
+    let sites = trainable_tensors(&student);
+    // Scales and biases of every linear layer and the (tied) embedding, all
+    // 4-bit, and the 61 norm weights: the 483 arrays mlx-lm trains.
+    assert_eq!(sites.len(), 2 * (30 * 7 + 1) + 61);
     let params = read_params(&student, &sites).unwrap();
     let batch = &batches[0];
     let valid = read_targets(&targets, "valid", 0, batch).unwrap();
@@ -117,15 +118,24 @@ fn first_steps_match_mlx_lm_dwq() {
         "dwq_reference.py failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let r: serde_json::Value = json_lines(&out.stdout).pop().unwrap_or_else(|| {
+        panic!(
+            "no JSON from dwq_reference.py: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
     let theirs = [
         r["initial_valid_loss"].as_f64().unwrap(),
         r["step_losses"][0].as_f64().unwrap(),
         r["final_valid_loss"].as_f64().unwrap(),
     ];
     eprintln!("ours {ours:?}, mlx-lm {theirs:?}");
+    // The losses before any update are the same computation (1e-4); after
+    // one Adam step, whose per-element move ~lr·sign(g) turns float noise in
+    // near-zero gradients into real moves, to 1e-3.
     for (i, (a, b)) in ours.iter().zip(&theirs).enumerate() {
-        let tol = if i < 2 { 1e-4 } else { 2e-3 };
+        let tol = if i < 2 { 1e-4 } else { 1e-3 };
         assert!(
             (a - b).abs() <= tol * b.abs(),
             "value {i}: ours {a} vs mlx-lm {b}"
@@ -238,10 +248,10 @@ fn two_phase_dwq_writes_a_model_mlx_lm_loads() {
     )
     .unwrap();
     let plain = Model::load(&plain_dir).unwrap();
-    let sites = trainable_sites(&student);
+    let sites = trainable_tensors(&student);
     let (a, b) = (
-        read_params(&student, &sites[1..2]).unwrap(),
-        read_params(&plain, &sites[1..2]).unwrap(),
+        read_params(&student, &sites[2..3]).unwrap(),
+        read_params(&plain, &sites[2..3]).unwrap(),
     );
     let diff = mlx_rs::ops::abs(&(&a[0] - &b[0]))
         .unwrap()

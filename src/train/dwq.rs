@@ -306,72 +306,108 @@ pub fn read_targets(dir: &Path, split: &str, i: usize, batch: &DwqBatch) -> Resu
     ))
 }
 
-/// The quantized layers below 8 bits, by module path.
-pub fn trainable_sites(model: &Model) -> Vec<String> {
-    let mut sites = Vec::new();
+/// The tensors DWQ trains, by name: the scales and biases of every layer
+/// quantized below 8 bits, and the RMS-norm weights, which `mlx_lm.dwq` also
+/// leaves trainable (its quantized layers freeze themselves; nothing freezes
+/// the norms).
+pub fn trainable_tensors(model: &Model) -> Vec<String> {
+    let mut quantized = Vec::new();
     let low = |w: &LinearWeight| matches!(w, LinearWeight::Quantized { spec, .. } if spec.bits < 8);
     if low(&model.decoder.embed_tokens.weight) {
-        sites.push("model.embed_tokens".to_string());
+        quantized.push("model.embed_tokens".to_string());
     }
+    let mut norms = Vec::new();
     for (i, block) in model.decoder.layers.iter().enumerate() {
         for key in BLOCK_LINEARS {
             if block_linear(block, key).is_some_and(|l| low(&l.weight)) {
-                sites.push(format!("model.layers.{i}.{key}"));
+                quantized.push(format!("model.layers.{i}.{key}"));
             }
         }
+        norms.push(format!("model.layers.{i}.input_layernorm"));
+        norms.push(format!("model.layers.{i}.post_attention_layernorm"));
+        if block.self_attn.q_norm.is_some() {
+            norms.push(format!("model.layers.{i}.self_attn.q_norm"));
+        }
+        if block.self_attn.k_norm.is_some() {
+            norms.push(format!("model.layers.{i}.self_attn.k_norm"));
+        }
     }
+    norms.push("model.norm".to_string());
     if model
         .decoder
         .lm_head
         .as_ref()
         .is_some_and(|l| low(&l.weight))
     {
-        sites.push("lm_head".to_string());
+        quantized.push("lm_head".to_string());
     }
-    sites
+    if quantized.is_empty() {
+        return Vec::new();
+    }
+    let mut names: Vec<String> = quantized
+        .iter()
+        .flat_map(|q| [format!("{q}.scales"), format!("{q}.biases")])
+        .collect();
+    names.extend(norms.into_iter().map(|n| format!("{n}.weight")));
+    names
 }
 
-fn site_weight<'m>(model: &'m mut Model, site: &str) -> Result<&'m mut LinearWeight> {
+/// The model's array behind tensor `name`.
+fn tensor_mut<'m>(model: &'m mut Model, name: &str) -> Result<&'m mut Array> {
+    let missing = || anyhow!("the model has no trainable tensor {name}");
+    let (module, leaf) = name.rsplit_once('.').ok_or_else(missing)?;
     let d = &mut model.decoder;
-    let w = if site == "model.embed_tokens" {
+    let norm = |d: &'m mut crate::model::decoder::Decoder| -> Option<&'m mut Array> {
+        if module == "model.norm" {
+            return Some(&mut d.norm.weight);
+        }
+        let (i, key) = module.strip_prefix("model.layers.")?.split_once('.')?;
+        let block = d.layers.get_mut(i.parse::<usize>().ok()?)?;
+        Some(match key {
+            "input_layernorm" => &mut block.input_layernorm.weight,
+            "post_attention_layernorm" => &mut block.post_attention_layernorm.weight,
+            "self_attn.q_norm" => &mut block.self_attn.q_norm.as_mut()?.weight,
+            "self_attn.k_norm" => &mut block.self_attn.k_norm.as_mut()?.weight,
+            _ => return None,
+        })
+    };
+    if leaf == "weight" {
+        return norm(d).ok_or_else(missing);
+    }
+    let weight = if module == "model.embed_tokens" {
         Some(&mut d.embed_tokens.weight)
-    } else if site == "lm_head" {
+    } else if module == "lm_head" {
         d.lm_head.as_mut().map(|l| &mut l.weight)
     } else {
-        site.strip_prefix("model.layers.")
+        module
+            .strip_prefix("model.layers.")
             .and_then(|rest| rest.split_once('.'))
             .and_then(|(i, key)| {
                 let block = d.layers.get_mut(i.parse::<usize>().ok()?)?;
                 block_linear_mut(block, key).map(|l| &mut l.weight)
             })
     };
-    w.with_context(|| format!("the model has no layer {site}"))
+    match (weight, leaf) {
+        (Some(LinearWeight::Quantized { scales, .. }), "scales") => Ok(scales),
+        (Some(LinearWeight::Quantized { biases, .. }), "biases") => Ok(biases),
+        _ => Err(missing()),
+    }
 }
 
-/// The scales and biases of `sites`, as float32 copies (interleaved).
-pub fn read_params(model: &Model, sites: &[String]) -> Result<Vec<Array>> {
+/// Float32 copies of the tensors `names` (the master copies Adam updates).
+pub fn read_params(model: &Model, names: &[String]) -> Result<Vec<Array>> {
     let mut m = model.clone();
-    let mut out = Vec::with_capacity(2 * sites.len());
-    for site in sites {
-        match site_weight(&mut m, site)? {
-            LinearWeight::Quantized { scales, biases, .. } => {
-                out.push(scales.as_dtype(Dtype::Float32)?);
-                out.push(biases.as_dtype(Dtype::Float32)?);
-            }
-            LinearWeight::Dense(_) => bail!("{site} is not quantized"),
-        }
-    }
-    Ok(out)
+    names
+        .iter()
+        .map(|n| Ok(tensor_mut(&mut m, n)?.as_dtype(Dtype::Float32)?))
+        .collect()
 }
 
 /// Puts `params` (from `read_params`) into `model`, in the model's dtype.
-pub fn write_params(model: &mut Model, sites: &[String], params: &[Array]) -> Result<()> {
+pub fn write_params(model: &mut Model, names: &[String], params: &[Array]) -> Result<()> {
     let dtype = model.dtype;
-    for (site, sb) in sites.iter().zip(params.chunks(2)) {
-        if let LinearWeight::Quantized { scales, biases, .. } = site_weight(model, site)? {
-            *scales = sb[0].as_dtype(dtype)?;
-            *biases = sb[1].as_dtype(dtype)?;
-        }
+    for (name, p) in names.iter().zip(params) {
+        *tensor_mut(model, name)? = p.as_dtype(dtype)?;
     }
     Ok(())
 }
@@ -498,11 +534,7 @@ fn copy_model(src: &Path, dst: &Path) -> Result<()> {
 
 /// Writes the trained scales and biases into the safetensors files of `dir`.
 fn save_params(dir: &Path, sites: &[String], params: &[Array]) -> Result<()> {
-    let mut wanted: HashMap<String, &Array> = HashMap::new();
-    for (site, sb) in sites.iter().zip(params.chunks(2)) {
-        wanted.insert(format!("{site}.scales"), &sb[0]);
-        wanted.insert(format!("{site}.biases"), &sb[1]);
-    }
+    let wanted: HashMap<&String, &Array> = sites.iter().zip(params).collect();
     let mut written = 0;
     for file in crate::model::weights::weight_files(dir)? {
         let (mut map, meta) = Array::load_safetensors_with_metadata(&file)
@@ -516,7 +548,7 @@ fn save_params(dir: &Path, sites: &[String], params: &[Array]) -> Result<()> {
             }
         }
         if changed {
-            let tmp = file.with_extension("safetensors.tmp");
+            let tmp = file.with_extension("dwq-partial.safetensors");
             Array::save_safetensors(map.iter(), &meta, &tmp)
                 .map_err(|e| anyhow!("writing {}: {e}", tmp.display()))?;
             std::fs::rename(&tmp, &file)
@@ -599,7 +631,7 @@ pub fn run(
         }
     }
     let student = Model::load(&opts.mlx_path)?;
-    let sites = trainable_sites(&student);
+    let sites = trainable_tensors(&student);
     if sites.is_empty() {
         bail!(
             "the student {} has no quantized layer below 8 bits to train",
