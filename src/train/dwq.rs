@@ -137,7 +137,7 @@ pub fn split_rows(
     num_valid: usize,
     max_seq_length: usize,
     seed: u64,
-) -> Result<(Vec<Vec<i32>>, Vec<Vec<i32>>)> {
+) -> Result<(Rows, Rows)> {
     let eos = eos_id(tok)?;
     let mut order: Vec<usize> = (0..docs.len()).collect();
     order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(seed));
@@ -153,6 +153,9 @@ pub fn split_rows(
     let valid = rows.split_off(n_train);
     Ok((rows, valid))
 }
+
+/// Token rows.
+pub type Rows = Vec<Vec<i32>>;
 
 /// One padded batch `[rows, width]` (token 0 past each row's end).
 #[derive(Clone, Debug)]
@@ -480,8 +483,7 @@ fn validate(
     student: &Model,
     sites: &[String],
     params: &[Array],
-    valid: &[DwqBatch],
-    rows: &[Vec<i32>],
+    (valid, rows): (&[DwqBatch], &[Vec<i32>]),
     opts: &DwqOptions,
     target_dir: &Path,
     on_event: &mut dyn FnMut(Event) -> Result<()>,
@@ -645,8 +647,7 @@ pub fn run(
         &student,
         &sites,
         &params,
-        &valid,
-        &valid_rows,
+        (&valid, &valid_rows),
         opts,
         &target_dir,
         on_event,
@@ -692,8 +693,7 @@ pub fn run(
                 &student,
                 &sites,
                 &params,
-                &valid,
-                &valid_rows,
+                (&valid, &valid_rows),
                 opts,
                 &target_dir,
                 on_event,
@@ -714,8 +714,7 @@ pub fn run(
         &student,
         &sites,
         &params,
-        &valid,
-        &valid_rows,
+        (&valid, &valid_rows),
         opts,
         &target_dir,
         on_event,
