@@ -34,6 +34,9 @@ _mlx__bun() {
             mlx__bun,evals)
                 cmd="mlx__bun__subcmd__evals"
                 ;;
+            mlx__bun,evaluate)
+                cmd="mlx__bun__subcmd__evaluate"
+                ;;
             mlx__bun,fit)
                 cmd="mlx__bun__subcmd__fit"
                 ;;
@@ -42,6 +45,9 @@ _mlx__bun() {
                 ;;
             mlx__bun,help)
                 cmd="mlx__bun__subcmd__help"
+                ;;
+            mlx__bun,perplexity)
+                cmd="mlx__bun__subcmd__perplexity"
                 ;;
             mlx__bun,serve)
                 cmd="mlx__bun__subcmd__serve"
@@ -109,6 +115,9 @@ _mlx__bun() {
             mlx__bun__subcmd__help,evals)
                 cmd="mlx__bun__subcmd__help__subcmd__evals"
                 ;;
+            mlx__bun__subcmd__help,evaluate)
+                cmd="mlx__bun__subcmd__help__subcmd__evaluate"
+                ;;
             mlx__bun__subcmd__help,fit)
                 cmd="mlx__bun__subcmd__help__subcmd__fit"
                 ;;
@@ -117,6 +126,9 @@ _mlx__bun() {
                 ;;
             mlx__bun__subcmd__help,help)
                 cmd="mlx__bun__subcmd__help__subcmd__help"
+                ;;
+            mlx__bun__subcmd__help,perplexity)
+                cmd="mlx__bun__subcmd__help__subcmd__perplexity"
                 ;;
             mlx__bun__subcmd__help,serve)
                 cmd="mlx__bun__subcmd__help__subcmd__serve"
@@ -161,7 +173,7 @@ _mlx__bun() {
 
     case "${cmd}" in
         mlx__bun)
-            opts="-h -V --help --version generate cache-prompt chat serve convert train bench evals fit completions help"
+            opts="-h -V --help --version generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -686,6 +698,52 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__evaluate)
+            opts="-m -h --model --tasks --task-dir --num-shots --limit --batch-size --json --db --no-db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tasks)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --task-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-shots)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__fit)
             opts="-m -h --model --draft-model --num-draft-tokens --context --batch --kv-bits --memory --prefill-step-size --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -887,7 +945,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help)
-            opts="generate cache-prompt chat serve convert train bench evals fit completions help"
+            opts="generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1054,6 +1112,20 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__evaluate)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__help__subcmd__fit)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -1083,6 +1155,20 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__help)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__perplexity)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1131,6 +1217,56 @@ _mlx__bun() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__perplexity)
+            opts="-m -h --model --data --data-path --sequence-length --num-samples --batch-size --seed --json --db --no-db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --data-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --data)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sequence-length)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-samples)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -1241,7 +1377,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__train)
-            opts="-c -m -h --config --model --data --method --adapter-path --resume-adapter-file --num-layers --lora-rank --lora-scale --lora-alpha --lora-dropout --lora-keys --batch-size --iters --learning-rate --optimizer --weight-decay --lr-schedule --warmup --warmup-init --min-lr --grad-accumulation-steps --grad-clip --grad-checkpoint --seed --mask-prompt --max-seq-length --steps-per-eval --val-batches --save-every --test --test-batches --orpo-lambda --sft-scope --loss-chunk-tokens --db --no-db --json --help fuse help"
+            opts="-c -m -h --config --model --data --method --mlx-path --adapter-path --resume-adapter-file --num-layers --lora-rank --lora-scale --lora-alpha --lora-dropout --lora-keys --batch-size --iters --learning-rate --optimizer --weight-decay --lr-schedule --warmup --warmup-init --min-lr --grad-accumulation-steps --grad-clip --grad-checkpoint --seed --mask-prompt --max-seq-length --steps-per-eval --val-batches --save-every --test --test-batches --orpo-lambda --sft-scope --loss-chunk-tokens --db --no-db --json --quantized-model --bits --group-size --num-samples --num-valid-samples --temperature --top-k --target-dir --targets-only --help fuse help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1268,10 +1404,14 @@ _mlx__bun() {
                     return 0
                     ;;
                 --method)
-                    COMPREPLY=($(compgen -W "sft lora orpo" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sft lora orpo dwq" -- "${cur}"))
                     return 0
                     ;;
                 --adapter-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mlx-path)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1384,6 +1524,38 @@ _mlx__bun() {
                     return 0
                     ;;
                 --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --quantized-model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-samples)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-valid-samples)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --temperature)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --top-k)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target-dir)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

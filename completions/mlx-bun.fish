@@ -35,6 +35,8 @@ complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "train" -d 'Fine-tun
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "bench" -d 'Micro-benchmarks of the engine'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evaluate" -d 'Score multiple-choice tasks by log-likelihood (as mlx_lm.evaluate)'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "perplexity" -d 'Perplexity of a model on text (as mlx_lm.perplexity)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "completions" -d 'Print shell completions'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
@@ -134,10 +136,11 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s h -l help -d
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s c -l config -d 'YAML file with training options (mlx-lm\'s `lora` config keys)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l data -d 'Directory with train.jsonl, valid.jsonl and optionally test.jsonl' -r -F
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l method -d 'Training objective: sft (LoRA fine-tuning) or orpo (preference pairs)' -r -f -a "sft\t''
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l method -d 'Training objective: sft (LoRA fine-tuning), orpo (preference pairs) or dwq (distill the quantization scales and biases of a quantized student from the full-precision --model)' -r -f -a "sft\t''
 lora\t''
-orpo\t''"
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l adapter-path -d 'Where adapters.safetensors and adapter_config.json are written' -r -F
+orpo\t''
+dwq\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l adapter-path -l mlx-path -d 'Where adapters.safetensors and adapter_config.json are written (dwq: the student model folder)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l resume-adapter-file -d 'Start from these adapter weights' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l num-layers -d 'Adapt the last N blocks (-1: all). Default 16' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-rank -d 'LoRA rank. Default 8' -r
@@ -171,11 +174,20 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_se
 response\t''"
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l loss-chunk-tokens -d 'Token rows per output-head chunk in the loss' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l quantized-model -d 'dwq: an already quantized student (default: the teacher quantized with --bits and --group-size)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l bits -d 'dwq: bits per weight of the student' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l group-size -d 'dwq: quantization group size of the student' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l num-samples -d 'dwq: training documents to use. Default 2048' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l num-valid-samples -d 'dwq: held-out documents for validation. Default 32' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l temperature -d 'dwq: temperature of the distillation KL. Default 2' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l top-k -d 'dwq: teacher logits kept per position. Default 1024' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l target-dir -d 'dwq: folder of the teacher\'s targets (computed there when missing)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l grad-checkpoint -d 'Recompute each adapted layer\'s activations in the backward pass'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l mask-prompt -d 'SFT: supervise only the completion (the last message)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l test -d 'Evaluate on test.jsonl after training'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l no-db -d 'Do not record the run in the eval database'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l json -d 'Print one JSON object per step (and per evaluation) on stdout'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l targets-only -d 'dwq: compute the teacher\'s targets into --target-dir and stop'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
@@ -244,18 +256,40 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l memory -d 'Memor
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-size -d 'Prompt tokens per prefill chunk' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l tasks -d 'Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu; each read from <task-dir>/<task>.jsonl, or TASK=FILE for another file' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l task-dir -d 'Folder of the task files' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l num-shots -d 'Solved examples before each question (the first other items of the file)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l limit -d 'Score at most this many items per task' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l batch-size -d 'Accepted for mlx-lm compatibility; log-likelihood requests are scored one continuation at a time on the shared context\'s cache' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l json -d 'Print the results as JSON (with every choice\'s log-likelihood)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l no-db -d 'Do not record the run in the eval database'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l data-path -l data -d 'Text to score: a plain-text file (one document), a JSONL file (its `text` fields), a folder of such files, or a Hugging Face dataset id' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l sequence-length -d 'Tokens per row' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l num-samples -d 'Rows to score (-1: every complete row of the data)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l batch-size -d 'Rows per forward pass' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l seed -d 'Seed of the document order' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l json -d 'Print the result as one JSON object'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l no-db -d 'Do not record the run in the eval database'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand completions" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "completions" -d 'Print shell completions'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "convert" -d 'Convert a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "evaluate" -d 'Score multiple-choice tasks by log-likelihood (as mlx_lm.evaluate)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "perplexity" -d 'Perplexity of a model on text (as mlx_lm.perplexity)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert train bench evals fit evaluate perplexity completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from train" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
