@@ -8,11 +8,13 @@ mod chat;
 mod completions;
 mod convert;
 mod evals;
+mod evaluate;
 mod fit;
 mod generate;
 mod launch;
 mod manage;
 mod model_arg;
+mod perplexity;
 mod serve;
 mod train;
 mod upload;
@@ -58,6 +60,10 @@ enum Command {
     Evals(evals::Args),
     /// Predict memory use and the largest context and batch that fit.
     Fit(fit::Args),
+    /// Score multiple-choice tasks by log-likelihood (as mlx_lm.evaluate).
+    Evaluate(evaluate::Args),
+    /// Perplexity of a model on text (as mlx_lm.perplexity).
+    Perplexity(perplexity::Args),
     /// Print shell completions.
     Completions(completions::Args),
     /// Run a subcommand on several ranks (MLX distributed: ring, nccl, mpi).
@@ -85,6 +91,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => bench::run(args),
         Command::Evals(args) => evals::run(args),
         Command::Fit(args) => fit::run(args),
+        Command::Evaluate(args) => evaluate::run(args),
+        Command::Perplexity(args) => perplexity::run(args),
         Command::Completions(args) => completions::run(args),
         Command::Launch(args) => launch::run(args),
     };

@@ -1,5 +1,8 @@
-//! `mlx-bun train`: LoRA fine-tuning (SFT) and ORPO preference training;
-//! `mlx-bun train fuse` merges an adapter into the base weights.
+//! `mlx-bun train`: LoRA fine-tuning (SFT), ORPO preference training and
+//! DWQ (`--method dwq`); `mlx-bun train fuse` merges an adapter into the
+//! base weights.
+
+mod dwq;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -66,11 +69,14 @@ struct TrainArgs {
     /// Directory with train.jsonl, valid.jsonl and optionally test.jsonl.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Training objective: sft (LoRA fine-tuning) or orpo (preference pairs).
-    #[arg(long, value_parser = ["sft", "lora", "orpo"])]
+    /// Training objective: sft (LoRA fine-tuning), orpo (preference pairs) or
+    /// dwq (distill the quantization scales and biases of a quantized student
+    /// from the full-precision --model).
+    #[arg(long, value_parser = ["sft", "lora", "orpo", "dwq"])]
     method: Option<String>,
-    /// Where adapters.safetensors and adapter_config.json are written.
-    #[arg(long)]
+    /// Where adapters.safetensors and adapter_config.json are written
+    /// (dwq: the student model folder).
+    #[arg(long, visible_alias = "mlx-path")]
     adapter_path: Option<PathBuf>,
     /// Start from these adapter weights.
     #[arg(long)]
@@ -167,11 +173,14 @@ struct TrainArgs {
     /// Print one JSON object per step (and per evaluation) on stdout.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    dwq: dwq::DwqArgs,
 }
 
 pub fn run(args: Args) -> Result<()> {
     match args.action {
         Some(Action::Fuse(f)) => fuse(f),
+        None if args.train.method.as_deref() == Some("dwq") => dwq::run(args.train),
         None => run_training(args.train),
     }
 }

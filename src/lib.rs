@@ -10,6 +10,7 @@ pub mod convert;
 pub mod decode;
 pub mod default_model;
 pub mod distributed;
+pub mod eval;
 pub mod evaldb;
 pub mod fit;
 pub mod gateway;

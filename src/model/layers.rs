@@ -3,7 +3,9 @@
 //! and rotary embeddings.
 
 use anyhow::{anyhow, Context, Result};
-use mlx_rs::ops::{addmm, dequantize, matmul};
+use std::cell::Cell;
+
+use mlx_rs::ops::{addmm, dequantize, matmul, quantized_matmul};
 use mlx_rs::Array;
 
 use super::config::RopeScaling;
@@ -14,6 +16,24 @@ use super::weights::Weights;
 pub struct QuantSpec {
     pub group_size: i32,
     pub bits: i32,
+}
+
+thread_local! {
+    static DIFFERENTIABLE_QUANTIZED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with quantized layers computed by MLX's `quantized_matmul`, whose
+/// gradient reaches the scales and biases (DWQ trains them); mlx-bun's CPU
+/// kernel and the dense path differentiate only where adapters need it.
+pub fn with_differentiable_quantization<R>(f: impl FnOnce() -> R) -> R {
+    let before = DIFFERENTIABLE_QUANTIZED.with(|c| c.replace(true));
+    let out = f();
+    DIFFERENTIABLE_QUANTIZED.with(|c| c.set(before));
+    out
+}
+
+fn differentiable_quantized() -> bool {
+    DIFFERENTIABLE_QUANTIZED.with(Cell::get)
 }
 
 /// A low-rank adapter: `y += scale * (dropout(x) @ a) @ b`, `a: [in, r]`, `b: [r, out]`.
@@ -73,7 +93,9 @@ impl Linear {
                 },
                 bias,
             ) => {
-                let y = if dense_path_for(x) {
+                let y = if differentiable_quantized() {
+                    quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+                } else if dense_path_for(x) {
                     let w = dequantize(weight, scales, biases, spec.group_size, spec.bits)?;
                     matmul(x, w.t())?
                 } else {
@@ -252,6 +274,20 @@ impl Embedding {
     pub fn as_linear(&self, x: &Array) -> Result<Array> {
         match &self.weight {
             LinearWeight::Dense(w) => Ok(matmul(x, w.t())?),
+            LinearWeight::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } if differentiable_quantized() => Ok(quantized_matmul(
+                x,
+                weight,
+                scales,
+                biases,
+                true,
+                spec.group_size,
+                spec.bits,
+            )?),
             LinearWeight::Quantized {
                 weight,
                 scales,

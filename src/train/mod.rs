@@ -1,9 +1,10 @@
 //! Fine-tuning: LoRA adapters trained with SFT or ORPO, in mlx-lm's
-//! adapter format.
+//! adapter format; DWQ (distilled quantization scales and biases).
 
 pub mod batches;
 pub mod config;
 pub mod data;
+pub mod dwq;
 pub mod forward;
 pub mod fuse;
 pub mod lora;

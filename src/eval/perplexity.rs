@@ -1,0 +1,174 @@
+//! Perplexity as `mlx_lm.perplexity` computes it: documents are encoded,
+//! EOS appended, concatenated and cut into rows of `sequence_length`
+//! tokens; each row is scored on its own (next-token cross-entropy over its
+//! `sequence_length - 1` targets); perplexity is `exp` of the mean token
+//! loss, with the delta-method standard error mlx-lm prints.
+
+use anyhow::{bail, Context, Result};
+use mlx_rs::ops::expand_dims;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::eval;
+use mlx_rs::{Array, Dtype};
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+use crate::model::Model;
+use crate::tokenizer::Tokenizer;
+
+/// How rows are cut from the documents.
+#[derive(Clone, Debug)]
+pub struct RowOptions {
+    pub sequence_length: usize,
+    /// Rows to keep; `None` keeps every complete row.
+    pub num_samples: Option<usize>,
+    /// Shuffles the document order (a single document is unaffected).
+    pub seed: u64,
+}
+
+/// The end-of-sequence id the data pipeline appends (the tokenizer's
+/// `eos_token`, as Hugging Face's `eos_token_id`).
+pub fn eos_id(tok: &Tokenizer) -> Result<u32> {
+    tok.eos_token
+        .as_deref()
+        .and_then(|t| tok.token_to_id(t))
+        .or_else(|| tok.eos_ids.iter().next().copied())
+        .context("the tokenizer has no end-of-sequence token")
+}
+
+/// Encodes `text` and appends EOS unless it already ends with it (mlx-lm's
+/// `TextDataset.process`).
+pub fn encode_document(tok: &Tokenizer, eos: u32, text: &str) -> Result<Vec<i32>> {
+    let mut ids = tok.encode(text)?;
+    if ids.last() != Some(&eos) {
+        ids.push(eos);
+    }
+    Ok(ids.into_iter().map(|t| t as i32).collect())
+}
+
+/// Token rows `[n][sequence_length]` from `docs`.
+pub fn token_rows(tok: &Tokenizer, docs: &[String], opts: &RowOptions) -> Result<Vec<Vec<i32>>> {
+    let len = opts.sequence_length;
+    if len < 2 {
+        bail!("sequence length must be at least 2 (got {len})");
+    }
+    let eos = eos_id(tok)?;
+    let mut order: Vec<usize> = (0..docs.len()).collect();
+    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
+    let wanted = opts.num_samples.map(|n| n * len);
+    let mut data: Vec<i32> = Vec::new();
+    for i in order {
+        if wanted.is_some_and(|w| data.len() >= w) {
+            break;
+        }
+        data.extend(encode_document(tok, eos, &docs[i])?);
+    }
+    let mut rows: Vec<Vec<i32>> = data.chunks_exact(len).map(<[i32]>::to_vec).collect();
+    if let Some(n) = opts.num_samples {
+        rows.truncate(n);
+    }
+    if rows.is_empty() {
+        bail!(
+            "the data holds {} tokens, fewer than one row of {len}",
+            data.len()
+        );
+    }
+    Ok(rows)
+}
+
+/// The result of scoring token rows.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Perplexity {
+    pub perplexity: f64,
+    /// Standard error of the perplexity (delta method, as mlx-lm).
+    pub standard_error: f64,
+    pub mean_loss: f64,
+    pub rows: usize,
+    pub sequence_length: usize,
+    /// Scored (predicted) tokens: rows × (sequence_length − 1).
+    pub tokens: usize,
+}
+
+/// Next-token losses of every position of every row, in row order.
+pub fn token_losses(
+    model: &Model,
+    rows: &[Vec<i32>],
+    batch_size: usize,
+    on_batch: &mut dyn FnMut(usize, usize),
+) -> Result<Vec<f32>> {
+    if batch_size == 0 {
+        bail!("batch size must be at least 1");
+    }
+    let width = rows.first().map_or(0, Vec::len);
+    if width < 2 || rows.iter().any(|r| r.len() != width) {
+        bail!("rows must all have the same length, at least 2");
+    }
+    let batches = rows.len().div_ceil(batch_size);
+    let mut out = Vec::with_capacity(rows.len() * (width - 1));
+    for (b, chunk) in rows.chunks(batch_size).enumerate() {
+        let n = chunk.len() as i32;
+        let flat: Vec<i32> = chunk.iter().flatten().copied().collect();
+        let all = Array::from_slice(&flat, &[n, width as i32]);
+        let inputs = all.index((.., ..width as i32 - 1));
+        let targets = all.index((.., 1..));
+        let mut caches = model.make_caches();
+        let hidden = model.decoder.hidden(&inputs, &mut caches)?;
+        // One row's logits at a time keep the [L, vocab] block bounded.
+        for r in 0..n {
+            let logits = model
+                .decoder
+                .project(&hidden.index(r))?
+                .as_dtype(Dtype::Float32)?;
+            let t = targets.index(r);
+            let losses = row_losses(&logits, &t)?;
+            eval([&losses])?;
+            out.extend_from_slice(losses.as_slice::<f32>());
+        }
+        on_batch(b + 1, batches);
+    }
+    Ok(out)
+}
+
+/// Cross-entropy of `targets` `[L]` under `logits` `[L, vocab]`.
+fn row_losses(logits: &Array, targets: &Array) -> Result<Array> {
+    let lse = logits.logsumexp_axis(-1, false)?;
+    let picked = logits
+        .take_along_axis(expand_dims(targets, -1)?, -1)?
+        .squeeze_axes(&[-1])?;
+    Ok(lse.subtract(&picked)?)
+}
+
+/// Perplexity and its standard error from per-token losses (mlx-lm's
+/// `eval_ppl`: sample variance with one degree of freedom removed).
+pub fn summarize(losses: &[f32], rows: usize, sequence_length: usize) -> Result<Perplexity> {
+    let n = losses.len();
+    if n < 2 {
+        bail!("at least two scored tokens are needed (got {n})");
+    }
+    let mean = losses.iter().map(|&x| x as f64).sum::<f64>() / n as f64;
+    let var = losses
+        .iter()
+        .map(|&x| (x as f64 - mean).powi(2))
+        .sum::<f64>()
+        / (n - 1) as f64;
+    let ppl = mean.exp();
+    Ok(Perplexity {
+        perplexity: ppl,
+        standard_error: ppl * var.sqrt() / (n as f64).sqrt(),
+        mean_loss: mean,
+        rows,
+        sequence_length,
+        tokens: n,
+    })
+}
+
+/// Scores `rows` with `model`, `batch_size` rows per forward pass;
+/// `on_batch(done, total)` after each batch.
+pub fn perplexity(
+    model: &Model,
+    rows: &[Vec<i32>],
+    batch_size: usize,
+    on_batch: &mut dyn FnMut(usize, usize),
+) -> Result<Perplexity> {
+    let losses = token_losses(model, rows, batch_size, on_batch)?;
+    summarize(&losses, rows.len(), rows.first().map_or(0, Vec::len))
+}
