@@ -7,15 +7,14 @@ mod common;
 use std::process::Command;
 
 use common::{float32_model, oracle_python, repo_root, run_ok};
-use mlx_bun::convert::{from_model_dir, ConvertOptions};
 use mlx_bun::eval::perplexity::{encode_document, eos_id};
 use mlx_bun::model::layers::QuantSpec;
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
 use mlx_bun::train::config::{OptimizerKind, OptimizerSettings};
 use mlx_bun::train::dwq::{
-    dwq_loss, epoch_batches, loss_and_grads, read_params, read_targets, trainable_tensors,
-    write_targets,
+    dwq_loss, epoch_batches, loss_and_grads, quantize_folder, read_params, read_targets,
+    trainable_tensors, write_targets,
 };
 use mlx_bun::train::optimizer::{Optimizer, Schedule};
 use mlx_rs::transforms::eval;
@@ -56,17 +55,12 @@ fn first_steps_match_mlx_lm_dwq() {
         }
     }
     let student_dir = work.path().join("student");
-    from_model_dir(
+    quantize_folder(
         &teacher_dir,
-        &ConvertOptions {
-            output: student_dir.clone(),
-            dtype: mlx_rs::Dtype::Float32,
-            dequantize: false,
-            quantize: Some(QuantSpec {
-                group_size: 64,
-                bits: 4,
-            }),
-            progress: false,
+        &student_dir,
+        QuantSpec {
+            group_size: 64,
+            bits: 4,
         },
     )
     .unwrap();
@@ -232,17 +226,12 @@ fn two_phase_dwq_writes_a_model_mlx_lm_loads() {
     assert_eq!(config["quantization"]["bits"], 4);
     let student = Model::load(&out_dir).unwrap();
     let plain_dir = work.path().join("plain");
-    from_model_dir(
+    quantize_folder(
         &teacher,
-        &ConvertOptions {
-            output: plain_dir.clone(),
-            dtype: mlx_rs::Dtype::Float32,
-            dequantize: false,
-            quantize: Some(QuantSpec {
-                group_size: 64,
-                bits: 4,
-            }),
-            progress: false,
+        &plain_dir,
+        QuantSpec {
+            group_size: 64,
+            bits: 4,
         },
     )
     .unwrap();

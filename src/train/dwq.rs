@@ -620,16 +620,7 @@ pub fn run(
     match &opts.quantized_model {
         Some(q) => copy_model(q, &opts.mlx_path)?,
         None => {
-            crate::convert::from_model_dir(
-                &opts.teacher,
-                &crate::convert::ConvertOptions {
-                    output: opts.mlx_path.clone(),
-                    dtype: Dtype::Float32,
-                    dequantize: false,
-                    quantize: Some(opts.spec),
-                    progress: false,
-                },
-            )?;
+            quantize_folder(&opts.teacher, &opts.mlx_path, opts.spec)?;
         }
     }
     let student = Model::load(&opts.mlx_path)?;
@@ -738,4 +729,27 @@ pub fn run(
         seconds: started.elapsed().as_secs_f64(),
         output: opts.mlx_path.clone(),
     }))
+}
+
+/// Writes `teacher` quantized with affine `spec` (float32 scales) to `out`:
+/// the plain-quantized student DWQ starts from.
+pub fn quantize_folder(teacher: &Path, out: &Path, spec: QuantSpec) -> Result<()> {
+    use crate::convert::hf::{convert, HfOptions, QuantRecipe};
+    convert(
+        teacher,
+        &HfOptions {
+            output: out.to_path_buf(),
+            dtype: Some(Dtype::Float32),
+            quantize: Some(QuantRecipe {
+                mode: crate::convert::quantize::QuantMode::Affine,
+                group_size: Some(spec.group_size),
+                bits: Some(spec.bits),
+                mixed: None,
+            }),
+            dequantize: false,
+            base_model: None,
+        },
+        &mut |_| {},
+    )?;
+    Ok(())
 }
