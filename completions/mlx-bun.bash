@@ -34,6 +34,9 @@ _mlx__bun() {
             mlx__bun,evals)
                 cmd="mlx__bun__subcmd__evals"
                 ;;
+            mlx__bun,evaluate)
+                cmd="mlx__bun__subcmd__evaluate"
+                ;;
             mlx__bun,fit)
                 cmd="mlx__bun__subcmd__fit"
                 ;;
@@ -43,8 +46,14 @@ _mlx__bun() {
             mlx__bun,help)
                 cmd="mlx__bun__subcmd__help"
                 ;;
+            mlx__bun,launch)
+                cmd="mlx__bun__subcmd__launch"
+                ;;
             mlx__bun,manage)
                 cmd="mlx__bun__subcmd__manage"
+                ;;
+            mlx__bun,perplexity)
+                cmd="mlx__bun__subcmd__perplexity"
                 ;;
             mlx__bun,serve)
                 cmd="mlx__bun__subcmd__serve"
@@ -64,6 +73,9 @@ _mlx__bun() {
             mlx__bun__subcmd__bench,help)
                 cmd="mlx__bun__subcmd__bench__subcmd__help"
                 ;;
+            mlx__bun__subcmd__bench,qmv)
+                cmd="mlx__bun__subcmd__bench__subcmd__qmv"
+                ;;
             mlx__bun__subcmd__bench__subcmd__help,feature-matrix)
                 cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__feature__subcmd__matrix"
                 ;;
@@ -72,6 +84,9 @@ _mlx__bun() {
                 ;;
             mlx__bun__subcmd__bench__subcmd__help,help)
                 cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__help"
+                ;;
+            mlx__bun__subcmd__bench__subcmd__help,qmv)
+                cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__qmv"
                 ;;
             mlx__bun__subcmd__evals,compare)
                 cmd="mlx__bun__subcmd__evals__subcmd__compare"
@@ -115,6 +130,9 @@ _mlx__bun() {
             mlx__bun__subcmd__help,evals)
                 cmd="mlx__bun__subcmd__help__subcmd__evals"
                 ;;
+            mlx__bun__subcmd__help,evaluate)
+                cmd="mlx__bun__subcmd__help__subcmd__evaluate"
+                ;;
             mlx__bun__subcmd__help,fit)
                 cmd="mlx__bun__subcmd__help__subcmd__fit"
                 ;;
@@ -124,8 +142,14 @@ _mlx__bun() {
             mlx__bun__subcmd__help,help)
                 cmd="mlx__bun__subcmd__help__subcmd__help"
                 ;;
+            mlx__bun__subcmd__help,launch)
+                cmd="mlx__bun__subcmd__help__subcmd__launch"
+                ;;
             mlx__bun__subcmd__help,manage)
                 cmd="mlx__bun__subcmd__help__subcmd__manage"
+                ;;
+            mlx__bun__subcmd__help,perplexity)
+                cmd="mlx__bun__subcmd__help__subcmd__perplexity"
                 ;;
             mlx__bun__subcmd__help,serve)
                 cmd="mlx__bun__subcmd__help__subcmd__serve"
@@ -141,6 +165,9 @@ _mlx__bun() {
                 ;;
             mlx__bun__subcmd__help__subcmd__bench,forward)
                 cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__forward"
+                ;;
+            mlx__bun__subcmd__help__subcmd__bench,qmv)
+                cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__qmv"
                 ;;
             mlx__bun__subcmd__help__subcmd__evals,compare)
                 cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__compare"
@@ -173,7 +200,7 @@ _mlx__bun() {
 
     case "${cmd}" in
         mlx__bun)
-            opts="-h -V --help --version generate cache-prompt chat serve convert upload manage train bench evals fit completions help"
+            opts="-h -V --help --version generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -187,7 +214,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench)
-            opts="-h --help feature-matrix forward help"
+            opts="-h --help feature-matrix qmv forward help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -243,7 +270,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__forward)
-            opts="-m -h --model --lengths --context --runs --json --no-db --help"
+            opts="-m -h --model --synthetic --q-bits --q-group-size --dtype --compare-kernel --lengths --context --runs --json --no-db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -254,6 +281,22 @@ _mlx__bun() {
                     return 0
                     ;;
                 -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --synthetic)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --q-bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --q-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -277,7 +320,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__help)
-            opts="feature-matrix forward help"
+            opts="feature-matrix qmv forward help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -325,6 +368,66 @@ _mlx__bun() {
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__bench__subcmd__help__subcmd__qmv)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__bench__subcmd__qmv)
+            opts="-h --shapes --rows --bits --group-size --dtype --batch --runs --peak-gbps --json --check --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --shapes)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --rows)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dtype)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --runs)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --peak-gbps)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -714,6 +817,52 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__evaluate)
+            opts="-m -h --model --tasks --task-dir --num-shots --limit --batch-size --json --db --no-db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --tasks)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --task-dir)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-shots)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__fit)
             opts="-m -h --model --draft-model --num-draft-tokens --context --batch --kv-bits --memory --prefill-step-size --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -765,7 +914,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__generate)
-            opts="-m -p -n -v -h --model --prompt --batch-file --decode-concurrency --prompt-concurrency --prompt-file --messages-file --system --ignore-chat-template --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --repetition-context-size --logit-bias --seed --stop --json --verbose --prefill-step-size --draft-model --num-draft-tokens --adapter-path --json-schema --json-object --regex --choice --grammar --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --help"
+            opts="-m -p -n -v -h --model --prompt --batch-file --decode-concurrency --prompt-concurrency --prompt-file --messages-file --system --ignore-chat-template --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --repetition-context-size --logit-bias --seed --stop --json --verbose --prefill-step-size --draft-model --num-draft-tokens --adapter-path --json-schema --json-object --regex --choice --grammar --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --pipeline --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -915,7 +1064,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help)
-            opts="generate cache-prompt chat serve convert upload manage train bench evals fit completions help"
+            opts="generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -929,7 +1078,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__bench)
-            opts="feature-matrix forward"
+            opts="feature-matrix qmv forward"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -957,6 +1106,20 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__bench__subcmd__forward)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__bench__subcmd__qmv)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1082,6 +1245,20 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__evaluate)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__help__subcmd__fit)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -1124,7 +1301,35 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__launch)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__help__subcmd__manage)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__perplexity)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1194,6 +1399,60 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__launch)
+            opts="-n -p -h --backend --hostfile --hosts --repeat-hosts --num-ranks --starting-port --nccl-port --env --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --backend)
+                    COMPREPLY=($(compgen -W "ring nccl mpi" -- "${cur}"))
+                    return 0
+                    ;;
+                --hosts)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --hostfile)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-ranks)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --repeat-hosts)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -n)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --starting-port)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --nccl-port)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --env)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__manage)
             opts="-y -h --scan --delete --pattern --yes --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
@@ -1216,8 +1475,58 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__perplexity)
+            opts="-m -h --model --data --data-path --sequence-length --num-samples --batch-size --seed --json --db --no-db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --data-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --data)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sequence-length)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-samples)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__serve)
-            opts="-m -h --model --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --temp --top-p --top-k --min-p --allowed-origins --tool-call-parser --reasoning-parser --chat-template --chat-template-args --shutdown-grace --help"
+            opts="-m -h --model --pipeline --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --temp --top-p --top-k --min-p --allowed-origins --tool-call-parser --reasoning-parser --chat-template --chat-template-args --allowed-models --allow-any-model --model-memory --shutdown-grace --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --ssd-cache --ssd-cache-max --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1323,7 +1632,39 @@ _mlx__bun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --allowed-models)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --model-memory)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --shutdown-grace)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-kv-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --kv-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --quantized-kv-start)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ssd-cache)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --ssd-cache-max)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1335,7 +1676,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__train)
-            opts="-c -m -h --config --model --data --method --adapter-path --resume-adapter-file --num-layers --lora-rank --lora-scale --lora-alpha --lora-dropout --lora-keys --batch-size --iters --learning-rate --optimizer --weight-decay --lr-schedule --warmup --warmup-init --min-lr --grad-accumulation-steps --grad-clip --grad-checkpoint --seed --mask-prompt --max-seq-length --steps-per-eval --val-batches --save-every --test --test-batches --orpo-lambda --sft-scope --loss-chunk-tokens --db --no-db --json --help fuse help"
+            opts="-c -m -h --config --model --data --method --mlx-path --adapter-path --resume-adapter-file --num-layers --lora-rank --lora-scale --lora-alpha --lora-dropout --lora-keys --batch-size --iters --learning-rate --optimizer --weight-decay --lr-schedule --warmup --warmup-init --min-lr --grad-accumulation-steps --grad-clip --grad-checkpoint --seed --mask-prompt --max-seq-length --steps-per-eval --val-batches --save-every --test --test-batches --orpo-lambda --sft-scope --loss-chunk-tokens --db --no-db --json --quantized-model --bits --group-size --num-samples --num-valid-samples --temperature --top-k --target-dir --targets-only --help fuse help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1362,10 +1703,14 @@ _mlx__bun() {
                     return 0
                     ;;
                 --method)
-                    COMPREPLY=($(compgen -W "sft lora orpo" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "sft lora orpo dwq" -- "${cur}"))
                     return 0
                     ;;
                 --adapter-path)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --mlx-path)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1478,6 +1823,38 @@ _mlx__bun() {
                     return 0
                     ;;
                 --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --quantized-model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-samples)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-valid-samples)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --temperature)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --top-k)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target-dir)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

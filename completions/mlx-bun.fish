@@ -37,7 +37,10 @@ complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "train" -d 'Fine-tun
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "bench" -d 'Micro-benchmarks of the engine'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evaluate" -d 'Score multiple-choice tasks by log-likelihood (as mlx_lm.evaluate)'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "perplexity" -d 'Perplexity of a model on text (as mlx_lm.perplexity)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "launch" -d 'Run a subcommand on several ranks (MLX distributed: ring, nccl, mpi)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s p -l prompt -d 'Prompt text; `-` reads standard input' -r
@@ -74,6 +77,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l ignore-chat
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json -d 'Print one JSON object with the text and statistics instead of streaming'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s v -l verbose -d 'Print prompt/decode speed and peak memory to stderr'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json-object -d 'Constrain the output to any JSON object'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l pipeline -d 'Under `mlx-bun launch` with several ranks: split the layers across ranks (pipeline parallel) instead of the heads and MLP columns'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s p -l prompt -d 'The text to cache; `-` reads standard input' -r
@@ -126,6 +130,8 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l tool-call-pars
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l reasoning-parser -d 'Reasoning markers to split off (think, longcat, gemma4, or none); by default the ones the vocabulary or the chat template has' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template -d 'A Jinja chat template file to use instead of the model\'s' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template-args -d 'Template variables for every request, as a JSON object, e.g. \'{"enable_thinking": false}\'; a request\'s chat_template_kwargs win' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-models -d 'Other models requests may name in `model`: a folder (each subfolder with a config.json, by folder name) or a glob of model folders (by path). Repeatable' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l model-memory -d 'GiB of weights the loaded models may hold together; the least recently used idle model is unloaded past it (default: half the memory available at start)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l max-kv-size -d 'Bound each request\'s KV cache to this many positions (the first 4 are kept). Requests then run one at a time (no batching)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
@@ -133,6 +139,8 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-group-size 
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache -d 'Folder of the prompt cache\'s tier on disk: finished requests\' KV caches are written there and restored after a restart' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache-max -d 'Size cap of --ssd-cache in GiB (least recently used entries go first)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l pipeline -d 'Pipeline parallel under `mlx-bun launch` (sharded serving is not supported yet: see docs/distributed.md)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allow-any-model -d 'Requests may name any local model folder or cached Hub repo id'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l hf-path -l model -d 'A Hugging Face model: a local folder (Hugging Face or mlx-lm layout) or a Hub repo id' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l gguf -d 'A GGUF file to convert (LLaMA architecture; Q4_0, Q4_1, Q8_0, F16, F32 tensors)' -r -F
@@ -164,10 +172,11 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand manage" -s h -l help -d 
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s c -l config -d 'YAML file with training options (mlx-lm\'s `lora` config keys)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l data -d 'Directory with train.jsonl, valid.jsonl and optionally test.jsonl' -r -F
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l method -d 'Training objective: sft (LoRA fine-tuning) or orpo (preference pairs)' -r -f -a "sft\t''
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l method -d 'Training objective: sft (LoRA fine-tuning), orpo (preference pairs) or dwq (distill the quantization scales and biases of a quantized student from the full-precision --model)' -r -f -a "sft\t''
 lora\t''
-orpo\t''"
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l adapter-path -d 'Where adapters.safetensors and adapter_config.json are written' -r -F
+orpo\t''
+dwq\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l adapter-path -l mlx-path -d 'Where adapters.safetensors and adapter_config.json are written (dwq: the student model folder)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l resume-adapter-file -d 'Start from these adapter weights' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l num-layers -d 'Adapt the last N blocks (-1: all). Default 16' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-rank -d 'LoRA rank. Default 8' -r
@@ -201,11 +210,20 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_se
 response\t''"
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l loss-chunk-tokens -d 'Token rows per output-head chunk in the loss' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l quantized-model -d 'dwq: an already quantized student (default: the teacher quantized with --bits and --group-size)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l bits -d 'dwq: bits per weight of the student' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l group-size -d 'dwq: quantization group size of the student' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l num-samples -d 'dwq: training documents to use. Default 2048' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l num-valid-samples -d 'dwq: held-out documents for validation. Default 32' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l temperature -d 'dwq: temperature of the distillation KL. Default 2' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l top-k -d 'dwq: teacher logits kept per position. Default 1024' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l target-dir -d 'dwq: folder of the teacher\'s targets (computed there when missing)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l grad-checkpoint -d 'Recompute each adapted layer\'s activations in the backward pass'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l mask-prompt -d 'SFT: supervise only the completion (the last message)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l test -d 'Evaluate on test.jsonl after training'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l no-db -d 'Do not record the run in the eval database'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l json -d 'Print one JSON object per step (and per evaluation) on stdout'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l targets-only -d 'dwq: compute the teacher\'s targets into --target-dir and stop'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
@@ -217,10 +235,11 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix forward help" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix forward help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l draft-model -d 'Draft model of the spec cells (default: the model itself)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l cells -d 'Only these cells (comma-separated names; default: all)' -r
@@ -230,14 +249,31 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l smoke -d 'A small version for CI: tiny token counts, one or two requests per cell'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l json -d 'Print the results as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l shapes -d 'Layer shapes as OUTxIN (Llama 3 8B\'s q/o, k/v, gate/up and down by default)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l rows -d 'Rows of activations (1 = single-sequence decode)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l bits -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l group-size -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l dtype -d 'Activation dtype: bfloat16, float16 or float32' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l batch -d 'Products per timed graph (one evaluation launches them all)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l runs -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l peak-gbps -d 'The GPU\'s memory bandwidth in GB/s (H200: 4800)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l json
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l check -d 'Exit with an error when the kernel\'s output differs from MLX\'s by more than float tolerance (relative to the largest output)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s m -l model -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l synthetic -d 'Random weights of a known shape instead of a model folder: llama-8b, llama-1b or smollm2-135m' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l q-bits -d 'Bits of the synthetic model\'s quantized weights (0: unquantized)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l q-group-size -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l dtype -d 'The synthetic model\'s dtype: bfloat16, float16 or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l lengths -d 'Comma-separated numbers of new tokens per forward pass' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l context -d 'Context already in the cache' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l runs -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l compare-kernel -d 'Time every length with mlx-bun\'s CUDA kernel on and off (GPU)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l json -d 'Print JSON lines instead of a table'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l no-db -d 'Do not record the run in the eval database'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
@@ -275,22 +311,55 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l memory -d 'Memor
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-size -d 'Prompt tokens per prefill chunk' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l tasks -d 'Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu; each read from <task-dir>/<task>.jsonl, or TASK=FILE for another file' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l task-dir -d 'Folder of the task files' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l num-shots -d 'Solved examples before each question (the first other items of the file)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l limit -d 'Score at most this many items per task' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l batch-size -d 'Accepted for mlx-lm compatibility; log-likelihood requests are scored one continuation at a time on the shared context\'s cache' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l json -d 'Print the results as JSON (with every choice\'s log-likelihood)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l no-db -d 'Do not record the run in the eval database'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l data-path -l data -d 'Text to score: a plain-text file (one document), a JSONL file (its `text` fields), a folder of such files, or a Hugging Face dataset id' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l sequence-length -d 'Tokens per row' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l num-samples -d 'Rows to score (-1: every complete row of the data)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l batch-size -d 'Rows per forward pass' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l seed -d 'Seed of the document order' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l json -d 'Print the result as one JSON object'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l no-db -d 'Do not record the run in the eval database'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand completions" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "generate" -d 'Generate text from a prompt or a chat'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "convert" -d 'Convert a Hugging Face checkpoint or a GGUF file into an mlx-lm model directory'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "upload" -d 'Upload a model folder to a Hugging Face Hub repo (as mlx_lm.upload)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "manage" -d 'List or delete models in the Hugging Face Hub cache (as mlx_lm.manage)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "bench" -d 'Micro-benchmarks of the engine'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "completions" -d 'Print shell completions'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit completions help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -l backend -d 'Distributed backend: ring (TCP), nccl (CUDA GPUs) or mpi. Default: the host file\'s, else nccl on a GPU build, else ring' -r -f -a "ring\t''
+nccl\t''
+mpi\t''"
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -l hosts -l hostfile -d 'An `mlx.launch` host file (JSON list of {"ssh", "ips"}, or an object with "backend", "envs" and "hosts")' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -s n -l num-ranks -l repeat-hosts -d 'Run N ranks on this machine' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -s p -l starting-port -d 'Ring backend: first port (one per rank and address). Default: free ports when every rank is local, else 32323' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -l nccl-port -d 'NCCL backend: the port rank 0 listens on' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -l env -d 'Extra NAME=VALUE environment for every rank (repeatable)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand launch" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "generate" -d 'Generate text from a prompt or a chat'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "cache-prompt" -d 'Prefill a prompt and save its KV cache to a file (as mlx_lm.cache_prompt)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "chat" -d 'Chat interactively, keeping the KV cache across turns (as mlx_lm.chat)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "serve" -d 'Serve an OpenAI-compatible HTTP API'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "convert" -d 'Convert a Hugging Face checkpoint or a GGUF file into an mlx-lm model directory'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "upload" -d 'Upload a model folder to a Hugging Face Hub repo (as mlx_lm.upload)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "manage" -d 'List or delete models in the Hugging Face Hub cache (as mlx_lm.manage)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "train" -d 'Fine-tune with LoRA (SFT) or ORPO preference training'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "bench" -d 'Micro-benchmarks of the engine'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "evaluate" -d 'Score multiple-choice tasks by log-likelihood (as mlx_lm.evaluate)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "perplexity" -d 'Perplexity of a model on text (as mlx_lm.perplexity)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "completions" -d 'Print shell completions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "launch" -d 'Run a subcommand on several ranks (MLX distributed: ring, nccl, mpi)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from train" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "list" -d 'The newest runs, one line each'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "show" -d 'One run: provenance, flags and every metric'
