@@ -5,8 +5,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
-use mlx_bun::convert::hf::{self, Event, HfOptions, MixedRecipe, QuantRecipe};
+use mlx_bun::convert::hf::{self, HfOptions, MixedRecipe, QuantRecipe};
 use mlx_bun::convert::output::Commit;
 use mlx_bun::convert::quantize::QuantMode;
 use mlx_bun::convert::{self, ConvertOptions};
@@ -93,9 +92,10 @@ fn run_gguf(args: &Args, gguf: &std::path::Path, dtype: Option<mlx_rs::Dtype>) -
             group_size: args.q_group_size.unwrap_or(64),
             bits: args.q_bits.unwrap_or(4),
         }),
-        progress: true,
     };
-    let summary = convert::from_gguf(gguf, &opts)?;
+    let bar = crate::progress::tensor_bar("converting");
+    let summary = convert::from_gguf(gguf, &opts, &mut |e| crate::progress::advance(&bar, e))?;
+    bar.finish_and_clear();
     if summary.commit == Commit::AlreadyThere {
         bail!(
             "{} appeared while converting; the new copy was discarded",
@@ -150,19 +150,8 @@ fn run_hf(args: &Args, spec: &str, dtype: Option<mlx_rs::Dtype>) -> Result<PathB
         dequantize: args.dequantize,
         base_model,
     };
-    let bar = ProgressBar::new(0);
-    if let Ok(style) = ProgressStyle::with_template(
-        "converting [{bar:30}] {bytes}/{total_bytes} ({elapsed}) {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    let summary = hf::convert(&dir, &opts, &mut |event| match event {
-        Event::Start { bytes, .. } => bar.set_length(bytes),
-        Event::Wrote { name, bytes } => {
-            bar.set_message(name.to_string());
-            bar.inc(bytes);
-        }
-    })?;
+    let bar = crate::progress::tensor_bar("converting");
+    let summary = hf::convert(&dir, &opts, &mut |e| crate::progress::advance(&bar, e))?;
     bar.finish_and_clear();
     if summary.commit == Commit::AlreadyThere {
         bail!(

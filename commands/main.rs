@@ -15,6 +15,7 @@ mod launch;
 mod manage;
 mod model_arg;
 mod perplexity;
+mod progress;
 mod serve;
 mod train;
 mod upload;

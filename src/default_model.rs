@@ -33,6 +33,19 @@ fn is_complete(dir: &Path) -> bool {
 /// Concurrent callers are safe: each converts into its own staging
 /// directory and the first to finish places it.
 pub fn ensure() -> Result<PathBuf> {
+    ensure_with(&mut |_| {})
+}
+
+/// What [`ensure_with`] reports while it prepares the model the first time.
+pub enum Progress<'a> {
+    /// A one-time download and conversion into `dir` starts.
+    Preparing { name: &'a str, dir: &'a Path },
+    /// The conversion's progress.
+    Convert(crate::convert::hf::Event<'a>),
+}
+
+/// [`ensure`], reporting the first-time preparation to `report`.
+pub fn ensure_with(report: &mut dyn FnMut(Progress)) -> Result<PathBuf> {
     let dir = dir();
     if is_complete(&dir) {
         return Ok(dir);
@@ -43,19 +56,18 @@ pub fn ensure() -> Result<PathBuf> {
             dir.display()
         );
     }
-    eprintln!(
-        "preparing the default model {NAME} (one-time download and conversion into {}) …",
-        dir.display()
-    );
+    report(Progress::Preparing {
+        name: NAME,
+        dir: &dir,
+    });
     let gguf = ensure_gguf()?;
     let opts = ConvertOptions {
         output: dir.clone(),
         dtype: Dtype::Float32,
         dequantize: false,
         quantize: None,
-        progress: true,
     };
-    convert::from_gguf(&gguf, &opts)
+    convert::from_gguf(&gguf, &opts, &mut |e| report(Progress::Convert(e)))
         .with_context(|| format!("converting {} into the default model", gguf.display()))?;
     if !is_complete(&dir) {
         bail!("the default model at {} is incomplete", dir.display());

@@ -15,7 +15,6 @@ pub mod safetensors_out;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use mlx_rs::io::GgufFile;
 use mlx_rs::Dtype;
 use serde_json::{json, Map, Value};
@@ -36,8 +35,6 @@ pub struct ConvertOptions {
     pub dequantize: bool,
     /// Quantize every linear layer and embedding with this spec.
     pub quantize: Option<QuantSpec>,
-    /// Draw a progress bar on stderr.
-    pub progress: bool,
 }
 
 /// What a conversion wrote.
@@ -89,23 +86,13 @@ fn gguf_quant_spec(name: &str, t: GgmlType) -> Result<Option<QuantSpec>> {
     })
 }
 
-fn progress_bar(len: usize, message: &str, show: bool) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let bar = ProgressBar::new(len as u64);
-    if let Ok(style) =
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} tensors ({elapsed})")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar.set_message(message.to_string());
-    bar
-}
-
 /// Applies the requested dequantization, quantization and dtype, then
-/// evaluates tensor by tensor under a progress bar.
-fn finish(set: &mut TensorSet, opts: &ConvertOptions) -> Result<()> {
+/// evaluates tensor by tensor, reporting each one.
+fn finish(
+    set: &mut TensorSet,
+    opts: &ConvertOptions,
+    report: &mut dyn FnMut(hf::Event),
+) -> Result<()> {
     if opts.dequantize {
         set.dequantize_all(opts.dtype)?;
     }
@@ -115,12 +102,18 @@ fn finish(set: &mut TensorSet, opts: &ConvertOptions) -> Result<()> {
         }
     }
     set.cast(opts.dtype)?;
-    let bar = progress_bar(set.tensors.len(), "converting", opts.progress);
+    let bytes = set.tensors.values().map(|a| a.nbytes() as u64).sum();
+    report(hf::Event::Start {
+        tensors: set.tensors.len(),
+        bytes,
+    });
     for (name, array) in &set.tensors {
         array.eval().with_context(|| format!("computing {name}"))?;
-        bar.inc(1);
+        report(hf::Event::Wrote {
+            name,
+            bytes: array.nbytes() as u64,
+        });
     }
-    bar.finish_and_clear();
     Ok(())
 }
 
@@ -167,7 +160,11 @@ fn load_gguf_arrays(
 
 /// Converts a GGUF file (LLaMA architecture, byte-level BPE tokenizer) into an
 /// mlx-lm model directory.
-pub fn from_gguf(path: &Path, opts: &ConvertOptions) -> Result<Summary> {
+pub fn from_gguf(
+    path: &Path,
+    opts: &ConvertOptions,
+    report: &mut dyn FnMut(hf::Event),
+) -> Result<Summary> {
     opts.validate()?;
     if !path.is_file() {
         bail!("GGUF file {} does not exist", path.display());
@@ -218,7 +215,7 @@ pub fn from_gguf(path: &Path, opts: &ConvertOptions) -> Result<Summary> {
             set.quantized.insert(hf_stem.to_string(), *spec);
         }
     }
-    finish(&mut set, opts)?;
+    finish(&mut set, opts, report)?;
 
     let tied = !set.tensors.contains_key("lm_head.weight");
     let attention_bias = set

@@ -262,11 +262,19 @@ impl ModelPool {
     fn key_of(&self, body: &Value) -> Result<(String, Key), ApiError> {
         let f = Fields::of(body)?;
         let c = &self.config;
-        let id = f
+        let asked = f
             .string("model")?
             .filter(|s| !s.is_empty())
             .unwrap_or(&c.default_id);
-        let dir = self.resolve(id).ok_or_else(|| self.unknown("model", id))?;
+        // A server of one model answers whatever name a client sends (agent
+        // clients send their own model names), as llama.cpp's does; with
+        // other models allowed, a name it cannot serve is a 404.
+        let single = c.allowed.is_empty() && !c.allow_any;
+        let (id, dir) = match self.resolve(asked) {
+            Some(dir) => (asked, dir),
+            None if single => (c.default_id.as_str(), c.default_dir.clone()),
+            None => return Err(self.unknown("model", asked)),
+        };
         let is_default = dir == c.default_dir;
         let adapter = match f.string("adapters")? {
             Some(a) => {
