@@ -13,8 +13,8 @@ use crate::model::Model;
 use crate::train::config::LoraParameters;
 use crate::train::lora::AdapterLayout;
 
-pub const WEIGHTS_FILE: &str = "adapters.safetensors";
-pub const CONFIG_FILE: &str = "adapter_config.json";
+pub(crate) const WEIGHTS_FILE: &str = "adapters.safetensors";
+pub(crate) const CONFIG_FILE: &str = "adapter_config.json";
 
 /// Attaches the adapter in `dir` to `model`.
 pub fn apply(model: &mut Model, dir: &Path) -> Result<()> {
@@ -25,7 +25,7 @@ pub fn apply(model: &mut Model, dir: &Path) -> Result<()> {
 }
 
 /// The adapter layout an `adapter_config.json` describes, checked against `model`.
-pub fn read_layout(model: &Model, dir: &Path) -> Result<AdapterLayout> {
+pub(crate) fn read_layout(model: &Model, dir: &Path) -> Result<AdapterLayout> {
     if !dir.is_dir() {
         bail!("adapter directory {} does not exist", dir.display());
     }
@@ -88,7 +88,7 @@ fn lora_parameters(cfg: &serde_json::Value) -> Result<LoraParameters> {
 /// Reads adapter tensors for `layout` from `file`, checking names and shapes.
 /// Without `fallback` every site must be present; with it (a resume file),
 /// the file may hold a subset and missing sites keep the fallback arrays.
-pub fn load_params(
+pub(crate) fn load_params(
     model: &Model,
     layout: &AdapterLayout,
     file: &Path,
@@ -152,7 +152,7 @@ pub fn save_params(layout: &AdapterLayout, params: &[Array], file: &Path) -> Res
 
 /// Writes `adapter_config.json`: the options as a JSON object with sorted
 /// keys, as mlx-lm writes it.
-pub fn write_config(dir: &Path, options: &serde_json::Value) -> Result<()> {
+pub(crate) fn write_config(dir: &Path, options: &serde_json::Value) -> Result<()> {
     let serde_json::Value::Object(map) = options else {
         bail!("adapter options must be a JSON object");
     };

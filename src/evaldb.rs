@@ -18,7 +18,7 @@ use serde_json::Value;
 
 /// Ordered schema steps; entry `i` takes a file from version `i` to `i + 1`.
 /// Never edit a released step: append a new one.
-pub const MIGRATIONS: &[&str] = &[
+pub(crate) const MIGRATIONS: &[&str] = &[
     // 1: training runs, their steps and validation results.
     "CREATE TABLE IF NOT EXISTS runs (
         id INTEGER PRIMARY KEY AUTOINCREMENT,

@@ -20,9 +20,9 @@ use serde::Serialize;
 use crate::model::config::ModelArgs;
 
 /// The KV cache grows in blocks of this many positions.
-pub const KV_BLOCK: usize = 256;
+pub(crate) const KV_BLOCK: usize = 256;
 /// Group size of a quantized KV cache (as mlx-lm's `QuantizedKVCache`).
-pub const KV_GROUP: usize = 64;
+pub(crate) const KV_GROUP: usize = 64;
 /// Rows from which a quantized layer runs through a dequantized dense matrix.
 const DENSE_ROWS: usize = 16;
 
@@ -191,7 +191,7 @@ impl Footprint {
     /// attention scores (rows × positions; MLX's CPU attention materializes
     /// them) or the MLP's gate, up and product, whichever is larger, one
     /// layer's dequantized weights (the dense path), and the last row's logits.
-    pub fn chunk_peak(&self, rows: usize, end: usize) -> ActivationPeak {
+    pub(crate) fn chunk_peak(&self, rows: usize, end: usize) -> ActivationPeak {
         let f = self.dtype_bytes;
         let s = rows as u64;
         let residual = 4 * s * self.hidden as u64 * f;
@@ -218,7 +218,7 @@ impl Footprint {
     /// The prefill of `context` tokens in chunks of `step`: chunks are full
     /// but the last, so the candidates for the peak are the last full chunk
     /// and the partial one ending at `context` (`(rows, end)` pairs).
-    pub fn prefill_chunks(step: usize, context: usize) -> Vec<(usize, usize)> {
+    pub(crate) fn prefill_chunks(step: usize, context: usize) -> Vec<(usize, usize)> {
         let step = step.max(1).min(context.max(1));
         let (full, rest) = (context / step, context % step);
         let mut out = Vec::new();
@@ -232,7 +232,7 @@ impl Footprint {
     }
 
     /// The largest transient of any prefill chunk (without the KV cache).
-    pub fn prefill_peak(&self, step: usize, context: usize) -> ActivationPeak {
+    pub(crate) fn prefill_peak(&self, step: usize, context: usize) -> ActivationPeak {
         Self::prefill_chunks(step, context)
             .into_iter()
             .map(|(rows, end)| self.chunk_peak(rows, end))
@@ -243,7 +243,7 @@ impl Footprint {
     /// Peak of one decode (or verify) step over `rows` tokens for `batch`
     /// sequences at `context`: as a prefill chunk, but every row has logits
     /// (plus the sampler's copies: log-softmax and sorting).
-    pub fn decode_peak(&self, rows: usize, batch: usize, context: usize) -> ActivationPeak {
+    pub(crate) fn decode_peak(&self, rows: usize, batch: usize, context: usize) -> ActivationPeak {
         let f = self.dtype_bytes;
         let n = (rows * batch) as u64;
         let t = context as u64;

@@ -107,7 +107,7 @@ pub struct GenerationResult {
 /// Turns emitted tokens into final text: end-of-sequence, detokenizing, stop
 /// strings, the token limit and the caller's callback, in that order. Both
 /// the plain and the speculative loop emit through it.
-pub struct OutputSink<'a> {
+pub(crate) struct OutputSink<'a> {
     tokenizer: &'a Tokenizer,
     detok: StreamingDetokenizer,
     stops: StopMatcher,
@@ -130,7 +130,7 @@ impl<'a> OutputSink<'a> {
     }
 
     /// A sink whose callback it owns (rows of a batch outlive any one call).
-    pub fn boxed(
+    pub(crate) fn boxed(
         tokenizer: &'a Tokenizer,
         opts: &GenerateOptions,
         on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,
@@ -150,7 +150,7 @@ impl<'a> OutputSink<'a> {
     }
 
     /// Emits one token; returns false once generation must end.
-    pub fn emit(&mut self, token: u32, logprob: Option<TokenLogprob>) -> Result<bool> {
+    pub(crate) fn emit(&mut self, token: u32, logprob: Option<TokenLogprob>) -> Result<bool> {
         if self.finish.is_some() {
             return Ok(false);
         }
@@ -185,7 +185,7 @@ impl<'a> OutputSink<'a> {
     }
 
     /// Closes the sink and assembles the result with timings and counts.
-    pub fn into_result(
+    pub(crate) fn into_result(
         mut self,
         prompt: &[u32],
         cached: usize,
@@ -222,7 +222,7 @@ impl<'a> OutputSink<'a> {
     }
 
     /// Ends generation for a reason found outside the sink (grammar complete).
-    pub fn finish_with(&mut self, reason: FinishReason) {
+    pub(crate) fn finish_with(&mut self, reason: FinishReason) {
         if self.finish.is_none() {
             self.finish = Some(reason);
         }
@@ -248,7 +248,7 @@ impl<'a> OutputSink<'a> {
 }
 
 /// Masks disallowed tokens to -inf. `mask` is a `[vocab]` bool array.
-pub fn apply_mask(logits: &Array, mask: &Array) -> Result<Array> {
+pub(crate) fn apply_mask(logits: &Array, mask: &Array) -> Result<Array> {
     let vocab = logits.shape()[logits.ndim() - 1];
     let mask = if mask.shape()[0] < vocab {
         // The model's vocabulary may be padded beyond the tokenizer's.
@@ -274,7 +274,7 @@ pub fn prefill(
 
 /// `prefill` reporting the tokens processed so far (and the total) after
 /// every chunk.
-pub fn prefill_with_progress(
+pub(crate) fn prefill_with_progress(
     model: &Model,
     caches: &mut [Box<dyn KvCache>],
     tokens: &[u32],
@@ -294,7 +294,7 @@ pub fn prefill_with_progress(
 }
 
 /// Evaluates every cache's arrays.
-pub fn eval_caches(caches: &[Box<dyn KvCache>]) -> Result<()> {
+pub(crate) fn eval_caches(caches: &[Box<dyn KvCache>]) -> Result<()> {
     let arrays: Vec<Array> = caches.iter().flat_map(|c| c.arrays()).collect();
     eval(arrays.iter())?;
     Ok(())
@@ -363,7 +363,7 @@ pub fn generate(
 
 /// One sequence decoded one token per step, the next forward pass queued
 /// before the current token is read.
-pub struct SerialDecoder<'m, 'a> {
+pub(crate) struct SerialDecoder<'m, 'a> {
     model: &'m Model,
     caches: &'m mut [Box<dyn KvCache>],
     row: Row<'a>,
@@ -426,7 +426,7 @@ impl<'m, 'a> SerialDecoder<'m, 'a> {
         Ok(true)
     }
 
-    pub fn into_result(self) -> Result<GenerationResult> {
+    pub(crate) fn into_result(self) -> Result<GenerationResult> {
         self.row.into_result(None)
     }
 }

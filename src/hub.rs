@@ -168,7 +168,7 @@ pub fn token() -> Option<String> {
 }
 
 /// The Hub cache (`HF_HUB_CACHE`, else `$HF_HOME/hub`).
-pub fn hub_cache_dir() -> PathBuf {
+pub(crate) fn hub_cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("HF_HUB_CACHE") {
         return PathBuf::from(dir);
     }

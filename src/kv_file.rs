@@ -35,10 +35,10 @@ use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
 /// Metadata keys we add (mlx-lm ignores unknown keys).
-pub const MODEL_FINGERPRINT_KEY: &str = "mlx_bun_model_fingerprint";
-pub const TOKENIZER_FINGERPRINT_KEY: &str = "mlx_bun_tokenizer_fingerprint";
+pub(crate) const MODEL_FINGERPRINT_KEY: &str = "mlx_bun_model_fingerprint";
+pub(crate) const TOKENIZER_FINGERPRINT_KEY: &str = "mlx_bun_tokenizer_fingerprint";
 /// Token ids the cache holds, comma-separated (our files only).
-pub const TOKENS_KEY: &str = "mlx_bun_tokens";
+pub(crate) const TOKENS_KEY: &str = "mlx_bun_tokens";
 
 const PAD_STEP: i32 = 256;
 
@@ -563,7 +563,7 @@ pub fn model_fingerprint(dir: &Path) -> Result<String> {
 }
 
 /// A fingerprint of the tokenizer files (vocabulary and chat template).
-pub fn tokenizer_fingerprint(dir: &Path) -> Result<String> {
+pub(crate) fn tokenizer_fingerprint(dir: &Path) -> Result<String> {
     let mut h = FNV_OFFSET;
     for name in ["tokenizer.json", "tokenizer_config.json"] {
         if let Ok(bytes) = std::fs::read(dir.join(name)) {

@@ -6,7 +6,7 @@ use mlx_rs::{Array, Dtype};
 /// The dtype activations are computed in. MLX's CPU backend is fast only in
 /// float32, so on CPU every floating tensor is promoted; on an accelerator the
 /// model's own dtype is kept.
-pub fn compute_dtype(stored: Dtype) -> Dtype {
+pub(crate) fn compute_dtype(stored: Dtype) -> Dtype {
     if on_gpu() {
         stored
     } else {
@@ -40,7 +40,7 @@ pub fn is_float(dtype: Dtype) -> bool {
 }
 
 /// Casts a floating array to `dtype`; other arrays are returned as they are.
-pub fn cast_float(a: Array, dtype: Dtype) -> Result<Array> {
+pub(crate) fn cast_float(a: Array, dtype: Dtype) -> Result<Array> {
     if is_float(a.dtype()) && a.dtype() != dtype {
         Ok(a.as_dtype(dtype).context("cast")?)
     } else {
@@ -88,7 +88,7 @@ extern "C" {
 /// One-time runtime setup before MLX runs anything. OpenBLAS's own thread
 /// pool deadlocks when MLX's CPU workers call it concurrently, so BLAS calls
 /// run in the calling thread.
-pub fn init_runtime() {
+pub(crate) fn init_runtime() {
     static INIT: std::sync::Once = std::sync::Once::new();
     INIT.call_once(|| {
         #[cfg(openblas)]

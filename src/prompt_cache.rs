@@ -13,10 +13,10 @@ struct Entry {
 }
 
 /// An entry pushed out of the cache: its tokens and caches.
-pub type Evicted = (Vec<u32>, Vec<Box<dyn KvCache>>);
+pub(crate) type Evicted = (Vec<u32>, Vec<Box<dyn KvCache>>);
 
 /// Caches ready for a prompt: the first `cached` prompt tokens are in them.
-pub struct PromptCacheHit {
+pub(crate) struct PromptCacheHit {
     pub caches: Vec<Box<dyn KvCache>>,
     pub cached: usize,
 }
@@ -31,7 +31,7 @@ pub struct PromptCacheStats {
     pub max_bytes: usize,
 }
 
-pub struct PromptCache {
+pub(crate) struct PromptCache {
     entries: Vec<Entry>,
     max_bytes: usize,
     bytes: usize,
@@ -57,7 +57,7 @@ impl PromptCache {
         }
     }
 
-    pub fn is_enabled(&self) -> bool {
+    pub(crate) fn is_enabled(&self) -> bool {
         self.max_bytes > 0
     }
 
@@ -148,11 +148,6 @@ impl PromptCache {
         let e = self.entries.swap_remove(i);
         self.bytes -= e.bytes;
         Some((e.tokens, e.caches))
-    }
-
-    pub fn clear(&mut self) {
-        self.entries.clear();
-        self.bytes = 0;
     }
 
     pub fn stats(&self) -> PromptCacheStats {

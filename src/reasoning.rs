@@ -74,13 +74,13 @@ impl ReasoningMarkers {
 
 /// A piece of output: reasoning or answer.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Piece {
+pub(crate) enum Piece {
     Reasoning(String),
     Answer(String),
 }
 
 /// Splits streamed output into reasoning and answer.
-pub struct ReasoningSplitter {
+pub(crate) struct ReasoningSplitter {
     markers: ReasoningMarkers,
     inside: bool,
     held: String,

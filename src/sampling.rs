@@ -68,11 +68,11 @@ impl SamplingParams {
         Self::default()
     }
 
-    pub fn is_greedy(&self) -> bool {
+    pub(crate) fn is_greedy(&self) -> bool {
         self.temperature <= 0.0
     }
 
-    pub fn has_processors(&self) -> bool {
+    pub(crate) fn has_processors(&self) -> bool {
         self.repetition_penalty.is_some_and(|p| p != 1.0)
             || self.presence_penalty != 0.0
             || self.frequency_penalty != 0.0
@@ -81,7 +81,7 @@ impl SamplingParams {
 }
 
 /// Per-request sampling state (its own random key when seeded).
-pub struct Sampler {
+pub(crate) struct Sampler {
     pub params: SamplingParams,
     key: Option<Array>,
 }
@@ -170,7 +170,7 @@ impl Sampler {
 }
 
 /// Log-probabilities of `logits` `[1, vocab]`.
-pub fn log_softmax(logits: &Array) -> Result<Array> {
+pub(crate) fn log_softmax(logits: &Array) -> Result<Array> {
     Ok(logits - &logsumexp_axis(logits, -1, true)?)
 }
 

@@ -146,7 +146,7 @@ impl Default for NgramDrafter {
 }
 
 impl NgramDrafter {
-    pub fn propose(&self, history: &[u32], n: usize) -> Vec<u32> {
+    pub(crate) fn propose(&self, history: &[u32], n: usize) -> Vec<u32> {
         for k in (self.min_ngram..=self.max_ngram).rev() {
             if history.len() <= k {
                 continue;

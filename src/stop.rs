@@ -1,12 +1,12 @@
 //! Stop strings over streamed text: text that might be the start of a stop
 //! string is held back until it is known not to be.
 
-pub struct StopMatcher {
+pub(crate) struct StopMatcher {
     stops: Vec<String>,
     pending: String,
 }
 
-pub enum StopOutcome {
+pub(crate) enum StopOutcome {
     /// Text that is final; generation goes on.
     Continue(String),
     /// A stop string was completed: the text before it; generation ends.

@@ -133,26 +133,22 @@ impl Tokenizer {
         self.inner.token_to_id(token)
     }
 
-    pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.inner.id_to_token(id)
-    }
-
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
 
-    pub fn is_eos(&self, id: u32) -> bool {
+    pub(crate) fn is_eos(&self, id: u32) -> bool {
         self.eos_ids.contains(&id)
     }
 
-    pub fn inner(&self) -> &tokenizers::Tokenizer {
+    pub(crate) fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
     }
 }
 
 /// Turns a stream of token ids into text pieces that never split a UTF-8
 /// character: text is held back while the decoded tail is incomplete.
-pub struct StreamingDetokenizer {
+pub(crate) struct StreamingDetokenizer {
     tokens: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,

@@ -35,7 +35,7 @@ impl BatchKvCache {
     }
 
     /// A one-row batch from a single sequence's keys and values `[1, H, len, D]`.
-    pub fn from_single(state: Option<(Array, Array)>) -> Self {
+    pub(crate) fn from_single(state: Option<(Array, Array)>) -> Self {
         match state {
             Some((k, v)) => {
                 let len = k.shape()[2];

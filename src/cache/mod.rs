@@ -37,7 +37,12 @@ pub enum Mask {
 
 /// The attention mask for `l` new queries at `offset` over `kv_len` keys of a
 /// single sequence, with an optional sliding window.
-pub fn attention_mask(l: i32, offset: i32, kv_len: i32, window: Option<usize>) -> Result<Mask> {
+pub(crate) fn attention_mask(
+    l: i32,
+    offset: i32,
+    kv_len: i32,
+    window: Option<usize>,
+) -> Result<Mask> {
     if l == 1 {
         return Ok(Mask::None);
     }
@@ -217,7 +222,7 @@ impl KvCache for StandardCache {
 /// leading positions that are never evicted). It can be trimmed only while
 /// the window has not wrapped.
 #[derive(Clone)]
-pub struct RotatingCache {
+pub(crate) struct RotatingCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: usize,
@@ -342,7 +347,7 @@ impl KvCache for RotatingCache {
 }
 
 /// Trims every layer's cache by `n`; false if any layer cannot be trimmed.
-pub fn trim_all(caches: &mut [Box<dyn KvCache>], n: usize) -> bool {
+pub(crate) fn trim_all(caches: &mut [Box<dyn KvCache>], n: usize) -> bool {
     if n == 0 {
         return true;
     }

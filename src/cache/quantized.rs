@@ -108,7 +108,7 @@ impl QuantizedCache {
     }
 
     /// A quantized cache holding `state` (`offset` live positions).
-    pub fn from_state(state: QuantizedState, offset: usize) -> Result<Self> {
+    pub(crate) fn from_state(state: QuantizedState, offset: usize) -> Result<Self> {
         if state.len() as usize != offset {
             bail!(
                 "quantized state has {} positions, offset says {offset}",

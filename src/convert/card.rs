@@ -45,7 +45,7 @@ pub fn render(meta: &Mapping, body: &str) -> Result<String> {
 }
 
 /// The card of a model converted from `source` (a Hub repo id in `base_model`).
-pub fn model_card(source: &Path, base_model: Option<&str>) -> Result<String> {
+pub(crate) fn model_card(source: &Path, base_model: Option<&str>) -> Result<String> {
     let mut meta = match base_model {
         Some(_) => match std::fs::read_to_string(source.join("README.md")) {
             Ok(text) => metadata(&text).unwrap_or_default(),

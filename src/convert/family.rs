@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use serde_json::Value;
 
 /// One architecture (`model_type` in `config.json`).
-pub struct Family {
+pub(crate) struct Family {
     pub model_type: &'static str,
     /// `tie_word_embeddings` when `config.json` does not say.
     tie_default: Option<bool>,
@@ -58,7 +58,7 @@ pub fn supported() -> Vec<&'static str> {
 }
 
 /// The family of a `config.json`.
-pub fn of_config(config: &Value) -> Result<&'static Family> {
+pub(crate) fn of_config(config: &Value) -> Result<&'static Family> {
     let Some(model_type) = config.get("model_type").and_then(Value::as_str) else {
         bail!("config.json has no model_type");
     };
@@ -91,7 +91,7 @@ impl Family {
         !(self.dropped)(name) && !tied_head
     }
 
-    pub fn quantizable(&self, name: &str, ndim: usize) -> bool {
+    pub(crate) fn quantizable(&self, name: &str, ndim: usize) -> bool {
         (self.quantizable)(name, ndim)
     }
 }

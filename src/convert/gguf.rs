@@ -26,7 +26,7 @@ pub enum MetaValue {
 }
 
 impl MetaValue {
-    pub fn as_i64(&self) -> Option<i64> {
+    pub(crate) fn as_i64(&self) -> Option<i64> {
         match self {
             MetaValue::Int(v) => Some(*v),
             MetaValue::Bool(b) => Some(*b as i64),
@@ -103,7 +103,7 @@ pub struct TensorInfo {
 impl TensorInfo {
     /// Bytes of its data, for the types convert reads (`None` for others or
     /// on overflow).
-    pub fn data_bytes(&self) -> Option<u64> {
+    pub(crate) fn data_bytes(&self) -> Option<u64> {
         let (block, block_bytes) = match self.ggml_type {
             GgmlType::F32 => (1, 4),
             GgmlType::F16 => (1, 2),
@@ -156,7 +156,7 @@ impl GgufHeader {
     }
 
     /// Checks each tensor's data range against a file of `file_len` bytes.
-    pub fn check_data(&self, file_len: u64) -> Result<()> {
+    pub(crate) fn check_data(&self, file_len: u64) -> Result<()> {
         for t in &self.tensors {
             let Some(bytes) = t.data_bytes() else {
                 if [
@@ -256,7 +256,7 @@ impl GgufHeader {
         self.get(key).and_then(MetaValue::as_str)
     }
 
-    pub fn int(&self, key: &str) -> Option<i64> {
+    pub(crate) fn int(&self, key: &str) -> Option<i64> {
         self.get(key).and_then(MetaValue::as_i64)
     }
 
@@ -264,7 +264,7 @@ impl GgufHeader {
         self.get(key).and_then(MetaValue::as_f64)
     }
 
-    pub fn require_int(&self, key: &str) -> Result<i64> {
+    pub(crate) fn require_int(&self, key: &str) -> Result<i64> {
         self.int(key)
             .with_context(|| format!("the GGUF metadata lacks the integer {key:?}"))
     }

@@ -9,7 +9,7 @@ use serde_json::{json, Map, Value};
 use super::gguf::GgufHeader;
 use super::gguf_tokenizer::TokenizerFiles;
 
-pub const ARCH: &str = "llama";
+pub(crate) const ARCH: &str = "llama";
 
 /// Attention head counts, needed to un-permute Q and K.
 #[derive(Clone, Copy, Debug)]
@@ -74,7 +74,7 @@ pub fn hf_name(gguf: &str) -> Result<String> {
 }
 
 /// The head count whose RoPE permutation a tensor carries, if any.
-pub fn permuted_heads(gguf: &str, heads: Heads) -> Option<i32> {
+pub(crate) fn permuted_heads(gguf: &str, heads: Heads) -> Option<i32> {
     let base = gguf.rsplit_once('.').map_or(gguf, |(b, _)| b);
     if base.ends_with(".attn_q") {
         Some(heads.n_head)
@@ -87,7 +87,7 @@ pub fn permuted_heads(gguf: &str, heads: Heads) -> Option<i32> {
 
 /// Undoes GGUF's per-head interleaving of Q/K rows. A pure row permutation,
 /// so it applies equally to packed weights, scales, biases and bias vectors.
-pub fn unpermute_rows(a: &Array, n_head: i32) -> Result<Array> {
+pub(crate) fn unpermute_rows(a: &Array, n_head: i32) -> Result<Array> {
     let shape = a.shape().to_vec();
     let rows = shape[0];
     if rows % (2 * n_head) != 0 {

@@ -12,7 +12,7 @@ use serde_json::Value;
 use super::quantize::TensorSet;
 
 /// A directory being filled; removed on drop unless committed.
-pub struct StagingDir {
+pub(crate) struct StagingDir {
     path: PathBuf,
     target: PathBuf,
     committed: bool,
@@ -95,7 +95,7 @@ pub fn require_absent(out: &Path) -> Result<()> {
     Ok(())
 }
 
-pub fn write_json(dir: &Path, name: &str, value: &Value) -> Result<()> {
+pub(crate) fn write_json(dir: &Path, name: &str, value: &Value) -> Result<()> {
     let path = dir.join(name);
     let mut text = serde_json::to_string_pretty(value)?;
     text.push('\n');
@@ -103,7 +103,7 @@ pub fn write_json(dir: &Path, name: &str, value: &Value) -> Result<()> {
 }
 
 /// Writes the tensors as `model.safetensors` with mlx-lm's metadata.
-pub fn write_weights(dir: &Path, set: &TensorSet) -> Result<()> {
+pub(crate) fn write_weights(dir: &Path, set: &TensorSet) -> Result<()> {
     let path = dir.join("model.safetensors");
     let metadata = HashMap::from([("format".to_string(), "mlx".to_string())]);
     mlx_rs::Array::save_safetensors(set.tensors.iter(), &metadata, &path)

@@ -14,8 +14,8 @@ use crate::mlx_ext::cast_float;
 use crate::model::layers::QuantSpec;
 
 /// Group sizes and bit widths MLX's affine quantization accepts.
-pub const GROUP_SIZES: [i32; 3] = [32, 64, 128];
-pub const BITS: [i32; 6] = [2, 3, 4, 5, 6, 8];
+pub(crate) const GROUP_SIZES: [i32; 3] = [32, 64, 128];
+pub(crate) const BITS: [i32; 6] = [2, 3, 4, 5, 6, 8];
 
 pub fn validate_spec(spec: QuantSpec) -> Result<()> {
     if !GROUP_SIZES.contains(&spec.group_size) {
@@ -113,7 +113,7 @@ fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
 
 /// `mx.quantize(w, group_size, bits, mode=mode)`: `[weight, scales]` plus
 /// `biases` for affine. mlx-rs only exposes the affine mode.
-pub fn quantize_with_mode(
+pub(crate) fn quantize_with_mode(
     w: &Array,
     group_size: i32,
     bits: i32,
@@ -158,7 +158,7 @@ pub fn quantize_with_mode(
 }
 
 /// `mx.dequantize` for any mode; `biases` is None for the float modes.
-pub fn dequantize_with_mode(
+pub(crate) fn dequantize_with_mode(
     w: &Array,
     scales: &Array,
     biases: Option<&Array>,
@@ -202,7 +202,7 @@ pub fn dequantize_with_mode(
 /// Tensors by name; `quantized` maps a layer prefix (`model.layers.0.mlp.up_proj`)
 /// to the spec of its `weight`/`scales`/`biases` triple.
 #[derive(Default)]
-pub struct TensorSet {
+pub(crate) struct TensorSet {
     pub tensors: BTreeMap<String, Array>,
     pub quantized: BTreeMap<String, QuantSpec>,
 }
@@ -213,7 +213,7 @@ impl TensorSet {
     }
 
     /// Casts every floating tensor (norms, scales, biases, dense weights) to `dtype`.
-    pub fn cast(&mut self, dtype: Dtype) -> Result<()> {
+    pub(crate) fn cast(&mut self, dtype: Dtype) -> Result<()> {
         for array in self.tensors.values_mut() {
             *array = cast_float(array.clone(), dtype)?;
         }
@@ -246,7 +246,7 @@ impl TensorSet {
     }
 
     /// Replaces every quantized layer by its dense weight in `dtype`.
-    pub fn dequantize_all(&mut self, dtype: Dtype) -> Result<()> {
+    pub(crate) fn dequantize_all(&mut self, dtype: Dtype) -> Result<()> {
         let prefixes: Vec<String> = self.quantized.keys().cloned().collect();
         for prefix in prefixes {
             let dense = self.dequantize_layer(&prefix, dtype)?;
@@ -257,7 +257,7 @@ impl TensorSet {
 
     /// Layer prefixes whose weight is a matrix (packed or dense): the linear
     /// layers and embeddings.
-    pub fn matrix_layers(&self) -> Vec<String> {
+    pub(crate) fn matrix_layers(&self) -> Vec<String> {
         self.tensors
             .iter()
             .filter(|(_, a)| a.ndim() == 2)
@@ -268,7 +268,12 @@ impl TensorSet {
     /// Quantizes the layer at `prefix` (dequantizing it first when it already
     /// is). Returns false, leaving it dense, when its input dimension is not a
     /// multiple of the group size.
-    pub fn quantize_layer(&mut self, prefix: &str, spec: QuantSpec, dtype: Dtype) -> Result<bool> {
+    pub(crate) fn quantize_layer(
+        &mut self,
+        prefix: &str,
+        spec: QuantSpec,
+        dtype: Dtype,
+    ) -> Result<bool> {
         let name = format!("{prefix}.weight");
         let dense = if self.quantized.contains_key(prefix) {
             self.dequantize_layer(prefix, Dtype::Float32)?
@@ -288,16 +293,6 @@ impl TensorSet {
             .insert(format!("{prefix}.biases"), biases.as_dtype(dtype)?);
         self.quantized.insert(prefix.to_string(), spec);
         Ok(true)
-    }
-
-    /// Evaluates the tensors of `prefix` (its `weight`, `scales`, `biases`, `bias`).
-    pub fn eval_layer(&self, prefix: &str) -> Result<()> {
-        for suffix in ["weight", "scales", "biases", "bias"] {
-            if let Some(a) = self.tensors.get(&format!("{prefix}.{suffix}")) {
-                a.eval()?;
-            }
-        }
-        Ok(())
     }
 
     /// The `quantization` entry of `config.json`: the most common spec, with

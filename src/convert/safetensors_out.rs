@@ -11,7 +11,7 @@ use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
 
 /// mlx-lm's shard limit (`MAX_FILE_SIZE_GB` = 5, in GiB).
-pub const MAX_SHARD_BYTES: u64 = 5 << 30;
+pub(crate) const MAX_SHARD_BYTES: u64 = 5 << 30;
 
 /// What a tensor will be, before it is computed.
 #[derive(Clone, Debug)]
@@ -66,7 +66,7 @@ fn dtype_tag(dtype: Dtype) -> Result<&'static str> {
 
 /// Splits units of tensors into shards as mlx-lm's `make_shards` does: a new
 /// shard starts when the next tensor would pass the limit.
-pub fn plan_shards(units: &[Vec<TensorInfo>], limit: u64) -> Vec<Vec<usize>> {
+pub(crate) fn plan_shards(units: &[Vec<TensorInfo>], limit: u64) -> Vec<Vec<usize>> {
     let mut shards: Vec<Vec<usize>> = Vec::new();
     let mut size = 0u64;
     for (i, unit) in units.iter().enumerate() {
@@ -82,7 +82,7 @@ pub fn plan_shards(units: &[Vec<TensorInfo>], limit: u64) -> Vec<Vec<usize>> {
 }
 
 /// The file name of shard `i` of `n` (mlx-lm's names).
-pub fn shard_name(i: usize, n: usize) -> String {
+pub(crate) fn shard_name(i: usize, n: usize) -> String {
     if n > 1 {
         format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
     } else {
@@ -91,7 +91,7 @@ pub fn shard_name(i: usize, n: usize) -> String {
 }
 
 /// One safetensors file being written in the order its header lists.
-pub struct ShardWriter {
+pub(crate) struct ShardWriter {
     out: BufWriter<std::fs::File>,
     expected: std::vec::IntoIter<TensorInfo>,
     path: std::path::PathBuf,
@@ -176,7 +176,7 @@ impl ShardWriter {
 }
 
 /// `model.safetensors.index.json` as mlx-lm writes it.
-pub fn index_json(
+pub(crate) fn index_json(
     weight_map: &[(String, String)],
     total_size: u64,
     total_parameters: u64,

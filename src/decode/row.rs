@@ -78,7 +78,7 @@ impl<'a> Row<'a> {
     }
 
     /// Adds a check the batch polls between steps (client still connected).
-    pub fn with_liveness(mut self, alive: Box<dyn Fn() -> bool + 'a>) -> Self {
+    pub(crate) fn with_liveness(mut self, alive: Box<dyn Fn() -> bool + 'a>) -> Self {
         self.alive = Some(alive);
         self
     }
@@ -105,13 +105,13 @@ impl<'a> Row<'a> {
     }
 
     /// Whether the consumer still wants this row.
-    pub fn is_alive(&self) -> bool {
+    pub(crate) fn is_alive(&self) -> bool {
         self.alive.as_ref().is_none_or(|f| f())
     }
 
     /// Greedy with nothing that needs per-row logits work: a batch of such
     /// rows samples with one argmax.
-    pub fn is_plain_greedy(&self) -> bool {
+    pub(crate) fn is_plain_greedy(&self) -> bool {
         self.sampler.params.is_greedy()
             && !self.sampler.params.has_processors()
             && self.constraint.is_none()
@@ -137,7 +137,7 @@ impl<'a> Row<'a> {
 
     /// Emits a sampled token (its log-probabilities from the step that drew
     /// it) and advances the grammar; false once the row is finished.
-    pub fn emit(&mut self, token: u32, logprobs: Option<&Array>) -> Result<bool> {
+    pub(crate) fn emit(&mut self, token: u32, logprobs: Option<&Array>) -> Result<bool> {
         self.first_token_at.get_or_insert_with(Instant::now);
         let logprob = match (self.logprobs_k, logprobs) {
             (Some(k), Some(lp)) => Some(token_logprob(lp, token, k)?),
@@ -157,12 +157,15 @@ impl<'a> Row<'a> {
         Ok(true)
     }
 
-    pub fn finish_with(&mut self, reason: FinishReason) {
+    pub(crate) fn finish_with(&mut self, reason: FinishReason) {
         self.sink.finish_with(reason);
     }
 
     /// Closes the row: held-back text, timings, counts.
-    pub fn into_result(self, speculation: Option<SpeculationStats>) -> Result<GenerationResult> {
+    pub(crate) fn into_result(
+        self,
+        speculation: Option<SpeculationStats>,
+    ) -> Result<GenerationResult> {
         let Row {
             prompt,
             cached,

@@ -115,7 +115,7 @@ impl<'a> BatchScheduler<'a> {
     }
 
     /// Whether another row could start prefilling or decoding soon.
-    pub fn has_room(&self) -> bool {
+    pub(crate) fn has_room(&self) -> bool {
         self.batch.len() + self.pending() < self.limits.decode_concurrency
     }
 

@@ -137,10 +137,10 @@ pub struct LaunchSpec {
 }
 
 /// `NAME`, `VALUE` pairs of one rank's environment.
-pub type RankEnv = Vec<(String, String)>;
+pub(crate) type RankEnv = Vec<(String, String)>;
 
 /// The environment of each rank (and the ring host list, when there is one).
-pub fn rank_envs(spec: &LaunchSpec) -> Result<(Vec<RankEnv>, Option<String>)> {
+pub(crate) fn rank_envs(spec: &LaunchSpec) -> Result<(Vec<RankEnv>, Option<String>)> {
     let hosts = &spec.hosts.hosts;
     let n = hosts.len();
     let mut common: Vec<(String, String)> = spec

@@ -20,7 +20,7 @@ use mlx_rs::Array;
 pub use shard::{shard_model, Parallelism};
 
 /// The backends `--backend` accepts (`any` lets MLX pick the first available).
-pub const BACKENDS: [&str; 4] = ["ring", "nccl", "mpi", "any"];
+pub(crate) const BACKENDS: [&str; 4] = ["ring", "nccl", "mpi", "any"];
 
 struct RawGroup(mlx_sys::mlx_distributed_group);
 
@@ -125,14 +125,14 @@ impl Group {
     }
 
     /// The element-wise sum of `x` over all ranks (lazy).
-    pub fn all_sum(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn all_sum(&self, x: &Array) -> Result<Array> {
         self.collective("all_sum", |res, s| unsafe {
             mlx_sys::mlx_distributed_all_sum(res, x.as_ptr(), self.raw.0, s)
         })
     }
 
     /// `x` of every rank concatenated along the first axis, rank order (lazy).
-    pub fn all_gather(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn all_gather(&self, x: &Array) -> Result<Array> {
         self.collective("all_gather", |res, s| unsafe {
             mlx_sys::mlx_distributed_all_gather(res, x.as_ptr(), self.raw.0, s)
         })
@@ -146,7 +146,7 @@ impl Group {
     }
 
     /// Receives an array shaped like `x` from rank `src` (lazy).
-    pub fn recv_like(&self, x: &Array, src: usize) -> Result<Array> {
+    pub(crate) fn recv_like(&self, x: &Array, src: usize) -> Result<Array> {
         self.collective("recv", |res, s| unsafe {
             mlx_sys::mlx_distributed_recv_like(res, x.as_ptr(), src as i32, self.raw.0, s)
         })

@@ -52,7 +52,7 @@ pub struct PipelineStage {
 impl PipelineStage {
     /// The input of this rank's layers: `h` (the embeddings) on the last
     /// rank, which runs the first layers; the previous stage's output elsewhere.
-    pub fn receive(&self, h: &Array) -> Result<Array> {
+    pub(crate) fn receive(&self, h: &Array) -> Result<Array> {
         let (rank, size) = (self.group.rank(), self.group.size());
         if rank + 1 < size {
             self.group.recv_like(h, rank + 1)
@@ -64,7 +64,7 @@ impl PipelineStage {
     /// Passes this rank's output on and returns the pipeline's output (rank
     /// 0's), the same on every rank. Evaluated here: a send only happens when
     /// its result is evaluated, and callers evaluate only what they need.
-    pub fn pass_on(&self, h: &Array) -> Result<Array> {
+    pub(crate) fn pass_on(&self, h: &Array) -> Result<Array> {
         let rank = self.group.rank();
         let sent = if rank > 0 {
             self.group.send(h, rank - 1)?
@@ -108,7 +108,7 @@ pub fn shard_model(model: &mut Model, group: &Group, mode: Parallelism) -> Resul
 
 /// The layer range rank `rank` of `size` runs: even split, lower ranks take
 /// the extra layers, rank 0 the last layers.
-pub fn pipeline_range(layers: usize, rank: usize, size: usize) -> Range<usize> {
+pub(crate) fn pipeline_range(layers: usize, rank: usize, size: usize) -> Range<usize> {
     let split: Vec<usize> = (0..size)
         .map(|r| layers / size + usize::from(r < layers % size))
         .collect();

@@ -89,7 +89,7 @@ pub struct Perplexity {
 }
 
 /// Next-token losses of every position of every row, in row order.
-pub fn token_losses(
+pub(crate) fn token_losses(
     model: &Model,
     rows: &[Vec<i32>],
     batch_size: usize,
@@ -139,7 +139,7 @@ fn row_losses(logits: &Array, targets: &Array) -> Result<Array> {
 
 /// Perplexity and its standard error from per-token losses (mlx-lm's
 /// `eval_ppl`: sample variance with one degree of freedom removed).
-pub fn summarize(losses: &[f32], rows: usize, sequence_length: usize) -> Result<Perplexity> {
+pub(crate) fn summarize(losses: &[f32], rows: usize, sequence_length: usize) -> Result<Perplexity> {
     let n = losses.len();
     if n < 2 {
         bail!("at least two scored tokens are needed (got {n})");

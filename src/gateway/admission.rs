@@ -23,7 +23,7 @@ pub(crate) struct Admitted {
 
 impl KvBudget {
     /// KV bytes of one sequence of `tokens` positions.
-    pub fn bytes_for(&self, tokens: usize) -> usize {
+    pub(crate) fn bytes_for(&self, tokens: usize) -> usize {
         tokens.saturating_mul(self.bytes_per_token)
     }
 
@@ -33,7 +33,7 @@ impl KvBudget {
     }
 
     /// Projected bytes of a batch holding rows of these lengths.
-    pub fn projected(&self, lengths: impl Iterator<Item = usize>) -> usize {
+    pub(crate) fn projected(&self, lengths: impl Iterator<Item = usize>) -> usize {
         let (rows, longest) = lengths.fold((0usize, 0usize), |(n, m), l| (n + 1, m.max(l)));
         self.bytes_for(rows.saturating_mul(longest))
     }
@@ -49,12 +49,12 @@ impl Admitted {
     }
 
     /// Whether a row of `tokens` positions can join now.
-    pub fn can_admit(&self, budget: &KvBudget, tokens: usize) -> bool {
+    pub(crate) fn can_admit(&self, budget: &KvBudget, tokens: usize) -> bool {
         let with = self.lengths.iter().map(|&(_, l)| l).chain([tokens]);
         budget.projected(with) <= budget.budget_bytes
     }
 
-    pub fn projected(&self, budget: &KvBudget) -> usize {
+    pub(crate) fn projected(&self, budget: &KvBudget) -> usize {
         budget.projected(self.lengths.iter().map(|&(_, l)| l))
     }
 }

@@ -60,13 +60,13 @@ impl<'a> BatchLane<'a> {
     }
 
     /// Whether `job` can join now (room in the batch and in the KV budget).
-    pub fn can_admit(&self, job: &Job) -> bool {
+    pub(crate) fn can_admit(&self, job: &Job) -> bool {
         self.scheduler.has_room() && self.admitted.can_admit(&self.budget, Self::tokens_of(job))
     }
 
     /// Makes `job` a row: compile its grammar, reuse what the prompt cache
     /// holds, and queue it for prefill.
-    pub fn admit(&mut self, shared: &mut Shared, job: Job) {
+    pub(crate) fn admit(&mut self, shared: &mut Shared, job: Job) {
         let reporter = shared.reporter.clone();
         let constraint = match &job.request.constraint {
             Some(spec) => match shared.constraint(spec) {

@@ -49,7 +49,7 @@ impl Client {
 
     /// Streams one emitted token; false when the client is gone or the
     /// server is stopping, which cancels the generation.
-    pub fn send_token(&self, ev: &TokenEvent, abort: &AtomicBool) -> bool {
+    pub(crate) fn send_token(&self, ev: &TokenEvent, abort: &AtomicBool) -> bool {
         if abort.load(Ordering::Relaxed) || self.cancel.load(Ordering::Relaxed) {
             return false;
         }
@@ -75,7 +75,7 @@ pub(crate) struct Reporter {
 }
 
 impl Reporter {
-    pub fn aborting(&self) -> bool {
+    pub(crate) fn aborting(&self) -> bool {
         self.abort.load(Ordering::Relaxed)
     }
 

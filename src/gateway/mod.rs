@@ -82,13 +82,13 @@ pub struct KvSettings {
 }
 
 impl KvSettings {
-    pub fn is_default(&self) -> bool {
+    pub(crate) fn is_default(&self) -> bool {
         self.max_kv_size.is_none() && self.quantization.is_none()
     }
 
     /// What an SSD entry records, so entries are only restored into caches
     /// of the same kind.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         match (self.max_kv_size, self.quantization) {
             (Some(n), _) => format!("rotating max={n} keep=4"),
             (None, Some(q)) => format!(

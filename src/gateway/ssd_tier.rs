@@ -437,7 +437,7 @@ impl SsdTier {
         })
     }
 
-    pub fn stats_handle(&self) -> SsdStatsHandle {
+    pub(crate) fn stats_handle(&self) -> SsdStatsHandle {
         SsdStatsHandle(self.state.clone())
     }
 

@@ -68,7 +68,7 @@ impl Shared {
 
     /// Caches holding the longest cached prefix of `prompt`, and its length:
     /// from RAM, or from the SSD tier when it holds a longer prefix.
-    pub fn cached_prefix(
+    pub(crate) fn cached_prefix(
         &mut self,
         model: &Model,
         prompt: &[u32],
@@ -106,7 +106,7 @@ impl Shared {
         self.publish_cache_stats();
     }
 
-    pub fn publish_cache_stats(&self) {
+    pub(crate) fn publish_cache_stats(&self) {
         let counters = &self.reporter.counters;
         // The SSD tier's counters are read live through its handle.
         *counters.prompt_cache.lock().unwrap() = self.prompt_cache.stats();

@@ -219,7 +219,7 @@ fn cache() -> &'static Mutex<GrammarCache> {
 }
 
 /// A fresh matcher for `spec`, compiled or cloned from the cache.
-pub fn matcher_for(
+pub(crate) fn matcher_for(
     env: &TokenEnvironment,
     spec: &ConstraintSpec,
 ) -> Result<(Matcher, CompileInfo)> {

@@ -83,7 +83,7 @@ impl GrammarConstraint {
     }
 
     /// Independent copy at the current position (concrete type).
-    pub fn fork_matcher(&self) -> Self {
+    pub(crate) fn fork_matcher(&self) -> Self {
         Self {
             matcher: self.matcher.clone(),
             env: self.env.clone(),

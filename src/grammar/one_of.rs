@@ -14,7 +14,7 @@ const DATA_KEYWORDS: [&str; 4] = ["enum", "const", "default", "examples"];
 const MAX_REF_DEPTH: usize = 16;
 
 /// Refuses any `oneOf` whose branches are not provably mutually exclusive.
-pub fn check_one_of(root: &Value) -> Result<()> {
+pub(crate) fn check_one_of(root: &Value) -> Result<()> {
     walk(root, root, "#")
 }
 

@@ -15,16 +15,16 @@ use toktrie_hf_tokenizers::ByteTokenizer;
 use crate::tokenizer::Tokenizer;
 
 /// A stable identity for a tokenizer: its `tokenizer.json` and eos ids.
-pub type TokenizerKey = u64;
+pub(crate) type TokenizerKey = u64;
 
-pub struct TokenEnvironment {
+pub(crate) struct TokenEnvironment {
     pub key: TokenizerKey,
     pub factory: ParserFactory,
     pub eos_ids: Vec<u32>,
 }
 
 impl TokenEnvironment {
-    pub fn tok_env(&self) -> &TokEnv {
+    pub(crate) fn tok_env(&self) -> &TokEnv {
         self.factory.tok_env()
     }
 
@@ -64,7 +64,7 @@ fn build(tokenizer: &Tokenizer, key: TokenizerKey) -> Result<TokenEnvironment> {
 }
 
 /// The environment of `tokenizer`, built on first use and shared afterwards.
-pub fn token_environment(tokenizer: &Tokenizer) -> Result<Arc<TokenEnvironment>> {
+pub(crate) fn token_environment(tokenizer: &Tokenizer) -> Result<Arc<TokenEnvironment>> {
     static ENVIRONMENTS: OnceLock<Mutex<HashMap<TokenizerKey, Arc<TokenEnvironment>>>> =
         OnceLock::new();
     let key = tokenizer_key(tokenizer);

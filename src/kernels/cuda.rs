@@ -17,7 +17,7 @@ use crate::model::layers::QuantSpec;
 const SOURCE: &str = include_str!("../../kernels/cuda/qmv.cu");
 const BODY_MARKER: &str = "// BODY\n";
 /// Rows of `x` the kernel takes; from 8 rows MLX's tiled kernel wins.
-pub const MAX_ROWS: usize = 4;
+pub(crate) const MAX_ROWS: usize = 4;
 /// Fewest rows it takes by default. At one row the kernel itself is about
 /// twice as fast as MLX's on large layers, but building each custom-kernel
 /// node costs more host time than that saves in a single-sequence decode

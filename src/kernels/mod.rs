@@ -236,7 +236,7 @@ pub fn enabled() -> bool {
 
 /// The most rows for which `Linear` prefers the kernel to its dense path
 /// (0 when the kernel is off).
-pub fn preferred_rows() -> usize {
+pub(crate) fn preferred_rows() -> usize {
     max_rows().unwrap_or(0)
 }
 

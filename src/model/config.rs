@@ -17,7 +17,7 @@ fn default_eps() -> f32 {
 
 /// The fields one family adds to `config.json`, parsed once at load; an
 /// error names the field (`attn_logit_softcapping: invalid type: ...`).
-pub fn family_args<T: serde::de::DeserializeOwned>(raw: &serde_json::Value) -> Result<T> {
+pub(crate) fn family_args<T: serde::de::DeserializeOwned>(raw: &serde_json::Value) -> Result<T> {
     serde_path_to_error::deserialize(raw.clone())
         .map_err(|e| anyhow::anyhow!("{}: {}", e.path(), e.inner()))
 }
@@ -159,7 +159,7 @@ pub struct ModelArgs {
 }
 
 impl ModelArgs {
-    pub fn rope_base(&self) -> f32 {
+    pub(crate) fn rope_base(&self) -> f32 {
         self.rope_theta
             .or_else(|| {
                 self.rope_parameters
@@ -172,7 +172,7 @@ impl ModelArgs {
     }
 
     /// The RoPE scaling of `rope_scaling`, else of `rope_parameters`.
-    pub fn rope_scaling(&self) -> Result<Option<RopeScaling>> {
+    pub(crate) fn rope_scaling(&self) -> Result<Option<RopeScaling>> {
         match self
             .rope_scaling
             .as_ref()
@@ -184,7 +184,7 @@ impl ModelArgs {
         }
     }
 
-    pub fn kv_heads(&self) -> i32 {
+    pub(crate) fn kv_heads(&self) -> i32 {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 

@@ -379,7 +379,7 @@ impl Decoder {
         self.norm.forward(&h)
     }
 
-    pub fn project(&self, hidden: &Array) -> Result<Array> {
+    pub(crate) fn project(&self, hidden: &Array) -> Result<Array> {
         let logits = match &self.lm_head {
             Some(head) => head.forward(hidden)?,
             None => self.embed_tokens.as_linear(hidden)?,
@@ -394,7 +394,11 @@ impl Decoder {
     }
 
     /// Logits of the last position only, `[B, vocab]`.
-    pub fn forward_last(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+    pub(crate) fn forward_last(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn KvCache>],
+    ) -> Result<Array> {
         let h = self.hidden(inputs, caches)?;
         let last = h.index((.., -1, ..));
         self.project(&last)
@@ -463,7 +467,7 @@ impl LogitsMap {
 }
 
 /// `cap * tanh(x / cap)`, or `x` without a cap.
-pub fn softcap(x: Array, cap: Option<f32>) -> Result<Array> {
+pub(crate) fn softcap(x: Array, cap: Option<f32>) -> Result<Array> {
     let Some(cap) = cap else {
         return Ok(x);
     };

@@ -20,7 +20,7 @@ use crate::cache::{KvCache, Mask};
 
 /// The Gemma 2 fields of `config.json`, with mlx-lm's defaults.
 #[derive(Debug, Deserialize)]
-pub struct Gemma2Args {
+pub(crate) struct Gemma2Args {
     #[serde(default = "default_query_pre_attn_scalar")]
     pub query_pre_attn_scalar: f32,
     #[serde(default = "default_attn_cap")]
@@ -71,7 +71,7 @@ pub(super) fn gemma_norm(w: &mut Weights, prefix: &str, eps: f32) -> Result<RmsN
 }
 
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, in mlx's order.
-pub fn gelu_approx(x: &Array) -> Result<Array> {
+pub(crate) fn gelu_approx(x: &Array) -> Result<Array> {
     let c = |v: f64| Array::from_f32(v as f32).as_dtype(x.dtype());
     let cube = x.power(&c(3.0)?)?;
     let inner = &c((2.0 / std::f64::consts::PI).sqrt())? * &(x + &(&c(0.044715)? * &cube));
@@ -82,7 +82,7 @@ pub fn gelu_approx(x: &Array) -> Result<Array> {
 /// Attention with soft-capped scores, as mlx-lm's Gemma 2: `q` scaled,
 /// `cap * tanh(q k^T / cap)`, masked, softmax in float32, times `v`.
 /// Grouped-query heads fold into a repeat axis.
-pub fn softcapped_attention(
+pub(crate) fn softcapped_attention(
     q: &Array,
     k: &Array,
     v: &Array,

@@ -19,7 +19,7 @@ use super::weights::Weights;
 
 /// The Gemma 3 fields of `config.json`, with mlx-lm's defaults.
 #[derive(Debug, Deserialize)]
-pub struct Gemma3Args {
+pub(crate) struct Gemma3Args {
     #[serde(default = "default_query_pre_attn_scalar")]
     pub query_pre_attn_scalar: f32,
     #[serde(default = "default_local_base")]
@@ -53,7 +53,7 @@ fn default_pattern() -> usize {
 }
 
 impl Gemma3Args {
-    pub fn is_sliding(&self, layer: usize) -> bool {
+    pub(crate) fn is_sliding(&self, layer: usize) -> bool {
         !(layer + 1).is_multiple_of(self.sliding_window_pattern)
     }
 }

@@ -17,7 +17,7 @@ use super::weights::Weights;
 
 /// The GPT-OSS fields of `config.json`, with mlx-lm's defaults.
 #[derive(Debug, Deserialize)]
-pub struct GptOssArgs {
+pub(crate) struct GptOssArgs {
     #[serde(default = "default_experts")]
     pub num_local_experts: i32,
     #[serde(default = "default_top_k")]

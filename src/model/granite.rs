@@ -13,7 +13,7 @@ use super::weights::Weights;
 
 /// The Granite fields of `config.json` (all required, as in mlx-lm).
 #[derive(Debug, Deserialize)]
-pub struct GraniteArgs {
+pub(crate) struct GraniteArgs {
     pub attention_multiplier: f32,
     pub embedding_multiplier: f32,
     pub residual_multiplier: f32,

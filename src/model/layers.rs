@@ -25,7 +25,7 @@ thread_local! {
 /// Runs `f` with quantized layers computed by MLX's `quantized_matmul`, whose
 /// gradient reaches the scales and biases (DWQ trains them); mlx-bun's CPU
 /// kernel and the dense path differentiate only where adapters need it.
-pub fn with_differentiable_quantization<R>(f: impl FnOnce() -> R) -> R {
+pub(crate) fn with_differentiable_quantization<R>(f: impl FnOnce() -> R) -> R {
     let before = DIFFERENTIABLE_QUANTIZED.with(|c| c.replace(true));
     let out = f();
     DIFFERENTIABLE_QUANTIZED.with(|c| c.set(before));
@@ -127,7 +127,7 @@ impl Linear {
     /// Splits a fused layer (Phi-3's `qkv_proj`, `gate_up_proj`) into layers
     /// of `rows` output rows each, in order. Quantized weights split along
     /// their rows too (packing and groups run along the input).
-    pub fn split_rows(&self, rows: &[i32]) -> Result<Vec<Linear>> {
+    pub(crate) fn split_rows(&self, rows: &[i32]) -> Result<Vec<Linear>> {
         use mlx_rs::ops::indexing::IndexOp;
         let total: i32 = rows.iter().sum();
         if total != self.shape().0 {
@@ -173,25 +173,6 @@ impl Linear {
             LinearWeight::Quantized { weight, spec, .. } => {
                 (weight.shape()[0], weight.shape()[1] * 32 / spec.bits)
             }
-        }
-    }
-
-    /// The weight as a dense `[out, in]` matrix.
-    pub fn dense_weight(&self) -> Result<Array> {
-        match &self.weight {
-            LinearWeight::Dense(w) => Ok(w.clone()),
-            LinearWeight::Quantized {
-                weight,
-                scales,
-                biases,
-                spec,
-            } => Ok(dequantize(
-                weight,
-                scales,
-                biases,
-                spec.group_size,
-                spec.bits,
-            )?),
         }
     }
 }
@@ -271,7 +252,7 @@ impl Embedding {
     }
 
     /// Projects hidden states onto the vocabulary with the embedding matrix.
-    pub fn as_linear(&self, x: &Array) -> Result<Array> {
+    pub(crate) fn as_linear(&self, x: &Array) -> Result<Array> {
         match &self.weight {
             LinearWeight::Dense(w) => Ok(matmul(x, w.t())?),
             LinearWeight::Quantized {
@@ -418,7 +399,11 @@ impl Rope {
     }
 
     /// Rotates `x` `[B, H, L, D]` for tokens at `positions`.
-    pub fn forward_at(&self, x: &Array, positions: &crate::cache::Positions) -> Result<Array> {
+    pub(crate) fn forward_at(
+        &self,
+        x: &Array,
+        positions: &crate::cache::Positions,
+    ) -> Result<Array> {
         match positions {
             crate::cache::Positions::Shared(offset) => self.forward(x, *offset),
             crate::cache::Positions::PerRow(offsets) => {

@@ -14,7 +14,7 @@ use super::weights::Weights;
 
 /// The Mixtral fields of `config.json`, with mlx-lm's defaults.
 #[derive(Debug, Deserialize)]
-pub struct MixtralArgs {
+pub(crate) struct MixtralArgs {
     #[serde(default = "default_experts")]
     pub num_local_experts: i32,
     #[serde(default = "default_top_k")]

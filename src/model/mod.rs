@@ -41,7 +41,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub const SUPPORTED: [&str; 12] = [
+pub(crate) const SUPPORTED: [&str; 12] = [
     "llama",
     "mistral",
     "qwen2",
@@ -158,7 +158,11 @@ impl Model {
     }
 
     /// Logits of the last position, `[B, vocab]`.
-    pub fn forward_last(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+    pub(crate) fn forward_last(
+        &self,
+        inputs: &Array,
+        caches: &mut [Box<dyn KvCache>],
+    ) -> Result<Array> {
         self.decoder.forward_last(inputs, caches)
     }
 
@@ -167,7 +171,7 @@ impl Model {
     }
 
     /// Device bytes the weights occupy.
-    pub fn resident_bytes(&self) -> usize {
+    pub(crate) fn resident_bytes(&self) -> usize {
         self.weight_bytes
     }
 

@@ -19,7 +19,7 @@ use super::weights::Weights;
 
 /// The Phi-3 fields of `config.json`, with mlx-lm's defaults.
 #[derive(Debug, Deserialize)]
-pub struct Phi3Args {
+pub(crate) struct Phi3Args {
     #[serde(default = "one")]
     pub partial_rotary_factor: f32,
     #[serde(default = "default_max_positions")]
@@ -32,7 +32,7 @@ pub struct Phi3Args {
 
 /// `rope_scaling` of a Phi-3 checkpoint.
 #[derive(Debug, Deserialize)]
-pub struct Phi3RopeScaling {
+pub(crate) struct Phi3RopeScaling {
     #[serde(rename = "type", alias = "rope_type")]
     pub kind: String,
     #[serde(default)]
@@ -44,7 +44,7 @@ pub struct Phi3RopeScaling {
 /// One factor for every frequency, or one each.
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-pub enum Factors {
+pub(crate) enum Factors {
     One(f32),
     Each(Vec<f32>),
 }

@@ -19,7 +19,7 @@ fn finfo_min(dtype: Dtype) -> f32 {
 }
 
 /// `queries` `[B, heads, L, D]` over `kv` (`[B, kv_heads, S, *]` triples).
-pub fn quantized_sdpa(
+pub(crate) fn quantized_sdpa(
     queries: &Array,
     kv: &QuantizedState,
     scale: f32,

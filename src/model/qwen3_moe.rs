@@ -14,7 +14,7 @@ use super::weights::Weights;
 
 /// The Qwen3-MoE fields of `config.json`.
 #[derive(Debug, Deserialize)]
-pub struct Qwen3MoeArgs {
+pub(crate) struct Qwen3MoeArgs {
     pub num_experts: i32,
     pub num_experts_per_tok: i32,
     #[serde(default = "one")]
@@ -30,7 +30,7 @@ fn one() -> usize {
 }
 
 impl Qwen3MoeArgs {
-    pub fn is_sparse(&self, layer: usize) -> bool {
+    pub(crate) fn is_sparse(&self, layer: usize) -> bool {
         !self.mlp_only_layers.contains(&layer)
             && self.num_experts > 0
             && (layer + 1).is_multiple_of(self.decoder_sparse_step.max(1))

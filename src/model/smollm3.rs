@@ -12,7 +12,7 @@ use super::weights::Weights;
 
 /// The SmolLM3 fields of `config.json`, with mlx-lm's defaults.
 #[derive(Debug, Deserialize)]
-pub struct SmolLm3Args {
+pub(crate) struct SmolLm3Args {
     #[serde(default = "default_interval")]
     pub no_rope_layer_interval: usize,
     #[serde(default)]
@@ -25,7 +25,7 @@ fn default_interval() -> usize {
 
 impl SmolLm3Args {
     /// Whether each of `layers` layers applies RoPE.
-    pub fn uses_rope(&self, layers: usize) -> Result<Vec<bool>> {
+    pub(crate) fn uses_rope(&self, layers: usize) -> Result<Vec<bool>> {
         match &self.no_rope_layers {
             Some(list) if list.len() != layers => bail!(
                 "no_rope_layers has {} entries but num_hidden_layers is {layers}",

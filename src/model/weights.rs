@@ -23,7 +23,7 @@ pub struct Weights {
 impl Weights {
     /// Loads every `*.safetensors` file of `dir`, casting floating tensors to
     /// `compute_dtype`.
-    pub fn load_dir(
+    pub(crate) fn load_dir(
         dir: &Path,
         quantization: Option<serde_json::Value>,
         compute_dtype: Dtype,
@@ -39,7 +39,7 @@ impl Weights {
         Self::from_map(tensors, quantization, compute_dtype)
     }
 
-    pub fn from_map(
+    pub(crate) fn from_map(
         tensors: HashMap<String, Array>,
         quantization: Option<serde_json::Value>,
         compute_dtype: Dtype,
@@ -55,7 +55,7 @@ impl Weights {
         })
     }
 
-    pub fn compute_dtype(&self) -> Dtype {
+    pub(crate) fn compute_dtype(&self) -> Dtype {
         self.compute_dtype
     }
 
@@ -73,14 +73,14 @@ impl Weights {
             .ok_or_else(|| anyhow!("missing tensor {name:?} in the model weights"))
     }
 
-    pub fn take_opt(&mut self, name: &str) -> Result<Option<Array>> {
+    pub(crate) fn take_opt(&mut self, name: &str) -> Result<Option<Array>> {
         Ok(self.tensors.remove(name))
     }
 
     /// Stacks per-expert tensors `{experts}.{e}.{name}.{weight,scales,biases}`
     /// into `{target}.*` `[experts, ...]`, when the checkpoint stores its
     /// experts one by one (Hugging Face layout); a no-op otherwise.
-    pub fn stack_experts(
+    pub(crate) fn stack_experts(
         &mut self,
         experts: &str,
         name: &str,
@@ -102,7 +102,7 @@ impl Weights {
     }
 
     /// The quantization of the layer at `prefix`, if its weights are quantized.
-    pub fn quant_spec(&self, prefix: &str) -> Option<QuantSpec> {
+    pub(crate) fn quant_spec(&self, prefix: &str) -> Option<QuantSpec> {
         if !self.tensors.contains_key(&format!("{prefix}.scales")) {
             return None;
         }
@@ -151,7 +151,7 @@ impl Weights {
     }
 
     /// Names left unconsumed (a sign of a mismatched architecture).
-    pub fn remaining(&self) -> Vec<String> {
+    pub(crate) fn remaining(&self) -> Vec<String> {
         let mut names: Vec<_> = self.tensors.keys().cloned().collect();
         names.sort();
         names
@@ -162,7 +162,7 @@ impl Weights {
     /// naming the tensor, the expected and the found shape (instead of a
     /// reshape failure deep in the first forward pass). Missing tensors are
     /// left to `take`, which names them.
-    pub fn check_shapes(&self, args: &ModelArgs, qk_norm: bool) -> Result<()> {
+    pub(crate) fn check_shapes(&self, args: &ModelArgs, qk_norm: bool) -> Result<()> {
         let hidden = args.hidden_size;
         let q_rows = args.num_attention_heads * args.head_dim();
         let kv_rows = args.kv_heads() * args.head_dim();
@@ -313,7 +313,7 @@ impl Weights {
 }
 
 /// The model's weight files in `dir` (`*.safetensors`, adapters excluded), sorted.
-pub fn weight_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
+pub(crate) fn weight_files(dir: &Path) -> Result<Vec<std::path::PathBuf>> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .with_context(|| format!("reading {}", dir.display()))?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -378,7 +378,7 @@ pub struct TensorEntry {
 /// Parses a safetensors JSON header and checks each entry against
 /// `data_len`, the bytes after the header: known dtype, shape, offsets inside
 /// the data and of exactly the size the shape and dtype imply.
-pub fn check_safetensors_header(header: &[u8], data_len: u64) -> Result<Vec<TensorEntry>> {
+pub(crate) fn check_safetensors_header(header: &[u8], data_len: u64) -> Result<Vec<TensorEntry>> {
     let value: serde_json::Value =
         serde_json::from_slice(header).context("the header is not JSON")?;
     let map = value

@@ -109,7 +109,7 @@ fn parse_choice(v: Option<&Value>, has_tools: bool) -> Result<ToolChoice, ApiErr
 }
 
 /// Reads `tools`, `tool_choice` and `parallel_tool_calls`.
-pub fn parse_request(f: &Fields) -> Result<AgentRequest, ApiError> {
+pub(crate) fn parse_request(f: &Fields) -> Result<AgentRequest, ApiError> {
     let tools = match f.get("tools") {
         None | Some(Value::Null) => Vec::new(),
         Some(Value::Array(items)) => items.clone(),
@@ -139,7 +139,7 @@ pub fn parse_request(f: &Fields) -> Result<AgentRequest, ApiError> {
 
 /// `chat_template_kwargs` of a request (vLLM's spelling; `chat_template_args`
 /// too, as mlx-lm's flag is named).
-pub fn parse_template_kwargs(f: &Fields) -> Result<Map<String, Value>, ApiError> {
+pub(crate) fn parse_template_kwargs(f: &Fields) -> Result<Map<String, Value>, ApiError> {
     for name in ["chat_template_kwargs", "chat_template_args"] {
         match f.get(name) {
             None | Some(Value::Null) => {}
@@ -166,7 +166,7 @@ pub struct AnswerPlan {
 }
 
 impl AnswerPlan {
-    pub fn for_request(
+    pub(crate) fn for_request(
         config: &AgentConfig,
         tokenizer: &Tokenizer,
         request: &AgentRequest,
@@ -198,7 +198,7 @@ impl AnswerPlan {
     }
 
     /// Whether the answer needs more than plain text handling.
-    pub fn is_active(&self) -> bool {
+    pub(crate) fn is_active(&self) -> bool {
         self.tools.is_some() || self.reasoning.is_some()
     }
 
@@ -216,7 +216,7 @@ impl AnswerPlan {
     }
 
     /// The grammar that forces a call, when `tool_choice` asks for one.
-    pub fn call_constraint(
+    pub(crate) fn call_constraint(
         &self,
         request: &AgentRequest,
         tokenizer: &Tokenizer,
@@ -239,7 +239,7 @@ impl AnswerPlan {
 
     /// A structured-output constraint made to apply to the answer only: a
     /// reasoning block may come first. Lark grammars are taken as they are.
-    pub fn answer_constraint(&self, spec: ConstraintSpec) -> ConstraintSpec {
+    pub(crate) fn answer_constraint(&self, spec: ConstraintSpec) -> ConstraintSpec {
         let Some(prefix) = self.prefix() else {
             return spec;
         };
@@ -270,7 +270,7 @@ impl AnswerPlan {
 
 /// One step of an answer, as both APIs report it.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Delta {
+pub(crate) enum Delta {
     Reasoning(String),
     Content(String),
     Call(ToolCall),
@@ -278,7 +278,7 @@ pub enum Delta {
 
 /// Turns streamed text into [`Delta`]s: reasoning split off first, then
 /// content until a call begins; calls are parsed when the answer ends.
-pub struct AnswerStream {
+pub(crate) struct AnswerStream {
     plan: AnswerPlan,
     splitter: Option<ReasoningSplitter>,
     held: String,
@@ -419,7 +419,7 @@ impl Answer {
 }
 
 /// A random id with a prefix, such as `call_3kT9…`.
-pub fn random_id(prefix: &str) -> String {
+pub(crate) fn random_id(prefix: &str) -> String {
     use rand::distributions::Alphanumeric;
     use rand::Rng;
     let tail: String = rand::thread_rng()
@@ -431,7 +431,7 @@ pub fn random_id(prefix: &str) -> String {
 }
 
 /// A call in OpenAI's shape (arguments as a JSON string).
-pub fn openai_call(call: &ToolCall) -> Value {
+pub(crate) fn openai_call(call: &ToolCall) -> Value {
     json!({
         "id": call.id.clone().unwrap_or_else(|| random_id("call_")),
         "type": "function",
@@ -440,7 +440,7 @@ pub fn openai_call(call: &ToolCall) -> Value {
 }
 
 /// The `message` of a non-streamed chat choice.
-pub fn openai_message(answer: &Answer) -> Value {
+pub(crate) fn openai_message(answer: &Answer) -> Value {
     let mut message = json!({"role": "assistant"});
     message["content"] = if answer.content.is_empty() && !answer.calls.is_empty() {
         Value::Null

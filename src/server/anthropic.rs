@@ -153,7 +153,7 @@ fn convert_message(i: usize, m: &Value, out: &mut Vec<Value>) -> Result<(), ApiE
 }
 
 /// The Anthropic request as an OpenAI chat request body.
-pub fn to_chat_request(body: &Value) -> Result<Value, ApiError> {
+pub(crate) fn to_chat_request(body: &Value) -> Result<Value, ApiError> {
     let obj = body
         .as_object()
         .ok_or_else(|| ApiError::bad_request("the request body must be a JSON object"))?;

@@ -32,7 +32,7 @@ pub fn authorized(expected: &str, header: Option<&str>) -> Result<(), ApiError> 
     }
 }
 
-pub async fn require_api_key(
+pub(crate) async fn require_api_key(
     State(app): State<Arc<AppState>>,
     request: Request,
     next: Next,

@@ -34,7 +34,7 @@ impl ApiError {
     }
 
     /// 400 about the request as a whole.
-    pub fn bad_request(message: impl Into<String>) -> Self {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
     }
 
@@ -43,11 +43,11 @@ impl ApiError {
             .with_code("invalid_api_key")
     }
 
-    pub fn not_found(message: impl Into<String>) -> Self {
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found_error", message).with_code("not_found")
     }
 
-    pub fn method_not_allowed() -> Self {
+    pub(crate) fn method_not_allowed() -> Self {
         Self::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "invalid_request_error",
@@ -56,7 +56,7 @@ impl ApiError {
         .with_code("method_not_allowed")
     }
 
-    pub fn too_large(limit: usize) -> Self {
+    pub(crate) fn too_large(limit: usize) -> Self {
         Self::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
@@ -65,20 +65,20 @@ impl ApiError {
         .with_code("request_too_large")
     }
 
-    pub fn unavailable(message: impl Into<String>, code: &'static str) -> Self {
+    pub(crate) fn unavailable(message: impl Into<String>, code: &'static str) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).with_code(code)
     }
 
-    pub fn internal(message: impl Into<String>) -> Self {
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
     }
 
-    pub fn with_param(mut self, param: &str) -> Self {
+    pub(crate) fn with_param(mut self, param: &str) -> Self {
         self.param = Some(param.to_string());
         self
     }
 
-    pub fn with_code(mut self, code: &'static str) -> Self {
+    pub(crate) fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
     }

@@ -5,7 +5,7 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 
-pub struct Fields<'a> {
+pub(crate) struct Fields<'a> {
     map: &'a Map<String, Value>,
 }
 

@@ -228,7 +228,7 @@ async fn run_generation(
     Ok(Json(reply.complete(&results)).into_response())
 }
 
-pub async fn chat_completions(
+pub(crate) async fn chat_completions(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -256,7 +256,7 @@ fn model_object(app: &AppState, id: &str, loaded: bool) -> Value {
     })
 }
 
-pub async fn list_models(State(app): State<Arc<AppState>>) -> Json<Value> {
+pub(crate) async fn list_models(State(app): State<Arc<AppState>>) -> Json<Value> {
     let models = app.models.clone();
     let listed = tokio::task::spawn_blocking(move || models.list())
         .await
@@ -268,7 +268,10 @@ pub async fn list_models(State(app): State<Arc<AppState>>) -> Json<Value> {
     Json(json!({"object": "list", "data": data}))
 }
 
-pub async fn get_model(State(app): State<Arc<AppState>>, Path(id): Path<String>) -> Response {
+pub(crate) async fn get_model(
+    State(app): State<Arc<AppState>>,
+    Path(id): Path<String>,
+) -> Response {
     if app.models.serves(&id) {
         let loaded = app.models.loaded_ids().contains(&id);
         Json(model_object(&app, &id, loaded)).into_response()
@@ -283,7 +286,7 @@ pub async fn get_model(State(app): State<Arc<AppState>>, Path(id): Path<String>)
 }
 
 /// The chat page: one static file, no build step.
-pub async fn chat_page() -> Response {
+pub(crate) async fn chat_page() -> Response {
     (
         [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
         include_str!("page.html"),
@@ -325,10 +328,10 @@ pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
         .into_response()
 }
 
-pub async fn not_found(method: Method, uri: Uri) -> Response {
+pub(crate) async fn not_found(method: Method, uri: Uri) -> Response {
     ApiError::not_found(format!("no route for {method} {}", uri.path())).into_response()
 }
 
-pub async fn method_not_allowed() -> Response {
+pub(crate) async fn method_not_allowed() -> Response {
     ApiError::method_not_allowed().into_response()
 }

@@ -35,7 +35,7 @@ impl HttpMetrics {
             .or_default() += 1;
     }
 
-    pub fn uptime_s(&self) -> f64 {
+    pub(crate) fn uptime_s(&self) -> f64 {
         self.started.elapsed().as_secs_f64()
     }
 
@@ -44,7 +44,7 @@ impl HttpMetrics {
     }
 }
 
-pub fn stats_json(model: &str, ready: bool, http: &HttpMetrics, g: &GatewayStats) -> Value {
+pub(crate) fn stats_json(model: &str, ready: bool, http: &HttpMetrics, g: &GatewayStats) -> Value {
     let responses = http.snapshot();
     let mut by_route: BTreeMap<String, u64> = BTreeMap::new();
     let mut by_status: BTreeMap<String, u64> = BTreeMap::new();
@@ -123,7 +123,7 @@ fn escape_label(s: &str) -> String {
         .replace('\n', "\\n")
 }
 
-pub fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
+pub(crate) fn prometheus(http: &HttpMetrics, g: &GatewayStats) -> String {
     let mut out = String::new();
     let responses: Vec<(String, f64)> = http
         .snapshot()

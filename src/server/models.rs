@@ -154,7 +154,7 @@ pub struct ModelPool {
 }
 
 /// The name mlx-lm's server gives the model it started with.
-pub const DEFAULT_ALIAS: &str = "default_model";
+pub(crate) const DEFAULT_ALIAS: &str = "default_model";
 
 fn is_model_dir(dir: &Path) -> bool {
     dir.join("config.json").is_file()
@@ -321,7 +321,7 @@ impl ModelPool {
     }
 
     /// The model a request asks for, loaded and held for it.
-    pub async fn acquire(self: &Arc<Self>, body: &Value) -> Result<Lease, ApiError> {
+    pub(crate) async fn acquire(self: &Arc<Self>, body: &Value) -> Result<Lease, ApiError> {
         let (id, key) = self.key_of(body)?;
         self.acquire_key(id, key).await
     }
@@ -551,7 +551,7 @@ impl ModelPool {
     }
 
     /// Ids of the loaded models, most recently used first.
-    pub fn loaded_ids(&self) -> Vec<String> {
+    pub(crate) fn loaded_ids(&self) -> Vec<String> {
         self.loaded().iter().map(|s| s.id.clone()).collect()
     }
 
@@ -597,7 +597,7 @@ impl ModelPool {
     }
 
     /// Whether `id` is a model this server may serve.
-    pub fn serves(&self, id: &str) -> bool {
+    pub(crate) fn serves(&self, id: &str) -> bool {
         self.resolve(id).is_some()
     }
 

@@ -21,7 +21,7 @@ pub enum Endpoint {
 
 impl Endpoint {
     /// The field that carries the prompt, for error messages.
-    pub fn prompt_param(self) -> &'static str {
+    pub(crate) fn prompt_param(self) -> &'static str {
         match self {
             Endpoint::Chat => "messages",
             Endpoint::Completions => "prompt",
@@ -262,7 +262,7 @@ pub fn parse(endpoint: Endpoint, body: &Value, vocab: usize) -> Result<ParsedReq
 }
 
 /// [`parse`], with the server's sampling defaults for fields a request omits.
-pub fn parse_with_defaults(
+pub(crate) fn parse_with_defaults(
     endpoint: Endpoint,
     body: &Value,
     vocab: usize,
@@ -347,7 +347,7 @@ pub fn parse_with_defaults(
 
 /// The number of tokens to generate for a prompt of `prompt_len` tokens:
 /// the asked amount must fit the context; the default is cut to fit.
-pub fn completion_budget(
+pub(crate) fn completion_budget(
     endpoint: Endpoint,
     asked: Option<usize>,
     prompt_len: usize,

@@ -30,7 +30,7 @@ pub struct Reply {
 }
 
 /// A random id such as `chatcmpl-3kT9...`.
-pub fn new_id(endpoint: Endpoint) -> String {
+pub(crate) fn new_id(endpoint: Endpoint) -> String {
     use rand::distributions::Alphanumeric;
     use rand::Rng;
     let tail: String = rand::thread_rng()
@@ -215,7 +215,7 @@ impl Reply {
 
     /// The chunk that opens a chat choice's stream (the assistant role);
     /// none for completions.
-    pub fn opening_chunk(&self, index: usize) -> Option<Value> {
+    pub(crate) fn opening_chunk(&self, index: usize) -> Option<Value> {
         match self.endpoint {
             Endpoint::Chat => Some(self.chunk(json!({
                 "index": index,
@@ -228,7 +228,7 @@ impl Reply {
     }
 
     /// A chunk carrying new text (and the token's logprobs when asked).
-    pub fn text_chunk(
+    pub(crate) fn text_chunk(
         &self,
         index: usize,
         text: &str,
@@ -257,7 +257,7 @@ impl Reply {
 
     /// Chunks for a split answer's steps; `calls` counts the choice's calls
     /// so far (each call's `index`). Logprobs ride on the first chunk.
-    pub fn delta_chunks(
+    pub(crate) fn delta_chunks(
         &self,
         index: usize,
         deltas: Vec<Delta>,
@@ -305,7 +305,12 @@ impl Reply {
 
     /// The chunk that ends the choice, with its finish reason
     /// (`tool_calls` when `called`).
-    pub fn closing_chunk(&self, index: usize, result: &GenerationResult, called: bool) -> Value {
+    pub(crate) fn closing_chunk(
+        &self,
+        index: usize,
+        result: &GenerationResult,
+        called: bool,
+    ) -> Value {
         let reason = if called {
             "tool_calls"
         } else {

@@ -6,7 +6,7 @@ use serde_json::{Map, Value};
 
 use super::ToolCall;
 
-pub const START: &str = "<start_function_call>";
+pub(crate) const START: &str = "<start_function_call>";
 const END: &str = "<end_function_call>";
 const ESCAPE: &str = "<escape>";
 

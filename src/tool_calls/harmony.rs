@@ -5,13 +5,13 @@ use anyhow::{bail, Result};
 
 use super::{json_values, ToolCall};
 
-pub const START: &str = "<|channel|>commentary to=functions.";
+pub(crate) const START: &str = "<|channel|>commentary to=functions.";
 const RECIPIENT: &str = "to=functions.";
 const MESSAGE: &str = "<|message|>";
 
 /// The header of the first message addressed to a function, which may also
 /// put the recipient before the channel (`<|start|>assistant to=functions.f<|channel|>…`).
-pub fn find_start(text: &str) -> Option<usize> {
+pub(crate) fn find_start(text: &str) -> Option<usize> {
     let at = text.find(RECIPIENT)?;
     let head = &text[..at];
     [head.rfind("<|start|>"), head.rfind("<|channel|>")]

@@ -5,8 +5,8 @@ use anyhow::Result;
 
 use super::{call_from_json, json_values, ToolCall};
 
-pub const START: &str = "<tool_call>";
-pub const END: &str = "</tool_call>";
+pub(crate) const START: &str = "<tool_call>";
+pub(crate) const END: &str = "</tool_call>";
 
 pub fn parse(text: &str) -> Result<Vec<ToolCall>> {
     let mut calls = Vec::new();

@@ -5,10 +5,10 @@ use anyhow::{bail, Result};
 
 use super::{call_from_json, json_values, ToolCall};
 
-pub const START: &str = "<|python_tag|>";
+pub(crate) const START: &str = "<|python_tag|>";
 
 /// A call written without the tag: the answer opens with a JSON object.
-pub fn bare_start(text: &str) -> Option<usize> {
+pub(crate) fn bare_start(text: &str) -> Option<usize> {
     let trimmed = text.trim_start();
     trimmed
         .starts_with('{')

@@ -46,7 +46,7 @@ pub enum ToolFormat {
     Harmony,
 }
 
-pub const FORMAT_NAMES: [&str; 6] = [
+pub(crate) const FORMAT_NAMES: [&str; 6] = [
     "json_tools",
     "llama3",
     "mistral",
@@ -108,7 +108,7 @@ impl ToolFormat {
     }
 
     /// The text that opens a call; output before it is ordinary content.
-    pub fn start_marker(self) -> &'static str {
+    pub(crate) fn start_marker(self) -> &'static str {
         match self {
             Self::JsonTools => json_tools::START,
             Self::Llama3 => llama3::START,
@@ -137,7 +137,7 @@ impl ToolFormat {
 
     /// Where calls begin in `text`, if anywhere: the start marker, or for
     /// Llama 3 also a JSON object that opens the answer.
-    pub fn find_start(self, text: &str) -> Option<usize> {
+    pub(crate) fn find_start(self, text: &str) -> Option<usize> {
         if let Some(at) = text.find(self.start_marker()) {
             return Some(at);
         }

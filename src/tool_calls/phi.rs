@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::{call_from_json, json_values, ToolCall};
 
-pub const START: &str = "<|tool_call|>";
+pub(crate) const START: &str = "<|tool_call|>";
 const END: &str = "<|/tool_call|>";
 
 pub fn parse(text: &str) -> Result<Vec<ToolCall>> {

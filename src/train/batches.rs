@@ -34,12 +34,12 @@ impl SftBatch {
         out
     }
 
-    pub fn supervised_count(&self) -> usize {
+    pub(crate) fn supervised_count(&self) -> usize {
         self.supervised().len()
     }
 
     /// Tokens that go through the model (the batch without its last column).
-    pub fn num_tokens(&self) -> usize {
+    pub(crate) fn num_tokens(&self) -> usize {
         self.spans.iter().map(|&(_, l)| l).sum()
     }
 }
@@ -76,7 +76,7 @@ pub fn pad_sft(examples: &[&SftExample], max_seq_length: usize) -> SftBatch {
 
 /// Yields index batches of `batch_size`, forever (or one pass), with the
 /// batch order reshuffled from `seed` every epoch.
-pub struct BatchOrder {
+pub(crate) struct BatchOrder {
     batches: Vec<Vec<usize>>,
     order: Vec<usize>,
     pos: usize,
@@ -106,15 +106,6 @@ impl BatchOrder {
         };
         me.reshuffle();
         Ok(me)
-    }
-
-    /// Batches in one epoch.
-    pub fn len(&self) -> usize {
-        self.batches.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.batches.is_empty()
     }
 
     fn reshuffle(&mut self) {

@@ -316,7 +316,7 @@ impl TrainConfig {
     }
 
     /// The settings of the chosen optimizer.
-    pub fn optimizer_settings(&self) -> OptimizerSettings {
+    pub(crate) fn optimizer_settings(&self) -> OptimizerSettings {
         let name = match self.optimizer {
             OptimizerKind::Adam => "adam",
             OptimizerKind::Adamw => "adamw",

@@ -31,7 +31,7 @@ pub struct PreferenceExample {
 
 impl PreferenceExample {
     /// Tokens of the prompt and the longer response.
-    pub fn longest(&self) -> usize {
+    pub(crate) fn longest(&self) -> usize {
         self.prompt.len() + self.chosen.len().max(self.rejected.len())
     }
 

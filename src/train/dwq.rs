@@ -130,7 +130,7 @@ pub struct DwqSummary {
 /// Token rows for training and validation: every document encoded (EOS
 /// appended), shuffled by `seed`, the first `num_samples` for training, the
 /// next `num_valid` for validation, each cut to `max_seq_length`.
-pub fn split_rows(
+pub(crate) fn split_rows(
     tok: &Tokenizer,
     docs: &[String],
     num_samples: usize,
@@ -210,7 +210,11 @@ pub fn epoch_batches(rows: &[Vec<i32>], batch_size: usize, seed: u64) -> Result<
 
 /// The teacher's top-`k` logits (float32) and their vocabulary indices
 /// (uint32) at every input position of `batch`, `[rows, width - 1, k]`.
-pub fn teacher_targets(teacher: &Model, batch: &DwqBatch, k: usize) -> Result<(Array, Array)> {
+pub(crate) fn teacher_targets(
+    teacher: &Model,
+    batch: &DwqBatch,
+    k: usize,
+) -> Result<(Array, Array)> {
     let mut caches = teacher.make_caches();
     let logits = teacher
         .decoder
@@ -234,7 +238,7 @@ fn shard_path(dir: &Path, split: &str, i: usize) -> PathBuf {
 }
 
 /// Whether `dir` holds targets for both splits.
-pub fn has_targets(dir: &Path) -> bool {
+pub(crate) fn has_targets(dir: &Path) -> bool {
     ["train", "valid"]
         .iter()
         .all(|s| shard_path(dir, s, 0).is_file())
@@ -407,7 +411,7 @@ pub fn read_params(model: &Model, names: &[String]) -> Result<Vec<Array>> {
 }
 
 /// Puts `params` (from `read_params`) into `model`, in the model's dtype.
-pub fn write_params(model: &mut Model, names: &[String], params: &[Array]) -> Result<()> {
+pub(crate) fn write_params(model: &mut Model, names: &[String], params: &[Array]) -> Result<()> {
     let dtype = model.dtype;
     for (name, p) in names.iter().zip(params) {
         *tensor_mut(model, name)? = p.as_dtype(dtype)?;

@@ -11,7 +11,7 @@ use crate::cache::KvCache;
 use crate::model::decoder::{Block, Decoder};
 
 /// Keys and values per layer (`[B, kv_heads, P, head_dim]`) of processed positions.
-pub type PrefixState = Vec<(Array, Array)>;
+pub(crate) type PrefixState = Vec<(Array, Array)>;
 
 pub struct TrainForward<'a> {
     pub decoder: &'a Decoder,

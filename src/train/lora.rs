@@ -14,7 +14,7 @@ use crate::model::Model;
 /// (mlx-lm's `lora_parameters.keys` names). A block has a subset: a sparse
 /// Mixture-of-Experts layer has its router (`mlp.gate` in Qwen3-MoE,
 /// `block_sparse_moe.gate` in Mixtral, `mlp.router` in GPT-OSS) instead of a dense MLP.
-pub const BLOCK_LINEARS: [&str; 10] = [
+pub(crate) const BLOCK_LINEARS: [&str; 10] = [
     "self_attn.q_proj",
     "self_attn.k_proj",
     "self_attn.v_proj",
@@ -27,7 +27,7 @@ pub const BLOCK_LINEARS: [&str; 10] = [
     "mlp.router",
 ];
 
-pub fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear> {
+pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear> {
     Some(match (key, &block.mlp) {
         ("self_attn.q_proj", _) => &block.self_attn.q_proj,
         ("self_attn.k_proj", _) => &block.self_attn.k_proj,
@@ -41,7 +41,7 @@ pub fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear> {
     })
 }
 
-pub fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'a mut Linear> {
+pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'a mut Linear> {
     Some(match (key, &mut block.mlp) {
         ("self_attn.q_proj", _) => &mut block.self_attn.q_proj,
         ("self_attn.k_proj", _) => &mut block.self_attn.k_proj,
@@ -151,7 +151,7 @@ impl AdapterLayout {
 
     /// Fresh adapters as mlx-lm makes them: `a ~ U(-1/sqrt(in), 1/sqrt(in))`,
     /// `b = 0`, drawn from `seed`. Returns the flat parameter list.
-    pub fn init_params(&self, model: &Model, seed: u64) -> Result<Vec<Array>> {
+    pub(crate) fn init_params(&self, model: &Model, seed: u64) -> Result<Vec<Array>> {
         let mut key = random::key(seed)?;
         let mut params = Vec::with_capacity(2 * self.sites.len());
         for (inp, out) in self.dims(model) {
@@ -230,7 +230,7 @@ impl AdapterLayout {
     }
 
     /// Number of trainable scalars.
-    pub fn num_params(&self, model: &Model) -> usize {
+    pub(crate) fn num_params(&self, model: &Model) -> usize {
         self.shapes(model)
             .iter()
             .map(|s| s.iter().product::<i32>() as usize)
@@ -249,7 +249,7 @@ fn linear_mut<'a>(model: &'a mut Model, site: &Site) -> &'a mut Linear {
 }
 
 /// Casts adapter arrays to `dtype` (inference keeps activations in the model dtype).
-pub fn cast_params(params: Vec<Array>, dtype: Dtype) -> Result<Vec<Array>> {
+pub(crate) fn cast_params(params: Vec<Array>, dtype: Dtype) -> Result<Vec<Array>> {
     params
         .into_iter()
         .map(|p| crate::mlx_ext::cast_float(p, dtype))

@@ -50,7 +50,7 @@ impl Head {
 /// `log p(targets[i])` for each row `i` of `hidden` `[n, H]`, computed
 /// `chunk` rows at a time. With `remat`, each chunk's logits are recomputed
 /// in the backward pass instead of being kept.
-pub fn target_logprobs(
+pub(crate) fn target_logprobs(
     head: &Head,
     hidden: &Array,
     targets: &[i32],
@@ -83,7 +83,7 @@ pub fn target_logprobs(
 }
 
 /// Rows `indices` of `hidden` flattened to `[B * L, H]`.
-pub fn gather_rows(hidden: &Array, indices: &[i32]) -> Result<Array> {
+pub(crate) fn gather_rows(hidden: &Array, indices: &[i32]) -> Result<Array> {
     let shape = hidden.shape();
     let h = shape[shape.len() - 1];
     let flat = hidden.reshape(&[-1, h])?;

@@ -60,7 +60,7 @@ impl Schedule {
     }
 
     /// A schedule from mlx-lm's `lr_schedule` option, or the constant `lr`.
-    pub fn from_config(lr: f64, cfg: Option<&LrScheduleConfig>) -> Result<Self> {
+    pub(crate) fn from_config(lr: f64, cfg: Option<&LrScheduleConfig>) -> Result<Self> {
         let Some(cfg) = cfg else {
             return Ok(Schedule::Constant(lr));
         };
@@ -160,7 +160,7 @@ impl Optimizer {
     }
 
     /// Arrays to evaluate together with the parameters after an update.
-    pub fn state_arrays(&self) -> Vec<&Array> {
+    pub(crate) fn state_arrays(&self) -> Vec<&Array> {
         self.state.iter().flat_map(|(a, b)| [a, b]).collect()
     }
 
@@ -230,7 +230,7 @@ impl Optimizer {
 
 /// Scales `grads` so their global L2 norm is at most `max_norm` (MLX's
 /// `clip_grad_norm`). Returns the clipped gradients and the original norm.
-pub fn clip_grad_norm(grads: &[Array], max_norm: f32) -> Result<(Vec<Array>, Array)> {
+pub(crate) fn clip_grad_norm(grads: &[Array], max_norm: f32) -> Result<(Vec<Array>, Array)> {
     let mut total = Array::from_f32(0.0);
     for g in grads {
         total = &total + &square(g)?.sum(None)?;

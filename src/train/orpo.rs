@@ -31,7 +31,7 @@ pub struct OrpoTerms {
 }
 
 impl OrpoTerms {
-    pub fn into_vec(self) -> Vec<Array> {
+    pub(crate) fn into_vec(self) -> Vec<Array> {
         vec![
             self.loss,
             self.nll,

@@ -17,7 +17,7 @@ struct Payload {
 
 /// Applies `body` to `inputs` under a checkpoint. `body` owns what it
 /// captures: it runs again when the gradient is evaluated.
-pub fn checkpointed<F>(body: F, inputs: &[Array]) -> Result<Vec<Array>>
+pub(crate) fn checkpointed<F>(body: F, inputs: &[Array]) -> Result<Vec<Array>>
 where
     F: FnMut(&[Array]) -> Result<Vec<Array>> + 'static,
 {
