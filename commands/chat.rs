@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use mlx_bun::chat::ChatSession;
 use mlx_bun::generate::{GenerateOptions, TokenEvent, DEFAULT_PREFILL_STEP};
 use mlx_bun::model::Model;
@@ -25,17 +25,9 @@ pub struct Args {
     /// Maximum tokens per reply.
     #[arg(long, short = 'n', default_value_t = 256)]
     max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temp: f32,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// 0 disables top-k.
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
-    #[arg(long)]
+    #[command(flatten)]
+    sampling: crate::sampling_args::SamplingArgs,
+    #[arg(long, value_parser = crate::validate::positive)]
     repetition_penalty: Option<f32>,
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -80,9 +72,6 @@ fn install_interrupt(generating: Arc<AtomicBool>, stop: Arc<AtomicBool>) {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    if args.temp < 0.0 {
-        bail!("--temp must not be negative");
-    }
     let file = crate::cache_prompt::open_file(args.prompt_cache_file.as_deref())?;
     let model_arg = crate::cache_prompt::model_arg(args.model.as_deref(), file.as_ref());
     let dir = crate::model_arg::resolve(model_arg.as_deref())?;
@@ -93,12 +82,8 @@ pub fn run(args: Args) -> Result<()> {
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling: SamplingParams {
-            temperature: args.temp,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            min_p: args.min_p,
             repetition_penalty: args.repetition_penalty,
-            ..SamplingParams::default()
+            ..args.sampling.params()
         },
         stop: Vec::new(),
         logprobs: None,

@@ -51,16 +51,8 @@ pub struct Args {
     /// Maximum number of tokens to generate.
     #[arg(long, short = 'n', default_value_t = 256, value_parser = crate::validate::at_least_one)]
     max_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0, value_parser = crate::validate::non_negative)]
-    temp: f32,
-    #[arg(long, default_value_t = 1.0, value_parser = crate::validate::positive_fraction)]
-    top_p: f32,
-    /// 0 disables top-k.
-    #[arg(long, default_value_t = 0, value_parser = crate::validate::count)]
-    top_k: usize,
-    #[arg(long, default_value_t = 0.0, value_parser = crate::validate::fraction)]
-    min_p: f32,
+    #[command(flatten)]
+    sampling: crate::sampling_args::SamplingArgs,
     #[arg(long, value_parser = crate::validate::positive)]
     repetition_penalty: Option<f32>,
     #[arg(long, default_value_t = 20, value_parser = crate::validate::at_least_one)]
@@ -210,19 +202,12 @@ fn sampling(args: &Args) -> Result<SamplingParams> {
         }
         None => HashMap::new(),
     };
-    if args.temp < 0.0 {
-        bail!("--temp must not be negative");
-    }
     Ok(SamplingParams {
-        temperature: args.temp,
-        top_p: args.top_p,
-        top_k: args.top_k,
-        min_p: args.min_p,
         repetition_penalty: args.repetition_penalty,
         repetition_context_size: args.repetition_context_size,
         logit_bias,
         seed: args.seed,
-        ..SamplingParams::default()
+        ..args.sampling.params()
     })
 }
 

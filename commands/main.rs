@@ -16,6 +16,7 @@ mod manage;
 mod model_arg;
 mod perplexity;
 mod progress;
+mod sampling_args;
 mod serve;
 mod train;
 mod upload;

@@ -67,18 +67,9 @@ pub struct Args {
     /// it; one that can never fit gets a 400.
     #[arg(long)]
     kv_budget: Option<f64>,
-    /// Sampling temperature for requests that give none (mlx-lm's server flag).
-    #[arg(long, default_value_t = 0.0)]
-    temp: f32,
-    /// top_p for requests that give none.
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// top_k for requests that give none; 0 is off.
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// min_p for requests that give none.
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
+    /// Sampling for requests that give none (mlx-lm's server flags).
+    #[command(flatten)]
+    sampling: crate::sampling_args::SamplingArgs,
     /// Browser origins that may call the API: `loopback` (localhost,
     /// 127.0.0.1, [::1], any port), `*`, or a comma-separated list.
     #[arg(long, default_value = "loopback")]
@@ -181,15 +172,6 @@ fn check(args: &Args) -> Result<()> {
     }
     if args.max_body_bytes < 1024 {
         bail!("--max-body-bytes must be at least 1024");
-    }
-    if !(args.temp.is_finite() && (0.0..=2.0).contains(&args.temp)) {
-        bail!("--temp must be from 0 to 2");
-    }
-    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
-        bail!("--top-p must be in (0, 1]");
-    }
-    if !(0.0..=1.0).contains(&args.min_p) {
-        bail!("--min-p must be in [0, 1]");
     }
     if args.decode_concurrency == 0 {
         bail!("--decode-concurrency must be at least 1");
@@ -314,13 +296,7 @@ pub fn run(args: Args) -> Result<()> {
         max_body_bytes: args.max_body_bytes,
         max_tokens_default: args.max_tokens_default,
         fingerprint: format!("fp_mlx-bun-{}", mlx_bun::version()),
-        default_sampling: mlx_bun::sampling::SamplingParams {
-            temperature: args.temp,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            min_p: args.min_p,
-            ..Default::default()
-        },
+        default_sampling: args.sampling.params(),
         cors: mlx_bun::server::cors::AllowedOrigins::parse(&args.allowed_origins),
         agent,
     };

@@ -51,10 +51,10 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l prompt-file
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l messages-file -d 'An OpenAI-style JSON array of chat messages' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l system -d 'System message put before the prompt' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s n -l max-tokens -d 'Maximum number of tokens to generate' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l temp -d 'Sampling temperature; 0 is greedy' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l top-p -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l top-k -d '0 disables top-k' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l min-p -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l temp -d 'Sampling temperature; 0 is greedy (serve: for requests that give none)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l top-p -d 'Nucleus sampling: keep the smallest set of tokens whose probability reaches this (1 is off)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l top-k -d 'Keep the k most likely tokens; 0 is off' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l min-p -d 'Drop tokens below this fraction of the most likely one\'s probability' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l repetition-penalty -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l repetition-context-size -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l logit-bias -d 'Logit bias as JSON, e.g. \'{"1234": -100}\'' -r
@@ -93,10 +93,10 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s h -l he
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l system -d 'System message for every turn' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -s n -l max-tokens -d 'Maximum tokens per reply' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l temp -d 'Sampling temperature; 0 is greedy' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l top-p -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l top-k -d '0 disables top-k' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l min-p -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l temp -d 'Sampling temperature; 0 is greedy (serve: for requests that give none)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l top-p -d 'Nucleus sampling: keep the smallest set of tokens whose probability reaches this (1 is off)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l top-k -d 'Keep the k most likely tokens; 0 is off' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l min-p -d 'Drop tokens below this fraction of the most likely one\'s probability' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l repetition-penalty -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l seed -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l max-kv-size -d 'Bound the KV cache to this many positions (the first 4 are kept)' -r
@@ -121,10 +121,10 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l num-draft-toke
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l decode-concurrency -d 'Rows decoded together in one batch (continuous batching); 1 turns batching off. Requests with a draft model run speculatively instead' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l prompt-concurrency -d 'Prompts prefilled at once while the batch keeps decoding' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-budget -d 'KV cache budget in GiB for admitted requests (default: half the memory available after loading). Requests wait while the batch would exceed it; one that can never fit gets a 400' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l temp -d 'Sampling temperature for requests that give none (mlx-lm\'s server flag)' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-p -d 'top_p for requests that give none' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-k -d 'top_k for requests that give none; 0 is off' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-p -d 'min_p for requests that give none' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l temp -d 'Sampling temperature; 0 is greedy (serve: for requests that give none)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-p -d 'Nucleus sampling: keep the smallest set of tokens whose probability reaches this (1 is off)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-k -d 'Keep the k most likely tokens; 0 is off' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-p -d 'Drop tokens below this fraction of the most likely one\'s probability' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-origins -d 'Browser origins that may call the API: `loopback` (localhost, 127.0.0.1, [::1], any port), `*`, or a comma-separated list' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l tool-call-parser -d 'Tool-call format to parse (json_tools, llama3, mistral, function_gemma, phi, harmony); by default the one the chat template implies' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l reasoning-parser -d 'Reasoning markers to split off (think, longcat, gemma4, or none); by default the ones the vocabulary or the chat template has' -r
