@@ -714,7 +714,17 @@ mod tests {
 
     #[test]
     fn an_unknown_model_is_a_404_naming_it() {
-        let p = pool(vec![], false);
+        // A server of one model serves it under any name.
+        let (id, key) = pool(vec![], false)
+            .key_of(&serde_json::json!({"model": "gpt-9"}))
+            .unwrap();
+        assert_eq!(
+            (id.as_str(), key.dir),
+            ("main", PathBuf::from("/nonexistent/main"))
+        );
+        // With other models allowed, a name it cannot serve is a 404.
+        let tmp = tempfile::tempdir().unwrap();
+        let p = pool(vec![Allowed::Dir(tmp.path().to_path_buf())], false);
         let e = p
             .key_of(&serde_json::json!({"model": "gpt-9"}))
             .unwrap_err();
