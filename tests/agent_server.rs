@@ -9,82 +9,19 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
+use common::server::Server;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
 
 use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
 use mlx_bun::tool_calls::{call_grammar, Function, ReasoningPrefix, ToolChoice, ToolFormat};
 use mlx_rs::Array;
 use serde_json::{json, Value};
 
-struct Server {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    base: String,
-}
-
-impl Server {
-    fn start(model: &Path, extra: &[&str]) -> Server {
-        let log = std::env::temp_dir().join(format!(
-            "mlx-bun-agent-test-{}-{}.log",
-            std::process::id(),
-            model.file_name().unwrap().to_string_lossy()
-        ));
-        let stderr = std::fs::File::create(&log).unwrap();
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(r#""$@" & pid=$!; read _; kill -TERM $pid; wait $pid"#)
-            .arg("sh")
-            .arg(env!("CARGO_BIN_EXE_mlx-bun"))
-            .args([
-                "serve",
-                "--port",
-                "0",
-                "--max-tokens-default",
-                "64",
-                "--model",
-            ])
-            .arg(model)
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("starting mlx-bun serve");
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let base = loop {
-            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-                Ok(line) => {
-                    if let Some(at) = line.find("http://") {
-                        break line[at..].split_whitespace().next().unwrap().to_string();
-                    }
-                }
-                Err(_) => panic!(
-                    "server did not become ready: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                ),
-            }
-        };
-        Server { child, stdin, base }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.wait();
-    }
+/// A server of `model` with `extra` flags and short default answers.
+fn start_server(model: &Path, extra: &[&str]) -> Server {
+    Server::start(model, &[&["--max-tokens-default", "64"], extra].concat())
 }
 
 /// The clients' python, set up by the committed script; the test fails
@@ -138,7 +75,7 @@ fn default_model_tool_conversation_with_both_clients() {
     let Some(python) = clients_python() else {
         return;
     };
-    let server = Server::start(&common::model_dir(), &[]);
+    let server = start_server(&common::model_dir(), &[]);
     let reports = conversations(&python, &server.base, &[]);
     for r in &reports {
         // The default model reads the city from the question.
@@ -198,7 +135,7 @@ fn qwen_template_model_tool_conversation_and_reasoning() {
         return;
     };
     let template = qwen_template();
-    let server = Server::start(&tiny_qwen3(), &["--chat-template", &template]);
+    let server = start_server(&tiny_qwen3(), &["--chat-template", &template]);
     let reports = conversations(&python, &server.base, &["--no-thinking"]);
     assert_eq!(reports.len(), 4);
 
@@ -332,7 +269,7 @@ fn forcing_grammars_compile_on_a_real_vocabulary() {
 
 #[test]
 fn parser_flag_and_anthropic_key_header() {
-    let server = Server::start(
+    let server = start_server(
         &common::model_dir(),
         &["--tool-call-parser", "mistral", "--api-key", "k1"],
     );

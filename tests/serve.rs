@@ -5,10 +5,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
+use common::server::Server;
+
+use std::io::Read;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -24,103 +25,14 @@ fn model_dir() -> PathBuf {
     mlx_bun::default_model::ensure().unwrap_or_else(|_| PathBuf::from("/tmp/smol-ref"))
 }
 
-/// A server process. It runs under a small shell that sends it SIGTERM when
-/// its standard input closes, so it also ends when the test process ends.
-struct Server {
-    child: Child,
-    stdin: Option<ChildStdin>,
-    base: String,
-    log: PathBuf,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let log =
-            std::env::temp_dir().join(format!("mlx-bun-serve-test-{}-{n}.log", std::process::id()));
-        let stderr = std::fs::File::create(&log).expect("creating the server log");
-        let model = model_dir();
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(r#""$@" & pid=$!; read _; kill -TERM $pid; wait $pid"#)
-            .arg("sh")
-            .arg(env!("CARGO_BIN_EXE_mlx-bun"))
-            .args(["serve", "--port", "0", "--model"])
-            .arg(&model)
-            .args(extra)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("starting mlx-bun serve");
-        let stdin = child.stdin.take();
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(300);
-        let base = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(line) => {
-                    if let Some(at) = line.find("http://") {
-                        let url = line[at..].split_whitespace().next().unwrap();
-                        break url.to_string();
-                    }
-                }
-                Err(_) => panic!(
-                    "server did not become ready: {}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                ),
-            }
-        };
-        Server {
-            child,
-            stdin,
-            base,
-            log,
-        }
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
-    }
-
-    /// Sends SIGTERM (through the wrapper) and waits for the exit status.
-    fn stop(&mut self, within: Duration) -> std::process::ExitStatus {
-        drop(self.stdin.take());
-        let deadline = Instant::now() + within;
-        loop {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status;
-            }
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                panic!(
-                    "server did not stop in time: {}",
-                    std::fs::read_to_string(&self.log).unwrap_or_default()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        drop(self.stdin.take());
-        let _ = self.child.wait();
-    }
+/// A server of the model under test with `extra` flags.
+fn start(extra: &[&str]) -> Server {
+    Server::start(&model_dir(), extra)
 }
 
 fn server() -> &'static Server {
     static SERVER: OnceLock<Server> = OnceLock::new();
-    SERVER.get_or_init(|| Server::start(&[]))
+    SERVER.get_or_init(|| start(&[]))
 }
 
 fn client() -> Client {
@@ -558,7 +470,7 @@ fn structured_output_through_the_server() {
 #[test]
 fn sixteen_concurrent_clients() {
     // Its own instance, so that the memory check at the end sees only these.
-    let s = Server::start(&["--decode-concurrency", "8"]);
+    let s = start(&["--decode-concurrency", "8"]);
     let url = s.url("/v1/chat/completions");
     let stats_url = s.url("/stats");
     let schema = json!({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}},
@@ -733,7 +645,7 @@ fn several_prompts_and_n_choices() {
 /// numbers; one that fits runs.
 #[test]
 fn kv_budget_refuses_what_cannot_fit() {
-    let s = Server::start(&["--kv-budget", "0.001"]);
+    let s = start(&["--kv-budget", "0.001"]);
     let r = client()
         .post(s.url("/v1/completions"))
         .json(&json!({"prompt": "Hi", "max_tokens": 5}))
@@ -990,7 +902,7 @@ fn official_openai_client() {
 #[test]
 fn api_key_queue_limit_and_graceful_shutdown() {
     // One request at a time (the serial lane) so that a queue forms.
-    let mut s = Server::start(&[
+    let mut s = start(&[
         "--decode-concurrency",
         "1",
         "--api-key",
@@ -1144,7 +1056,7 @@ fn api_key_queue_limit_and_graceful_shutdown() {
         let n = inflight.read(&mut buf).unwrap();
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
-    drop(s.stdin.take());
+    s.request_stop();
     let mut rest = String::new();
     inflight.read_to_string(&mut rest).unwrap();
     seen.push_str(&rest);
@@ -1162,7 +1074,7 @@ fn api_key_queue_limit_and_graceful_shutdown() {
 #[test]
 fn speculative_lane_with_a_draft_model() {
     let model = model_dir();
-    let s = Server::start(&[
+    let s = start(&[
         "--draft-model",
         model.to_str().unwrap(),
         "--num-draft-tokens",

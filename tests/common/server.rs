@@ -78,6 +78,27 @@ impl Server {
         format!("{}{}", self.base, path)
     }
 
+    /// Sends SIGTERM (through the wrapper) without waiting.
+    pub fn request_stop(&mut self) {
+        drop(self.stdin.take());
+    }
+
+    /// Sends SIGTERM (through the wrapper) and waits for the exit status.
+    pub fn stop(&mut self, within: Duration) -> std::process::ExitStatus {
+        self.request_stop();
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("server did not stop in time: {}", self.log_text());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// What the server has logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
