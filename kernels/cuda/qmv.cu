@@ -5,7 +5,8 @@
 // BODY marker is the header; the part below is the kernel body, to which MLX
 // adds the signature
 //   (const T* x, const uint32_t* w, const S* scales, const S* biases, T* y)
-// with x two-dimensional [rows, K], and the compile-time constants T, S,
+// with x of any rank (rows = every axis but the last, K the last), and the
+// compile-time constants T, S,
 // MB (a bound on the rows of x: 1, 2, 4 or 8), GS (group size), BITS (4 or
 // 8), WARPS (warps per block) and R (output columns per warp; N is a multiple
 // of R). Shapes are read at run time, so one compiled kernel serves every
@@ -64,9 +65,12 @@ __device__ __forceinline__ float unit_plus(uint32_t word, int j) {
   using namespace mlx_bun_qmv;
   constexpr int PER_WORD = 32 / BITS;
   constexpr int PER_CHUNK = 4 * PER_WORD;  // values in 16 bytes of weights
-  const int M = x_shape[0];
-  const int K = x_shape[1];
   const int N = w_shape[0];
+  const int K = w_shape[1] * PER_WORD;
+  int M = 1;
+  for (int d = 0; d + 1 < x_ndim; ++d) {
+    M *= x_shape[d];
+  }
   const int CHUNKS = K / PER_CHUNK;
   const int GROUPS = K / GS;
   constexpr float D = static_cast<float>(1 << BITS);

@@ -111,90 +111,121 @@ pub fn quantized_matvec(
     let rows = (x.size() / k as usize) as i32;
     let mut out_shape: Vec<i32> = x.shape()[..x.ndim() - 1].to_vec();
     out_shape.push(n);
-    let (header, body) = SOURCE
-        .split_once(BODY_MARKER)
-        .ok_or_else(|| anyhow!("kernels/cuda/qmv.cu lacks its body marker"))?;
     let bound = [1, 2, 4]
         .into_iter()
         .find(|&b| b >= rows)
         .unwrap_or(MAX_ROWS as i32);
-    let x2 = x.reshape(&[rows, k])?;
-    let per_warp = columns_per_warp(n);
-    let template_ints = [
-        ("MB", bound),
-        ("GS", spec.group_size),
-        ("BITS", spec.bits),
-        ("WARPS", WARPS_PER_BLOCK),
-        ("R", per_warp),
-    ];
-    let template_types = [("T", x.dtype()), ("S", scales.dtype())];
+    let tuning = tuning();
+    let per_warp = tuning
+        .columns
+        .filter(|r| n % r == 0)
+        .unwrap_or_else(|| columns_per_warp(n, tuning.warps));
+    let template_ints = [bound, spec.group_size, spec.bits, tuning.warps, per_warp];
     let warps = n / per_warp;
-    let grid = (warps + WARPS_PER_BLOCK - 1) / WARPS_PER_BLOCK * WARPS_PER_BLOCK * 32;
-    let out = run_kernel(KernelCall {
-        name: "mlx_bun_qmv",
-        inputs: &[("x", &x2), ("w", w), ("scales", scales), ("biases", biases)],
-        output: ("y", &[rows, n], x.dtype()),
-        header,
-        body,
-        template_ints: &template_ints,
-        template_types: &template_types,
-        grid: (grid, 1, 1),
-        block: (WARPS_PER_BLOCK * 32, 1, 1),
-    })?;
-    Ok(out.reshape(&out_shape)?)
+    let grid = (warps + tuning.warps - 1) / tuning.warps * tuning.warps * 32;
+    run_kernel(
+        &[x, w, scales, biases],
+        (&out_shape, x.dtype()),
+        &template_ints,
+        [x.dtype(), scales.dtype()],
+        (grid, 1, 1),
+        (tuning.warps * 32, 1, 1),
+    )
+}
+
+/// Launch shape overrides, read once from the environment, for tuning on a
+/// new GPU: `MLX_BUN_QMV_R` (output columns per warp: 1, 2, 4 or 8) and
+/// `MLX_BUN_QMV_WARPS` (warps per block, 1 to 16).
+#[derive(Clone, Copy)]
+struct Tuning {
+    columns: Option<i32>,
+    warps: i32,
+}
+
+fn tuning() -> Tuning {
+    static TUNING: std::sync::OnceLock<Tuning> = std::sync::OnceLock::new();
+    *TUNING.get_or_init(|| {
+        let read = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
+        Tuning {
+            columns: read("MLX_BUN_QMV_R").filter(|r| matches!(r, 1 | 2 | 4 | 8)),
+            warps: read("MLX_BUN_QMV_WARPS")
+                .filter(|w| (1..=16).contains(w))
+                .unwrap_or(WARPS_PER_BLOCK),
+        }
+    })
 }
 
 /// Output columns per warp: 4 while that still leaves about four blocks per
 /// streaming multiprocessor of a large GPU (132 on an H200), fewer for
 /// narrow layers; always a divisor of `n`.
-fn columns_per_warp(n: i32) -> i32 {
+fn columns_per_warp(n: i32, warps_per_block: i32) -> i32 {
     const TARGET_BLOCKS: i32 = 4 * 132;
     [4, 2]
         .into_iter()
-        .find(|&r| n % r == 0 && n / (r * WARPS_PER_BLOCK) >= TARGET_BLOCKS)
+        .find(|&r| n % r == 0 && n / (r * warps_per_block) >= TARGET_BLOCKS)
         .unwrap_or(1)
 }
 
-struct KernelCall<'a> {
-    name: &'a str,
-    inputs: &'a [(&'a str, &'a Array)],
-    output: (&'a str, &'a [i32], Dtype),
-    header: &'a str,
-    body: &'a str,
-    template_ints: &'a [(&'a str, i32)],
-    template_types: &'a [(&'a str, Dtype)],
-    /// Threads in total, per dimension (MLX divides by the block).
-    grid: (i32, i32, i32),
-    block: (i32, i32, i32),
-}
+const INPUT_NAMES: [&str; 4] = ["x", "w", "scales", "biases"];
+const OUTPUT_NAME: &str = "y";
+const INT_PARAMS: [&str; 5] = ["MB", "GS", "BITS", "WARPS", "R"];
+const TYPE_PARAMS: [&str; 2] = ["T", "S"];
 
 fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| anyhow!("kernel text contains a NUL byte"))
 }
 
-/// An MLX custom-kernel object, made once per process: it depends only on
-/// the kernel's name, argument names and source.
-struct KernelHandle(mlx_sys::mlx_fast_cuda_kernel);
+/// The kernel source without comments: MLX copies and hashes the whole text
+/// each time the kernel is applied, so a shorter text is less host time per
+/// node.
+fn compact(source: &str) -> String {
+    source
+        .lines()
+        .map(|line| match line.find("//") {
+            Some(at) => line[..at].trim(),
+            None => line.trim(),
+        })
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
+/// The MLX custom-kernel object and the C strings each application passes,
+/// made once per process.
+struct Kernel {
+    handle: mlx_sys::mlx_fast_cuda_kernel,
+    int_params: Vec<CString>,
+    type_params: Vec<CString>,
+}
 // SAFETY: the handle wraps an immutable MLX function object that MLX calls
-// from any thread; it is never freed.
-unsafe impl Send for KernelHandle {}
-unsafe impl Sync for KernelHandle {}
+// from any thread; it is never freed. The C strings are never mutated.
+unsafe impl Send for Kernel {}
+unsafe impl Sync for Kernel {}
 
-static QMV_KERNEL: std::sync::OnceLock<Result<KernelHandle, String>> = std::sync::OnceLock::new();
+fn kernel() -> Result<&'static Kernel> {
+    static KERNEL: std::sync::OnceLock<Result<Kernel, String>> = std::sync::OnceLock::new();
+    KERNEL
+        .get_or_init(|| make_kernel().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow!("{e}"))
+}
 
-fn make_kernel(call: &KernelCall<'_>) -> Result<KernelHandle> {
-    let name = cstring(call.name)?;
-    let header = cstring(call.header)?;
-    let body = cstring(call.body)?;
-    let input_names: Vec<CString> = call
-        .inputs
+fn make_kernel() -> Result<Kernel> {
+    let (header, body) = SOURCE
+        .split_once(BODY_MARKER)
+        .ok_or_else(|| anyhow!("kernels/cuda/qmv.cu lacks its body marker"))?;
+    let name = cstring("mlx_bun_qmv")?;
+    let header = cstring(&compact(header))?;
+    let body = cstring(&compact(body))?;
+    let input_names: Vec<CString> = INPUT_NAMES
         .iter()
-        .map(|(n, _)| cstring(n))
+        .map(|n| cstring(n))
         .collect::<Result<_>>()?;
-    let output_name = cstring(call.output.0)?;
+    let output_name = cstring(OUTPUT_NAME)?;
     // SAFETY: the C strings outlive the calls; the vectors are freed after
     // MLX has copied them into the kernel object.
-    unsafe {
+    let handle = unsafe {
         let in_ptrs: Vec<*const std::os::raw::c_char> =
             input_names.iter().map(|s| s.as_ptr()).collect();
         let in_names =
@@ -212,76 +243,77 @@ fn make_kernel(call: &KernelCall<'_>) -> Result<KernelHandle> {
         );
         mlx_sys::mlx_vector_string_free(out_names);
         mlx_sys::mlx_vector_string_free(in_names);
-        if kernel.ctx.is_null() {
-            bail!("MLX could not create the CUDA kernel {}", call.name);
-        }
-        Ok(KernelHandle(kernel))
+        kernel
+    };
+    if handle.ctx.is_null() {
+        bail!("MLX could not create the CUDA kernel mlx_bun_qmv");
     }
+    Ok(Kernel {
+        handle,
+        int_params: INT_PARAMS
+            .iter()
+            .map(|n| cstring(n))
+            .collect::<Result<_>>()?,
+        type_params: TYPE_PARAMS
+            .iter()
+            .map(|n| cstring(n))
+            .collect::<Result<_>>()?,
+    })
 }
 
-/// Applies the process's custom CUDA kernel (compiled by MLX on first use).
-fn run_kernel(call: KernelCall<'_>) -> Result<Array> {
-    let handle = QMV_KERNEL
-        .get_or_init(|| make_kernel(&call).map_err(|e| format!("{e:#}")))
-        .as_ref()
-        .map_err(|e| anyhow!("{e}"))?;
-    let ints: Vec<(CString, i32)> = call
-        .template_ints
-        .iter()
-        .map(|(n, v)| Ok((cstring(n)?, *v)))
-        .collect::<Result<_>>()?;
-    let types: Vec<(CString, Dtype)> = call
-        .template_types
-        .iter()
-        .map(|(n, d)| Ok((cstring(n)?, *d)))
-        .collect::<Result<_>>()?;
+/// Applies the kernel (compiled by MLX on first use) to `inputs` in the order
+/// of [`INPUT_NAMES`]; `grid` counts threads in total per dimension (MLX
+/// divides by the block).
+fn run_kernel(
+    inputs: &[&Array; 4],
+    output: (&[i32], Dtype),
+    ints: &[i32; 5],
+    types: [Dtype; 2],
+    grid: (i32, i32, i32),
+    block: (i32, i32, i32),
+) -> Result<Array> {
+    let kernel = kernel()?;
     // SAFETY: every handle created here is freed before returning; the
-    // C strings outlive the calls that read them; on success the output
-    // array is copied out of the vector (a new reference) before the vector
-    // is freed.
+    // C strings live as long as the process; on success the output array is
+    // copied out of the vector (a new reference) before the vector is freed.
     unsafe {
-        let kernel = handle.0;
         let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
-        let (shape, dtype) = (call.output.1, call.output.2);
+        let (shape, dtype) = output;
         let mut rc = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
             config,
             shape.as_ptr(),
             shape.len(),
             dtype as mlx_sys::mlx_dtype,
         );
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(
-            config,
-            call.grid.0,
-            call.grid.1,
-            call.grid.2,
-        );
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, grid.0, grid.1, grid.2);
         rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(
-            config,
-            call.block.0,
-            call.block.1,
-            call.block.2,
+            config, block.0, block.1, block.2,
         );
-        for (n, d) in &types {
+        for (n, d) in kernel.type_params.iter().zip(types) {
             rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
                 config,
                 n.as_ptr(),
-                *d as mlx_sys::mlx_dtype,
+                d as mlx_sys::mlx_dtype,
             );
         }
-        for (n, v) in &ints {
+        for (n, v) in kernel.int_params.iter().zip(ints) {
             rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, n.as_ptr(), *v);
         }
-        let handles: Vec<mlx_sys::mlx_array> =
-            call.inputs.iter().map(|(_, a)| a.as_ptr()).collect();
+        let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
         let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
         let stream = mlx_sys::mlx_default_gpu_stream_new();
         let mut outputs = mlx_sys::mlx_vector_array_new();
         if rc == 0 {
-            rc = mlx_sys::mlx_fast_cuda_kernel_apply(&mut outputs, kernel, inputs, config, stream);
+            rc = mlx_sys::mlx_fast_cuda_kernel_apply(
+                &mut outputs,
+                kernel.handle,
+                inputs,
+                config,
+                stream,
+            );
         }
         let mut result = Err(anyhow!(
-            "the CUDA kernel {} failed to build or run",
-            call.name
+            "the CUDA kernel mlx_bun_qmv failed to build or run"
         ));
         if rc == 0 && mlx_sys::mlx_vector_array_size(outputs) == 1 {
             let mut out = mlx_sys::mlx_array_new();
@@ -296,5 +328,30 @@ fn run_kernel(call: KernelCall<'_>) -> Result<Array> {
         mlx_sys::mlx_vector_array_free(inputs);
         mlx_sys::mlx_fast_cuda_kernel_config_free(config);
         result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compact_source_keeps_code_and_drops_comments() {
+        let (header, body) = SOURCE.split_once(BODY_MARKER).unwrap();
+        let (header, body) = (compact(header), compact(body));
+        assert!(!header.contains("//") && !body.contains("//"));
+        assert!(header.contains("#include <cuda_bf16.h>"));
+        assert!(body.contains("x_ndim") && body.contains("w_shape[0]"));
+        assert!(3 * (header.len() + body.len()) < 2 * SOURCE.len());
+    }
+
+    #[test]
+    fn columns_per_warp_divides_the_layer() {
+        for n in [1024, 4096, 14336, 128256, 151936, 3] {
+            let r = columns_per_warp(n, WARPS_PER_BLOCK);
+            assert_eq!(n % r, 0, "{n}");
+        }
+        assert_eq!(columns_per_warp(14336, 4), 4);
+        assert_eq!(columns_per_warp(4096, 4), 1);
     }
 }
