@@ -58,7 +58,7 @@ pub fn run(args: Args) -> Result<()> {
         group_size: args.group_size,
         bits: args.bits,
     };
-    cuda::set_enabled(true);
+    cuda::set_everywhere();
     let tolerance = if dtype == mlx_rs::Dtype::Float32 {
         1e-4
     } else {

@@ -59,9 +59,22 @@ fn state() -> u8 {
     }
 }
 
-/// Turns the kernel on or off for this process (benchmarks compare both).
+/// Turns the kernel on or off for this process (benchmarks compare both);
+/// on keeps `MLX_BUN_CUDA_KERNEL=all`'s wider policy.
 pub fn set_enabled(on: bool) {
-    STATE.store(if on { ON } else { OFF }, Ordering::Relaxed);
+    let all = std::env::var("MLX_BUN_CUDA_KERNEL").is_ok_and(|v| v == "all");
+    let state = match (on, all) {
+        (false, _) => OFF,
+        (true, true) => ALL,
+        (true, false) => ON,
+    };
+    STATE.store(state, Ordering::Relaxed);
+}
+
+/// Uses the kernel for every quantized layer and row count it can compute,
+/// as `MLX_BUN_CUDA_KERNEL=all` does (`bench qmv` times it on any shape).
+pub fn set_everywhere() {
+    STATE.store(ALL, Ordering::Relaxed);
 }
 
 /// True when the kernel computes `quantized_matmul(x, w, scales, biases,
