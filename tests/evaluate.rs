@@ -180,8 +180,10 @@ fn rolling_and_generation_match_mlx_lm() {
         repo_root().join("tests/data/tasks").to_str().unwrap(),
         "--limit",
         "2",
+        "--num-shots",
+        "1",
         "--max-tokens",
-        "8",
+        "32",
         "--json",
         "--db",
         db_file.to_str().unwrap(),
@@ -190,11 +192,13 @@ fn rolling_and_generation_match_mlx_lm() {
     let (rolling, generated) = (&ours["results"][0], &ours["results"][1]);
 
     let docs = load_docs("wikitext", &task_file("wikitext"), Some(2)).unwrap();
-    let items = load_items("gsm8k", &task_file("gsm8k"), 0, Some(2)).unwrap();
+    // One shot: the model then ends its first answer with a blank line and
+    // "Question:" within the limit, so the `until` cut is exercised.
+    let items = load_items("gsm8k", &task_file("gsm8k"), 1, Some(2)).unwrap();
     let requests = serde_json::json!({
         "rolling": docs,
         "generate": items.iter().map(|it| serde_json::json!({
-            "context": it.context, "until": GSM8K_UNTIL, "max_gen_toks": 8,
+            "context": it.context, "until": GSM8K_UNTIL, "max_gen_toks": 32,
         })).collect::<Vec<_>>(),
     });
     let req_file = work.path().join("requests.json");
@@ -279,7 +283,7 @@ fn new_tasks_render_as_the_harness_defines_them() {
         items[1].context,
         "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\n\
          Answer: Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7\n\n\
-         Question: A pen costs $2. How much do 5 pens cost?\nAnswer:"
+         Question: Sara reads 10 pages a day. How many pages does she read in 3 days?\nAnswer:"
     );
     let work = tempfile::tempdir().unwrap();
     let bad = work.path().join("bad.jsonl");
