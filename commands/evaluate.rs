@@ -1,11 +1,12 @@
-//! `mlx-bun evaluate`: multiple-choice tasks scored by log-likelihood (as
-//! lm-evaluation-harness through `mlx_lm.evaluate`), from local files.
+//! `mlx-bun evaluate`: lm-evaluation-harness tasks as `mlx_lm.evaluate` runs
+//! them (multiple-choice log-likelihood, rolling log-likelihood, generation
+//! until a stop string), from local files.
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mlx_bun::eval::tasks::{evaluate, load_task};
+use mlx_bun::eval::{generate_until, rolling, tasks};
 use mlx_bun::evaldb::{EvalDb, Metric};
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
@@ -15,8 +16,9 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded model).
     #[arg(long, short)]
     model: Option<String>,
-    /// Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu;
-    /// each read from <task-dir>/<task>.jsonl, or TASK=FILE for another file.
+    /// Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu
+    /// (multiple choice), wikitext (rolling log-likelihood), gsm8k
+    /// (generation); each read from <task-dir>/<task>.jsonl, or TASK=FILE.
     #[arg(long, value_delimiter = ',', required = true)]
     tasks: Vec<String>,
     /// Folder of the task files.
@@ -28,6 +30,10 @@ pub struct Args {
     /// Score at most this many items per task.
     #[arg(long, value_parser = crate::validate::at_least_one)]
     limit: Option<usize>,
+    /// Most tokens generated per answer in generation tasks (gsm8k).
+    #[arg(long, default_value_t = generate_until::DEFAULT_MAX_GEN_TOKENS,
+          value_parser = crate::validate::at_least_one)]
+    max_tokens: usize,
     /// Accepted for mlx-lm compatibility; log-likelihood requests are scored
     /// one continuation at a time on the shared context's cache.
     #[arg(long, default_value_t = 8, value_parser = crate::validate::at_least_one)]
@@ -43,17 +49,125 @@ pub struct Args {
     no_db: bool,
 }
 
+/// A task's inputs, by the harness's request type.
+enum Loaded {
+    Choice(Vec<tasks::Item>),
+    Rolling(Vec<String>),
+    Generate(Vec<generate_until::GenItem>),
+}
+
+fn load(name: &str, file: &std::path::Path, a: &Args) -> Result<Loaded> {
+    Ok(if rolling::TASKS.contains(&name) {
+        Loaded::Rolling(rolling::load_docs(name, file, a.limit)?)
+    } else if generate_until::TASKS.contains(&name) {
+        Loaded::Generate(generate_until::load_items(
+            name,
+            file,
+            a.num_shots,
+            a.limit,
+        )?)
+    } else if tasks::TASKS.contains(&name) {
+        Loaded::Choice(tasks::load_task(name, file, a.num_shots, a.limit)?)
+    } else {
+        let known: Vec<&str> = tasks::TASKS
+            .iter()
+            .chain(&rolling::TASKS)
+            .chain(&generate_until::TASKS)
+            .copied()
+            .collect();
+        bail!("unknown task {name:?} (known: {})", known.join(", "));
+    })
+}
+
+/// One task's scores: its metrics (name, value, higher is better), a line
+/// for the terminal, and the full result for `--json`.
+struct Scored {
+    metrics: Vec<(String, f64, bool)>,
+    line: String,
+    brief: serde_json::Value,
+    full: serde_json::Value,
+}
+
+fn score(
+    name: &str,
+    loaded: &Loaded,
+    model: &Model,
+    tok: &Tokenizer,
+    a: &Args,
+    progress: &mut dyn FnMut(usize, usize),
+) -> Result<Scored> {
+    Ok(match loaded {
+        Loaded::Choice(items) => {
+            let r = tasks::evaluate(name, model, tok, items, progress)?;
+            Scored {
+                metrics: vec![
+                    (format!("{name}/acc"), r.acc, true),
+                    (format!("{name}/acc_norm"), r.acc_norm, true),
+                ],
+                line: format!(
+                    "{name}: acc {:.4} ± {:.4}, acc_norm {:.4} ± {:.4} ({} items)",
+                    r.acc, r.acc_stderr, r.acc_norm, r.acc_norm_stderr, r.items
+                ),
+                brief: serde_json::json!({"task": r.task, "items": r.items, "acc": r.acc,
+                    "acc_stderr": r.acc_stderr, "acc_norm": r.acc_norm,
+                    "acc_norm_stderr": r.acc_norm_stderr}),
+                full: serde_json::to_value(&r)?,
+            }
+        }
+        Loaded::Rolling(docs) => {
+            let r = rolling::evaluate(name, model, tok, docs, progress)?;
+            Scored {
+                metrics: vec![
+                    (format!("{name}/word_perplexity"), r.word_perplexity, false),
+                    (format!("{name}/byte_perplexity"), r.byte_perplexity, false),
+                    (format!("{name}/bits_per_byte"), r.bits_per_byte, false),
+                ],
+                line: format!(
+                    "{name}: word_perplexity {:.4}, byte_perplexity {:.4}, bits_per_byte {:.4} ({} documents)",
+                    r.word_perplexity, r.byte_perplexity, r.bits_per_byte, r.docs
+                ),
+                brief: serde_json::json!({"task": r.task, "docs": r.docs,
+                    "word_perplexity": r.word_perplexity, "byte_perplexity": r.byte_perplexity,
+                    "bits_per_byte": r.bits_per_byte}),
+                full: serde_json::to_value(&r)?,
+            }
+        }
+        Loaded::Generate(items) => {
+            let r = generate_until::evaluate(name, model, tok, items, a.max_tokens, progress)?;
+            let parts: Vec<String> = r
+                .exact_match
+                .iter()
+                .map(|(f, v, se)| format!("exact_match,{f} {v:.4} ± {se:.4}"))
+                .collect();
+            let mut brief = serde_json::json!({"task": r.task, "items": r.items});
+            for (f, v, se) in &r.exact_match {
+                brief[format!("exact_match,{f}")] = serde_json::json!(v);
+                brief[format!("exact_match_stderr,{f}")] = serde_json::json!(se);
+            }
+            Scored {
+                metrics: r
+                    .exact_match
+                    .iter()
+                    .map(|(f, v, _)| (format!("{name}/exact_match,{f}"), *v, true))
+                    .collect(),
+                line: format!("{name}: {} ({} items)", parts.join(", "), r.items),
+                brief,
+                full: serde_json::to_value(&r)?,
+            }
+        }
+    })
+}
+
 pub fn run(a: Args) -> Result<()> {
     let model_dir = crate::model_arg::resolve(a.model.as_deref())?;
-    let mut tasks = Vec::new();
+    let mut loaded = Vec::new();
     for spec in &a.tasks {
         let (name, file) = match spec.split_once('=') {
             Some((n, f)) => (n.to_string(), PathBuf::from(f)),
             None => (spec.clone(), a.task_dir.join(format!("{spec}.jsonl"))),
         };
-        let items = load_task(&name, &file, a.num_shots, a.limit)
-            .with_context(|| format!("task {name}"))?;
-        tasks.push((name, items));
+        let task = load(&name, &file, &a).with_context(|| format!("task {name}"))?;
+        loaded.push((name, task));
     }
     let tok = Tokenizer::load(&model_dir)?;
     let model = Model::load(&model_dir)?;
@@ -66,25 +180,32 @@ pub fn run(a: Args) -> Result<()> {
     };
     let flags = serde_json::json!({
         "tasks": a.tasks, "task_dir": a.task_dir, "num_shots": a.num_shots,
-        "limit": a.limit, "batch_size": a.batch_size,
+        "limit": a.limit, "batch_size": a.batch_size, "max_tokens": a.max_tokens,
     });
     let run_id = match &db {
         Some(db) => Some(db.start_run("evaluate", &model_dir.display().to_string(), &flags)?),
         None => None,
     };
-    let mut results = Vec::new();
-    for (name, items) in &tasks {
+    let (mut results, mut briefs) = (Vec::new(), Vec::new());
+    for (name, task) in &loaded {
         let bar = ProgressBar::new(0);
         if a.json {
             bar.set_draw_target(ProgressDrawTarget::hidden());
         }
+        let unit = match task {
+            Loaded::Choice(_) => "contexts",
+            Loaded::Rolling(_) => "documents",
+            Loaded::Generate(_) => "answers",
+        };
         bar.set_style(
-            ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} contexts {elapsed}")
-                .expect("a valid template")
-                .progress_chars("=> "),
+            ProgressStyle::with_template(&format!(
+                "{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{elapsed}}"
+            ))
+            .expect("a valid template")
+            .progress_chars("=> "),
         );
         bar.set_prefix(name.clone());
-        let r = evaluate(name, &model, &tok, items, &mut |done, total| {
+        let r = score(name, task, &model, &tok, &a, &mut |done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         });
@@ -103,45 +224,29 @@ pub fn run(a: Args) -> Result<()> {
             }
         };
         if let (Some(db), Some(run)) = (&db, run_id) {
-            let acc = format!("{name}/acc");
-            let acc_norm = format!("{name}/acc_norm");
-            db.record_metrics(
-                run,
-                &[
-                    Metric {
-                        name: &acc,
-                        value: r.acc,
-                        unit: "",
-                        higher_is_better: Some(true),
-                    },
-                    Metric {
-                        name: &acc_norm,
-                        value: r.acc_norm,
-                        unit: "",
-                        higher_is_better: Some(true),
-                    },
-                ],
-            )?;
+            let metrics: Vec<Metric> = r
+                .metrics
+                .iter()
+                .map(|(n, v, up)| Metric {
+                    name: n,
+                    value: *v,
+                    unit: "",
+                    higher_is_better: Some(*up),
+                })
+                .collect();
+            db.record_metrics(run, &metrics)?;
         }
         if !a.json {
-            println!(
-                "{name}: acc {:.4} ± {:.4}, acc_norm {:.4} ± {:.4} ({} items)",
-                r.acc, r.acc_stderr, r.acc_norm, r.acc_norm_stderr, r.items
-            );
+            println!("{}", r.line);
         }
-        results.push(r);
+        results.push(r.full);
+        briefs.push(r.brief);
     }
-    let summary = serde_json::json!({ "results": results });
     if let (Some(db), Some(run)) = (&db, run_id) {
-        let brief: Vec<serde_json::Value> = results
-            .iter()
-            .map(|r| serde_json::json!({"task": r.task, "items": r.items, "acc": r.acc,
-                "acc_stderr": r.acc_stderr, "acc_norm": r.acc_norm, "acc_norm_stderr": r.acc_norm_stderr}))
-            .collect();
-        db.finish_run(run, "done", &serde_json::json!({ "results": brief }))?;
+        db.finish_run(run, "done", &serde_json::json!({ "results": briefs }))?;
     }
     if a.json {
-        println!("{summary}");
+        println!("{}", serde_json::json!({ "results": results }));
     }
     Ok(())
 }

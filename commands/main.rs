@@ -62,7 +62,7 @@ enum Command {
     Evals(evals::Args),
     /// Predict memory use and the largest context and batch that fit.
     Fit(fit::Args),
-    /// Score multiple-choice tasks by log-likelihood (as mlx_lm.evaluate).
+    /// Score lm-evaluation-harness tasks (multiple choice, wikitext, gsm8k) as mlx_lm.evaluate.
     Evaluate(evaluate::Args),
     /// Perplexity of a model on text (as mlx_lm.perplexity).
     Perplexity(perplexity::Args),

@@ -818,7 +818,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__evaluate)
-            opts="-m -h --model --tasks --task-dir --num-shots --limit --batch-size --json --db --no-db --help"
+            opts="-m -h --model --tasks --task-dir --num-shots --limit --max-tokens --batch-size --json --db --no-db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -845,6 +845,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 --limit)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --max-tokens)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

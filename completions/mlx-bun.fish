@@ -37,7 +37,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "train" -d 'Fine-tun
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "bench" -d 'Micro-benchmarks of the engine'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
-complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evaluate" -d 'Score multiple-choice tasks by log-likelihood (as mlx_lm.evaluate)'
+complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "evaluate" -d 'Score lm-evaluation-harness tasks (multiple choice, wikitext, gsm8k) as mlx_lm.evaluate'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "perplexity" -d 'Perplexity of a model on text (as mlx_lm.perplexity)'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "completions" -d 'Print shell completions'
 complete -c mlx-bun -n "__fish_mlx_bun_needs_command" -f -a "launch" -d 'Run a subcommand on several ranks (MLX distributed: ring, nccl, mpi)'
@@ -312,10 +312,11 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-siz
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l tasks -d 'Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu; each read from <task-dir>/<task>.jsonl, or TASK=FILE for another file' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l tasks -d 'Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu (multiple choice), wikitext (rolling log-likelihood), gsm8k (generation); each read from <task-dir>/<task>.jsonl, or TASK=FILE' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l task-dir -d 'Folder of the task files' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l num-shots -d 'Solved examples before each question (the first other items of the file)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l limit -d 'Score at most this many items per task' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l max-tokens -d 'Most tokens generated per answer in generation tasks (gsm8k)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l batch-size -d 'Accepted for mlx-lm compatibility; log-likelihood requests are scored one continuation at a time on the shared context\'s cache' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l json -d 'Print the results as JSON (with every choice\'s log-likelihood)'
@@ -352,7 +353,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_see
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "bench" -d 'Micro-benchmarks of the engine'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "evals" -d 'List, show and compare recorded runs (bench, train, ...)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "fit" -d 'Predict memory use and the largest context and batch that fit'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "evaluate" -d 'Score multiple-choice tasks by log-likelihood (as mlx_lm.evaluate)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "evaluate" -d 'Score lm-evaluation-harness tasks (multiple choice, wikitext, gsm8k) as mlx_lm.evaluate'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "perplexity" -d 'Perplexity of a model on text (as mlx_lm.perplexity)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "completions" -d 'Print shell completions'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "launch" -d 'Run a subcommand on several ranks (MLX distributed: ring, nccl, mpi)'

@@ -1,12 +1,15 @@
 //! `mlx-bun evaluate`: task rendering as lm-evaluation-harness defines it,
-//! and log-likelihoods equal to `mlx_lm.evaluate.MLXLM.loglikelihood` on the
-//! same items (scripts/oracle/evaluate_reference.py).
+//! and log-likelihoods and generations equal to `mlx_lm.evaluate.MLXLM`'s
+//! (`loglikelihood`, `loglikelihood_rolling`, `generate_until`) on the same
+//! requests (scripts/oracle/evaluate_reference.py, evaluate_tasks_reference.py).
 
 mod common;
 
 use std::process::Command;
 
 use common::{bin, model_dir, oracle_python, repo_root, run_ok};
+use mlx_bun::eval::generate_until::{load_items, GSM8K_UNTIL};
+use mlx_bun::eval::rolling::load_docs;
 use mlx_bun::eval::tasks::load_task;
 
 const TASKS: [&str; 4] = ["arc_easy", "hellaswag", "piqa", "mmlu"];
@@ -155,4 +158,138 @@ fn bad_task_input_gets_a_clear_error() {
             "{tasks}: {err}"
         );
     }
+}
+
+/// wikitext-style rolling log-likelihoods and gsm8k-style generations equal
+/// mlx-lm's `MLXLM.loglikelihood_rolling` and `MLXLM.generate_until` on the
+/// same documents and prompts (scripts/oracle/evaluate_tasks_reference.py),
+/// and the run is recorded in the eval database with the harness's metrics.
+#[test]
+fn rolling_and_generation_match_mlx_lm() {
+    let py = oracle_python().expect("the oracle (mlx-lm) is required for this test");
+    let dir = model_dir();
+    let work = tempfile::tempdir().unwrap();
+    let db_file = work.path().join("evals.db");
+    let out = run_ok(&[
+        "evaluate",
+        "--model",
+        dir.to_str().unwrap(),
+        "--tasks",
+        "wikitext,gsm8k",
+        "--task-dir",
+        repo_root().join("tests/data/tasks").to_str().unwrap(),
+        "--limit",
+        "2",
+        "--num-shots",
+        "1",
+        "--max-tokens",
+        "32",
+        "--json",
+        "--db",
+        db_file.to_str().unwrap(),
+    ]);
+    let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (rolling, generated) = (&ours["results"][0], &ours["results"][1]);
+
+    let docs = load_docs("wikitext", &task_file("wikitext"), Some(2)).unwrap();
+    // One shot: the model then ends its first answer with a blank line and
+    // "Question:" within the limit, so the `until` cut is exercised.
+    let items = load_items("gsm8k", &task_file("gsm8k"), 1, Some(2)).unwrap();
+    let requests = serde_json::json!({
+        "rolling": docs,
+        "generate": items.iter().map(|it| serde_json::json!({
+            "context": it.context, "until": GSM8K_UNTIL, "max_gen_toks": 32,
+        })).collect::<Vec<_>>(),
+    });
+    let req_file = work.path().join("requests.json");
+    std::fs::write(&req_file, requests.to_string()).unwrap();
+    let out = Command::new(py)
+        .arg(repo_root().join("scripts/oracle/evaluate_tasks_reference.py"))
+        .arg("--model")
+        .arg(&dir)
+        .arg("--requests")
+        .arg(&req_file)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "evaluate_tasks_reference.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+
+    let lls = |v: &serde_json::Value| -> Vec<f64> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap())
+            .collect()
+    };
+    let (ours_ll, theirs_ll) = (
+        lls(&rolling["loglikelihoods"]),
+        lls(&theirs["loglikelihoods"]),
+    );
+    assert_eq!(ours_ll.len(), 2);
+    assert_eq!(ours_ll.len(), theirs_ll.len());
+    for (x, y) in ours_ll.iter().zip(&theirs_ll) {
+        assert!((x - y).abs() <= 1e-3 * y.abs(), "ours {x} vs mlx-lm {y}");
+    }
+    // The harness's word perplexity from mlx-lm's log-likelihoods.
+    let words: f64 = rolling["words"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_f64().unwrap())
+        .sum();
+    let want = (-theirs_ll.iter().sum::<f64>() / words).exp();
+    let got = rolling["word_perplexity"].as_f64().unwrap();
+    assert!((got - want).abs() <= 1e-3 * want, "{got} vs {want}");
+
+    assert_eq!(generated["generations"], theirs["generations"]);
+    assert_eq!(generated["generations"].as_array().unwrap().len(), 2);
+
+    let db = mlx_bun::evaldb::EvalDb::open(&db_file).unwrap();
+    let runs = db.list(Some("evaluate"), 10).unwrap();
+    assert_eq!(runs.len(), 1);
+    assert_eq!(runs[0].status, "done");
+    let names: Vec<String> = db
+        .metrics(runs[0].id)
+        .unwrap()
+        .into_iter()
+        .map(|m| m.name)
+        .collect();
+    for want in [
+        "wikitext/word_perplexity",
+        "wikitext/byte_perplexity",
+        "wikitext/bits_per_byte",
+        "gsm8k/exact_match,strict-match",
+        "gsm8k/exact_match,flexible-extract",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want} not in {names:?}");
+    }
+}
+
+#[test]
+fn new_tasks_render_as_the_harness_defines_them() {
+    let docs = load_docs("wikitext", &task_file("wikitext"), None).unwrap();
+    assert_eq!(
+        docs[1],
+        " == History ==\nThe mill was built in 1820 and closed in 1961; its wheel, \
+         \"the largest in the county\", still turns.\n"
+    );
+    let items = load_items("gsm8k", &task_file("gsm8k"), 1, Some(2)).unwrap();
+    assert_eq!(
+        items[1].context,
+        "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\n\
+         Answer: Tom has 3 + 4 = <<3+4=7>>7 apples.\n#### 7\n\n\
+         Question: Sara reads 10 pages a day. How many pages does she read in 3 days?\nAnswer:"
+    );
+    let work = tempfile::tempdir().unwrap();
+    let bad = work.path().join("bad.jsonl");
+    std::fs::write(&bad, "{\"title\": \"x\"}\n").unwrap();
+    let err = format!("{:#}", load_docs("wikitext", &bad, None).unwrap_err());
+    assert!(err.contains("line 1: no field \"page\""), "{err}");
+    let err = format!("{:#}", load_items("gsm8k", &bad, 0, None).unwrap_err());
+    assert!(err.contains("line 1: no field \"question\""), "{err}");
 }

@@ -1,7 +1,10 @@
 //! Evaluation of a model: perplexity on text (as `mlx_lm.perplexity`) and
-//! log-likelihood tasks (as lm-evaluation-harness scores them through
-//! `mlx_lm.evaluate`), both over local data files.
+//! lm-evaluation-harness tasks of its three request types (multiple-choice
+//! log-likelihood, rolling log-likelihood, generation until a stop string)
+//! as `mlx_lm.evaluate` runs them, all over local data files.
 
 pub mod data;
+pub mod generate_until;
 pub mod perplexity;
+pub mod rolling;
 pub mod tasks;

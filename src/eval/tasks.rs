@@ -330,7 +330,7 @@ pub struct TaskResult {
 
 /// Mean and standard error (sample standard deviation over √n, as the
 /// harness's `mean_stderr`).
-fn mean_stderr(xs: &[f64]) -> (f64, f64) {
+pub(crate) fn mean_stderr(xs: &[f64]) -> (f64, f64) {
     let n = xs.len() as f64;
     let mean = xs.iter().sum::<f64>() / n;
     if xs.len() < 2 {
