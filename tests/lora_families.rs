@@ -1,0 +1,321 @@
+//! LoRA on Phi-3 (fused `qkv_proj` / `gate_up_proj`) and on Mixture-of-Experts
+//! models (per-expert adapters on the experts, as mlx-lm's `LoRASwitchLinear`),
+//! against mlx-lm on the tiny checkpoints of `goldens/arch/` that mlx-lm's own
+//! model classes made: the same adapter names and shapes, the same loss and
+//! adapter gradients from the same adapter, each side loads the other's
+//! adapter and generates the same greedy tokens with it, and `train fuse`
+//! writes the tensors `mlx_lm.fuse` writes.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use mlx_bun::adapters;
+use mlx_bun::generate::{generate, GenerateOptions};
+use mlx_bun::model::Model;
+use mlx_bun::tokenizer::Tokenizer;
+use mlx_bun::train::config::LoraParameters;
+use mlx_bun::train::forward::TrainForward;
+use mlx_bun::train::lora::AdapterLayout;
+use mlx_bun::train::losses::Head;
+use mlx_rs::ops::expand_dims;
+use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::transforms::value_and_grad_with_argnums;
+use mlx_rs::Array;
+use serde_json::Value;
+
+const TOKENS: [i32; 12] = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200];
+const PROMPT: [u32; 3] = [1, 17, 42];
+
+/// A copy of a tiny checkpoint with a word-level tokenizer over its 256 ids.
+fn with_tokenizer(case: &str, tmp: &Path) -> PathBuf {
+    let src = common::repo_root().join("goldens/arch").join(case);
+    let dir = tmp.join(case);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let vocab: serde_json::Map<String, Value> =
+        (0..256).map(|i| (format!("t{i}"), i.into())).collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    dir
+}
+
+fn oracle(py: &Path, args: &[&str]) -> Value {
+    let out = Command::new(py)
+        .arg(common::repo_root().join("scripts/oracle/lora_families.py"))
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .expect("running the oracle");
+    assert!(
+        out.status.success(),
+        "lora_families.py {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or("")).expect("oracle JSON")
+}
+
+fn mean_ce(model: &Model) -> Array {
+    let ids = Array::from_slice(&TOKENS, &[1, TOKENS.len() as i32]);
+    let fwd = TrainForward {
+        decoder: &model.decoder,
+        checkpoint_from: None,
+    };
+    let n = TOKENS.len() as i32;
+    let (h, _) = fwd.hidden(&ids.index((.., ..n - 1)), None, false).unwrap();
+    let logits = Head::of(&model.decoder).logits(&h).unwrap();
+    let targets = expand_dims(ids.index((.., 1..)), -1).unwrap();
+    let picked = logits.take_along_axis(&targets, -1).unwrap();
+    let lse = logits.logsumexp_axis(-1, true).unwrap();
+    (&lse - &picked).mean(None).unwrap()
+}
+
+fn greedy(model: &Model, tok: &Tokenizer) -> Vec<u32> {
+    let mut caches = model.make_caches();
+    let opts = GenerateOptions {
+        max_tokens: 8,
+        ..GenerateOptions::default()
+    };
+    generate(
+        model,
+        tok,
+        &mut caches,
+        &PROMPT,
+        0,
+        &opts,
+        None,
+        &mut |_| true,
+    )
+    .unwrap()
+    .token_ids
+}
+
+fn load_dir(dir: &Path) -> HashMap<String, Array> {
+    let mut out = HashMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "safetensors") {
+            out.extend(Array::load_safetensors(&path).unwrap());
+        }
+    }
+    out
+}
+
+fn max_abs(a: &Array) -> f32 {
+    a.abs().unwrap().max(None).unwrap().item_cast::<f32>()
+}
+
+fn assert_close(ours: &Array, theirs: &Array, rel: f32, what: &str) {
+    assert_eq!(ours.shape(), theirs.shape(), "{what}: shape");
+    let diff = max_abs(&(ours - theirs));
+    let tol = rel * max_abs(theirs) + 1e-6;
+    assert!(diff <= tol, "{what}: max |ours - mlx-lm| = {diff} > {tol}");
+}
+
+fn write_data(dir: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let rows: Vec<String> = [
+        "t1 t17 t42 t99 t3 t250 t7 t7 t128",
+        "t64 t5 t200 t9 t11 t17 t42 t99",
+        "t3 t3 t250 t7 t1 t17 t42 t99 t64 t5",
+    ]
+    .iter()
+    .map(|t| serde_json::json!({ "text": t }).to_string())
+    .collect();
+    for f in ["train.jsonl", "valid.jsonl"] {
+        std::fs::write(dir.join(f), rows.join("\n") + "\n").unwrap();
+    }
+}
+
+fn check_family(case: &str) {
+    let Some(py) = common::oracle_python() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let dir = with_tokenizer(case, work.path());
+    let d = dir.to_str().unwrap();
+    let init = work.path().join("init");
+    let ours = work.path().join("ours");
+    let fused_theirs = work.path().join("fused-theirs");
+    let fused_ours = work.path().join("fused-ours");
+    let data = work.path().join("data");
+    write_data(&data);
+
+    // mlx-lm builds its adapter layers and writes a random adapter for them.
+    let made = oracle(
+        &py,
+        &[
+            "init",
+            "--model",
+            d,
+            "--adapter-path",
+            init.to_str().unwrap(),
+            "--num-layers",
+            "2",
+            "--rank",
+            "4",
+            "--scale",
+            "2",
+        ],
+    );
+    let theirs: BTreeMap<String, Vec<i32>> =
+        serde_json::from_value(made["shapes"].clone()).unwrap();
+    let base = Model::load(&dir).unwrap();
+    let params = LoraParameters {
+        rank: 4,
+        scale: 2.0,
+        dropout: 0.0,
+        keys: None,
+    };
+    let layout = AdapterLayout::new(&base, 2, &params).unwrap();
+    let mine: BTreeMap<String, Vec<i32>> = layout
+        .names()
+        .into_iter()
+        .zip(layout.shapes(&base))
+        .collect();
+    assert_eq!(mine, theirs, "{case}: adapter tensors (name → shape)");
+
+    // We train from mlx-lm's adapter (it loads here), and write our own.
+    let init_file = init.join("adapters.safetensors");
+    common::run_ok(&[
+        "train",
+        "--model",
+        d,
+        "--data",
+        data.to_str().unwrap(),
+        "--iters",
+        "2",
+        "--batch-size",
+        "1",
+        "--num-layers",
+        "2",
+        "--lora-rank",
+        "4",
+        "--lora-scale",
+        "2",
+        "--learning-rate",
+        "0.01",
+        "--resume-adapter-file",
+        init_file.to_str().unwrap(),
+        "--adapter-path",
+        ours.to_str().unwrap(),
+        "--json",
+        "--no-db",
+    ]);
+    common::run_ok(&[
+        "train",
+        "fuse",
+        "--model",
+        d,
+        "--adapter-path",
+        ours.to_str().unwrap(),
+        "--output",
+        fused_ours.to_str().unwrap(),
+    ]);
+
+    // mlx-lm loads both adapters, and fuses ours.
+    let tokens: Vec<String> = TOKENS.iter().map(|t| t.to_string()).collect();
+    let prompt: Vec<String> = PROMPT.iter().map(|t| t.to_string()).collect();
+    let checked = oracle(
+        &py,
+        &[
+            "check",
+            "--model",
+            d,
+            "--adapters",
+            init.to_str().unwrap(),
+            ours.to_str().unwrap(),
+            "--tokens",
+            &tokens.join(","),
+            "--prompt",
+            &prompt.join(","),
+            "--max-tokens",
+            "8",
+            "--fuse-to",
+            fused_theirs.to_str().unwrap(),
+        ],
+    );
+    let tok = Tokenizer::load(&dir).unwrap();
+    for adapter in [&init, &ours] {
+        let key = adapter.to_str().unwrap();
+        let theirs = &checked["adapters"][key];
+        let mut model = base.clone();
+        adapters::apply(&mut model, adapter).unwrap();
+        let loss = mean_ce(&model).item_cast::<f32>();
+        let their_loss = theirs["loss"].as_f64().unwrap() as f32;
+        assert!(
+            (loss - their_loss).abs() <= 1e-4 * their_loss.abs(),
+            "{case} {key}: loss {loss} vs mlx-lm {their_loss}"
+        );
+        let their_greedy: Vec<u32> = serde_json::from_value(theirs["greedy"].clone()).unwrap();
+        assert_eq!(
+            greedy(&model, &tok),
+            their_greedy,
+            "{case} {key}: greedy tokens"
+        );
+        eprintln!("{case} {key}: loss {loss} (mlx-lm {their_loss}), greedy {their_greedy:?}");
+    }
+
+    // Gradients of the loss with respect to every adapter array, from mlx-lm's adapter.
+    let file = Array::load_safetensors(&init_file).unwrap();
+    let p: Vec<Array> = layout.names().iter().map(|n| file[n].clone()).collect();
+    let closure = |p: &[Array]| -> Vec<Array> {
+        let mut m = base.clone();
+        layout.set_params(&mut m, p).unwrap();
+        vec![mean_ce(&m)]
+    };
+    let argnums: Vec<i32> = (0..p.len() as i32).collect();
+    let (_, grads) = value_and_grad_with_argnums(closure, &argnums[..])(&p[..]).unwrap();
+    let their_grads = Array::load_safetensors(init.join("grads.safetensors")).unwrap();
+    for (name, g) in layout.names().iter().zip(&grads) {
+        assert!(max_abs(g) > 0.0, "{case}: no gradient reaches {name}");
+        assert_close(
+            g,
+            &their_grads[name],
+            1e-3,
+            &format!("{case}: gradient of {name}"),
+        );
+    }
+
+    // `train fuse` writes what `mlx_lm.fuse` writes.
+    let a = load_dir(&fused_ours);
+    let b = load_dir(&fused_theirs);
+    let mut names_a: Vec<&String> = a.keys().collect();
+    let mut names_b: Vec<&String> = b.keys().collect();
+    names_a.sort();
+    names_b.sort();
+    assert_eq!(names_a, names_b, "{case}: fused tensor names");
+    for (name, t) in &a {
+        assert_eq!(t.dtype(), b[name].dtype(), "{case}: fused {name} dtype");
+        let (x, y) = (
+            t.as_dtype(mlx_rs::Dtype::Float32).unwrap(),
+            b[name].as_dtype(mlx_rs::Dtype::Float32).unwrap(),
+        );
+        assert_close(&x, &y, 1e-5, &format!("{case}: fused {name}"));
+    }
+}
+
+#[test]
+fn phi3_adapts_the_fused_projections_as_mlx_lm() {
+    check_family("phi3");
+}
+
+#[test]
+fn qwen3_moe_adapts_its_experts_as_mlx_lm() {
+    check_family("qwen3_moe");
+}
+
+#[test]
+fn mixtral_adapts_its_experts_as_mlx_lm() {
+    check_family("mixtral");
+}
