@@ -287,9 +287,14 @@ fn check_family(case: &str) {
         );
     }
 
-    // `train fuse` writes what `mlx_lm.fuse` writes.
-    let a = load_dir(&fused_ours);
-    let b = load_dir(&fused_theirs);
+    assert_same_model(&fused_ours, &fused_theirs, case);
+}
+
+/// The tensors of two model directories: the same names, dtypes and values
+/// (float tolerance; packed quantized weights exactly).
+fn assert_same_model(ours: &Path, theirs: &Path, case: &str) {
+    let a = load_dir(ours);
+    let b = load_dir(theirs);
     let mut names_a: Vec<&String> = a.keys().collect();
     let mut names_b: Vec<&String> = b.keys().collect();
     names_a.sort();
@@ -297,12 +302,124 @@ fn check_family(case: &str) {
     assert_eq!(names_a, names_b, "{case}: fused tensor names");
     for (name, t) in &a {
         assert_eq!(t.dtype(), b[name].dtype(), "{case}: fused {name} dtype");
+        if t.dtype() == mlx_rs::Dtype::Uint32 {
+            let same = t
+                .eq(&b[name])
+                .unwrap()
+                .all(None)
+                .unwrap()
+                .item_cast::<bool>();
+            assert!(same, "{case}: fused {name} (packed) differs");
+            continue;
+        }
         let (x, y) = (
             t.as_dtype(mlx_rs::Dtype::Float32).unwrap(),
             b[name].as_dtype(mlx_rs::Dtype::Float32).unwrap(),
         );
         assert_close(&x, &y, 1e-5, &format!("{case}: fused {name}"));
     }
+}
+
+/// QLoRA: mlx-lm's adapter layout on a 4-bit model, our training from its
+/// adapter, and `train fuse` against `mlx_lm.fuse` (which re-quantizes).
+/// (mlx-lm cannot run quantized experts on MLX's CPU build, so only the
+/// fuse is compared here.)
+fn check_quantized_fuse(case: &str) {
+    let Some(py) = common::oracle_python() else {
+        return;
+    };
+    let work = tempfile::tempdir().unwrap();
+    let dir = with_tokenizer(case, work.path());
+    let d = dir.to_str().unwrap();
+    let init = work.path().join("init");
+    let ours = work.path().join("ours");
+    let data = work.path().join("data");
+    write_data(&data);
+    let made = oracle(
+        &py,
+        &[
+            "init",
+            "--model",
+            d,
+            "--adapter-path",
+            init.to_str().unwrap(),
+            "--num-layers",
+            "2",
+            "--rank",
+            "4",
+            "--scale",
+            "2",
+        ],
+    );
+    let theirs: BTreeMap<String, Vec<i32>> =
+        serde_json::from_value(made["shapes"].clone()).unwrap();
+    let base = Model::load(&dir).unwrap();
+    let params = LoraParameters {
+        rank: 4,
+        scale: 2.0,
+        dropout: 0.0,
+        keys: None,
+    };
+    let layout = AdapterLayout::new(&base, 2, &params).unwrap();
+    let mine: BTreeMap<String, Vec<i32>> = layout
+        .names()
+        .into_iter()
+        .zip(layout.shapes(&base))
+        .collect();
+    assert_eq!(mine, theirs, "{case}: adapter tensors (name → shape)");
+    let init_file = init.join("adapters.safetensors");
+    common::run_ok(&[
+        "train",
+        "--model",
+        d,
+        "--data",
+        data.to_str().unwrap(),
+        "--iters",
+        "2",
+        "--batch-size",
+        "1",
+        "--num-layers",
+        "2",
+        "--lora-rank",
+        "4",
+        "--lora-scale",
+        "2",
+        "--learning-rate",
+        "0.01",
+        "--resume-adapter-file",
+        init_file.to_str().unwrap(),
+        "--adapter-path",
+        ours.to_str().unwrap(),
+        "--json",
+        "--no-db",
+    ]);
+    let (fused_ours, fused_theirs) = (
+        work.path().join("fused-ours"),
+        work.path().join("fused-theirs"),
+    );
+    common::run_ok(&[
+        "train",
+        "fuse",
+        "--model",
+        d,
+        "--adapter-path",
+        ours.to_str().unwrap(),
+        "--output",
+        fused_ours.to_str().unwrap(),
+    ]);
+    oracle(
+        &py,
+        &[
+            "fuse",
+            "--model",
+            d,
+            "--adapter-path",
+            ours.to_str().unwrap(),
+            "--save-path",
+            fused_theirs.to_str().unwrap(),
+        ],
+    );
+    assert_same_model(&fused_ours, &fused_theirs, case);
 }
 
 #[test]
@@ -318,4 +435,15 @@ fn qwen3_moe_adapts_its_experts_as_mlx_lm() {
 #[test]
 fn mixtral_adapts_its_experts_as_mlx_lm() {
     check_family("mixtral");
+}
+
+#[test]
+fn gpt_oss_adapts_its_experts_as_mlx_lm() {
+    check_family("gpt_oss");
+}
+
+#[test]
+fn quantized_phi3_and_qwen3_moe_fuse_as_mlx_lm() {
+    check_quantized_fuse("phi3_q4");
+    check_quantized_fuse("qwen3_moe_q4");
 }

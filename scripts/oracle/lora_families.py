@@ -13,6 +13,9 @@ oracle for `tests/lora_families.rs`. Each mode prints one JSON object.
           of that loss with respect to every adapter array (saved to
           <adapter>/grads.safetensors) and the greedy continuation of --prompt;
           with --fuse-to, then runs `mlx_lm.fuse` on the last adapter.
+  fuse:   only runs `mlx_lm.fuse` (for quantized MoE models, which mlx-lm
+          cannot run on MLX's CPU build but can fuse).
+          lora_families.py fuse --model M --adapter-path A --save-path OUT
           lora_families.py check --model M --adapters A1 A2 --tokens 1,17,... \
               --prompt 1,17,42 --max-tokens 8 [--fuse-to OUT]
 
@@ -90,13 +93,17 @@ def check_one(model_path, adapter, tokens, prompt, max_tokens):
     return {"loss": loss.item(), "greedy": greedy, "shapes": {k: list(v.shape) for k, v in params.items()}}
 
 
+def fuse(model, adapter, save_path):
+    sys.argv = ["fuse", "--model", model, "--adapter-path", adapter, "--save-path", save_path]
+    fuse_cli.main()
+
+
 def check(args):
     tokens = [int(t) for t in args.tokens.split(",")]
     prompt = [int(t) for t in args.prompt.split(",")]
     out = {a: check_one(args.model, a, tokens, prompt, args.max_tokens) for a in args.adapters}
     if args.fuse_to:
-        sys.argv = ["fuse", "--model", args.model, "--adapter-path", args.adapters[-1], "--save-path", args.fuse_to]
-        fuse_cli.main()
+        fuse(args.model, args.adapters[-1], args.fuse_to)
     return {"adapters": out}
 
 
@@ -117,9 +124,19 @@ def main():
     c.add_argument("--prompt", required=True)
     c.add_argument("--max-tokens", type=int, default=8)
     c.add_argument("--fuse-to")
+    f = sub.add_parser("fuse")
+    f.add_argument("--model", required=True)
+    f.add_argument("--adapter-path", required=True)
+    f.add_argument("--save-path", required=True)
     args = p.parse_args()
     with contextlib.redirect_stdout(sys.stderr):
-        result = init(args) if args.mode == "init" else check(args)
+        if args.mode == "init":
+            result = init(args)
+        elif args.mode == "check":
+            result = check(args)
+        else:
+            fuse(args.model, args.adapter_path, args.save_path)
+            result = {"fused": args.save_path}
     sys.__stdout__.write(json.dumps(result) + "\n")
     sys.__stdout__.flush()
 
