@@ -125,14 +125,14 @@ pub(crate) fn block_sites(model: &Model, block: &Block) -> Vec<(String, SiteKind
     out
 }
 
-fn switch_linear<'a>(block: &'a Block, i: usize) -> Option<&'a SwitchLinear> {
+fn switch_linear(block: &Block, i: usize) -> Option<&SwitchLinear> {
     match &block.mlp {
         FeedForward::Sparse(moe) => moe.switch_mlp.proj(i),
         FeedForward::Dense(_) => None,
     }
 }
 
-fn switch_linear_mut<'a>(block: &'a mut Block, i: usize) -> Option<&'a mut SwitchLinear> {
+fn switch_linear_mut(block: &mut Block, i: usize) -> Option<&mut SwitchLinear> {
     match &mut block.mlp {
         FeedForward::Sparse(moe) => moe.switch_mlp.proj_mut(i),
         FeedForward::Dense(_) => None,
