@@ -66,10 +66,14 @@ fn oracle(py: &Path, args: &[&str]) -> Value {
 }
 
 fn mean_ce(model: &Model) -> Array {
+    mean_ce_with(model, None)
+}
+
+fn mean_ce_with(model: &Model, checkpoint_from: Option<usize>) -> Array {
     let ids = Array::from_slice(&TOKENS, &[1, TOKENS.len() as i32]);
     let fwd = TrainForward {
         decoder: &model.decoder,
-        checkpoint_from: None,
+        checkpoint_from,
     };
     let n = TOKENS.len() as i32;
     let (h, _) = fwd.hidden(&ids.index((.., ..n - 1)), None, false).unwrap();
@@ -269,21 +273,37 @@ fn check_family(case: &str) {
     // Gradients of the loss with respect to every adapter array, from mlx-lm's adapter.
     let file = Array::load_safetensors(&init_file).unwrap();
     let p: Vec<Array> = layout.names().iter().map(|n| file[n].clone()).collect();
-    let closure = |p: &[Array]| -> Vec<Array> {
-        let mut m = base.clone();
-        layout.set_params(&mut m, p).unwrap();
-        vec![mean_ce(&m)]
+    let grads_with = |checkpoint_from: Option<usize>| -> Vec<Array> {
+        let closure = |p: &[Array]| -> Vec<Array> {
+            let mut m = base.clone();
+            layout.set_params(&mut m, p).unwrap();
+            vec![mean_ce_with(&m, checkpoint_from)]
+        };
+        let argnums: Vec<i32> = (0..p.len() as i32).collect();
+        let (_, grads) = value_and_grad_with_argnums(closure, &argnums[..])(&p[..]).unwrap();
+        grads
     };
-    let argnums: Vec<i32> = (0..p.len() as i32).collect();
-    let (_, grads) = value_and_grad_with_argnums(closure, &argnums[..])(&p[..]).unwrap();
+    let grads = grads_with(None);
     let their_grads = Array::load_safetensors(init.join("grads.safetensors")).unwrap();
+    let mut worst = 0.0f32;
     for (name, g) in layout.names().iter().zip(&grads) {
         assert!(max_abs(g) > 0.0, "{case}: no gradient reaches {name}");
+        let theirs = &their_grads[name];
+        assert_close(g, theirs, 1e-3, &format!("{case}: gradient of {name}"));
+        worst = worst.max(max_abs(&(g - theirs)) / max_abs(theirs));
+    }
+    eprintln!("{case}: largest relative gradient difference to mlx-lm {worst:e}");
+    // The same through per-layer gradient checkpointing (`--grad-checkpoint`).
+    for (name, (g, c)) in layout
+        .names()
+        .iter()
+        .zip(grads.iter().zip(grads_with(Some(0))))
+    {
         assert_close(
+            &c,
             g,
-            &their_grads[name],
-            1e-3,
-            &format!("{case}: gradient of {name}"),
+            1e-5,
+            &format!("{case}: checkpointed gradient of {name}"),
         );
     }
 
@@ -446,4 +466,86 @@ fn gpt_oss_adapts_its_experts_as_mlx_lm() {
 fn quantized_phi3_and_qwen3_moe_fuse_as_mlx_lm() {
     check_quantized_fuse("phi3_q4");
     check_quantized_fuse("qwen3_moe_q4");
+}
+
+/// A checkpoint that keeps each expert apart (Hugging Face's
+/// `mlp.experts.{e}.gate_proj`) fuses to the same model as the stacked one.
+#[test]
+fn per_expert_checkpoints_fuse_like_stacked_ones() {
+    let work = tempfile::tempdir().unwrap();
+    let stacked = with_tokenizer("qwen3_moe", work.path());
+    let per_expert = work.path().join("per-expert");
+    std::fs::create_dir_all(&per_expert).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        std::fs::copy(stacked.join(f), per_expert.join(f)).unwrap();
+    }
+    let mut tensors = Array::load_safetensors(stacked.join("model.safetensors")).unwrap();
+    let names: Vec<String> = tensors
+        .keys()
+        .filter(|k| k.contains(".switch_mlp."))
+        .cloned()
+        .collect();
+    for name in names {
+        let t = tensors.remove(&name).unwrap();
+        for e in 0..t.shape()[0] {
+            let each = name.replace(".switch_mlp.", &format!(".experts.{e}."));
+            tensors.insert(each, t.index(e));
+        }
+    }
+    Array::save_safetensors(&tensors, None, per_expert.join("model.safetensors")).unwrap();
+
+    let base = Model::load(&stacked).unwrap();
+    let params = LoraParameters {
+        rank: 4,
+        scale: 2.0,
+        dropout: 0.0,
+        keys: None,
+    };
+    let layout = AdapterLayout::new(&base, 2, &params).unwrap();
+    let mut key = mlx_rs::random::key(5).unwrap();
+    let arrays: Vec<Array> = layout
+        .shapes(&base)
+        .iter()
+        .map(|s| {
+            let (next, sub) = mlx_rs::random::split(&key, 2).unwrap();
+            key = next;
+            mlx_rs::random::uniform::<_, f32>(-0.05f32, 0.05f32, &s[..], &sub).unwrap()
+        })
+        .collect();
+    let adapter = work.path().join("adapter");
+    adapters::save_params(&layout, &arrays, &adapter.join("adapters.safetensors")).unwrap();
+    let config = serde_json::json!({
+        "fine_tune_type": "lora", "num_layers": 2,
+        "lora_parameters": {"rank": 4, "scale": 2.0, "dropout": 0.0}
+    });
+    std::fs::write(adapter.join("adapter_config.json"), config.to_string()).unwrap();
+    let a = adapter.to_str().unwrap();
+    let outs = [work.path().join("fused-a"), work.path().join("fused-b")];
+    for (model, out) in [&stacked, &per_expert].iter().zip(&outs) {
+        common::run_ok(&[
+            "train",
+            "fuse",
+            "--model",
+            model.to_str().unwrap(),
+            "--adapter-path",
+            a,
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+    }
+    // The adapted layers come out stacked; the others as the checkpoint had them.
+    let fused = load_dir(&outs[1]);
+    assert!(fused.contains_key("model.layers.2.mlp.switch_mlp.gate_proj.weight"));
+    assert!(fused.contains_key("model.layers.0.mlp.experts.3.up_proj.weight"));
+    let reference = load_dir(&outs[0]);
+    for (name, t) in &reference {
+        if let Some(ours) = fused.get(name) {
+            assert_close(ours, t, 0.0, &format!("fused {name}"));
+        } else {
+            assert!(
+                name.starts_with("model.layers.0.mlp.switch_mlp."),
+                "{name} missing"
+            );
+        }
+    }
 }
