@@ -20,8 +20,9 @@ use crate::model::layers::{Linear, Lora};
 use crate::model::moe::{SwitchLinear, EXPERT_PROJS};
 use crate::model::Model;
 
-/// The linear layers of a decoder block, by their path inside the block
-/// (mlx-lm's `lora_parameters.keys` names). A block has a subset: a sparse
+/// The linear layers of our decoder block, by their path inside the block
+/// (mlx-lm's names, except where a loader split a fused layer: see
+/// `block_sites` for the LoRA keys). A block has a subset: a sparse
 /// Mixture-of-Experts layer has its router (`mlp.gate` in Qwen3-MoE,
 /// `block_sparse_moe.gate` in Mixtral, `mlp.router` in GPT-OSS) instead of a dense MLP.
 pub(crate) const BLOCK_LINEARS: [&str; 10] = [
