@@ -549,3 +549,43 @@ fn per_expert_checkpoints_fuse_like_stacked_ones() {
         }
     }
 }
+
+/// A key the model does not have (a Phi-3 adapter on split `q_proj`, as
+/// older versions wrote them) is an error that lists the keys it has.
+#[test]
+fn unknown_keys_name_the_model_keys() {
+    let dir = common::repo_root().join("goldens/arch/phi3");
+    let model = Model::load(&dir).unwrap();
+    let params = LoraParameters {
+        rank: 4,
+        scale: 2.0,
+        dropout: 0.0,
+        keys: Some(vec!["self_attn.q_proj".into()]),
+    };
+    let err = format!("{:#}", AdapterLayout::new(&model, 2, &params).unwrap_err());
+    assert!(
+        err.contains("unsupported LoRA key \"self_attn.q_proj\" for this phi3 model")
+            && err.contains("self_attn.qkv_proj")
+            && err.contains("mlp.gate_up_proj"),
+        "{err}"
+    );
+    // Experts' keys alone adapt only the sparse blocks among the last ones.
+    let dir = common::repo_root().join("goldens/arch/qwen3_moe");
+    let model = Model::load(&dir).unwrap();
+    let params = LoraParameters {
+        keys: Some(vec!["mlp.switch_mlp.down_proj".into()]),
+        ..params
+    };
+    let layout = AdapterLayout::new(&model, -1, &params).unwrap();
+    let layers: Vec<usize> = layout.sites.iter().map(|s| s.layer).collect();
+    assert_eq!(layers, [0, 2]);
+    assert_eq!(
+        layout.shapes(&model),
+        vec![
+            vec![8, 4, 32],
+            vec![8, 64, 4],
+            vec![8, 4, 32],
+            vec![8, 64, 4]
+        ]
+    );
+}
