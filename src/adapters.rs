@@ -1,6 +1,7 @@
 //! LoRA adapters in mlx-lm's format: a directory with `adapters.safetensors`
-//! (tensors `model.layers.N.<module>.lora_a` `[in, r]` and `.lora_b` `[r, out]`)
-//! and `adapter_config.json` (`fine_tune_type`, `num_layers`,
+//! (tensors `model.layers.N.<module>.lora_a` `[in, r]` and `.lora_b` `[r, out]`;
+//! for experts `[experts, r, in]` and `[experts, out, r]`; module names as
+//! mlx-lm's, see `train::lora`) and `adapter_config.json` (`fine_tune_type`, `num_layers`,
 //! `lora_parameters {rank, scale, dropout, keys?}` and the training options).
 
 use std::collections::HashMap;

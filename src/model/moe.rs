@@ -13,7 +13,7 @@ use mlx_rs::ops::{
 };
 use mlx_rs::{stop_gradient, Array};
 
-use super::layers::{Linear, QuantSpec};
+use super::layers::{Linear, Lora, QuantSpec};
 use super::weights::Weights;
 
 /// The weights of one projection for every expert.
@@ -35,6 +35,9 @@ pub struct SwitchLinear {
     pub weight: SwitchWeight,
     /// `[experts, out]` (GPT-OSS).
     pub bias: Option<Array>,
+    /// Per-expert low-rank adapters (mlx-lm's `LoRASwitchLinear`):
+    /// `a` `[experts, r, in]`, `b` `[experts, out, r]`.
+    pub lora: Option<Lora>,
 }
 
 impl SwitchLinear {
@@ -57,7 +60,23 @@ impl SwitchLinear {
             None => SwitchWeight::Dense(weight),
         };
         let bias = w.take_opt(&format!("{prefix}.bias"))?;
-        Ok(Self { weight, bias })
+        Ok(Self {
+            weight,
+            bias,
+            lora: None,
+        })
+    }
+
+    /// `(experts, out, in)`.
+    pub fn shape(&self) -> (i32, i32, i32) {
+        match &self.weight {
+            SwitchWeight::Dense(w) => (w.shape()[0], w.shape()[1], w.shape()[2]),
+            SwitchWeight::Quantized { weight, spec, .. } => (
+                weight.shape()[0],
+                weight.shape()[1],
+                weight.shape()[2] * 32 / spec.bits,
+            ),
+        }
     }
 
     /// `x` `[..., 1, in]` through the experts `indices` picks.
@@ -82,11 +101,34 @@ impl SwitchLinear {
                 sorted,
             )?,
         };
-        Ok(match &self.bias {
+        let y = match &self.bias {
             Some(b) => &y + &expand_dims_axes(&b.take_axis(indices, 0)?, &[-2])?,
             None => y,
-        })
+        };
+        match &self.lora {
+            Some(lora) => Ok(&y + &(&expert_lora(lora, x, indices, sorted)? * lora.scale)),
+            None => Ok(y),
+        }
     }
+}
+
+/// The chosen experts' low-rank term `(dropout(x) · aᵀ) · bᵀ`, before scaling.
+fn expert_lora(lora: &Lora, x: &Array, indices: &Array, sorted: bool) -> Result<Array> {
+    let x = if lora.dropout > 0.0 {
+        let keep = 1.0 - lora.dropout;
+        let mask = mlx_rs::random::bernoulli(&Array::from_f32(keep), x.shape(), None)?;
+        &(x * &mask) / keep
+    } else {
+        x.clone()
+    };
+    let z = gather_mm(&x, lora.a.swap_axes(-1, -2)?, None, indices, sorted)?;
+    Ok(gather_mm(
+        &z,
+        lora.b.swap_axes(-1, -2)?,
+        None,
+        indices,
+        sorted,
+    )?)
 }
 
 /// The experts' gate activation.
@@ -114,6 +156,9 @@ impl ExpertActivation {
     }
 }
 
+/// The experts' projections in `SwitchGlu::proj` order (their LoRA key suffixes).
+pub const EXPERT_PROJS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
 /// The experts' SwiGLU: `down(silu(gate(x)) * up(x))` per chosen expert.
 #[derive(Clone)]
 pub struct SwitchGlu {
@@ -124,6 +169,22 @@ pub struct SwitchGlu {
 }
 
 impl SwitchGlu {
+    /// Projection `i` of `EXPERT_PROJS`.
+    pub fn proj(&self, i: usize) -> Option<&SwitchLinear> {
+        [&self.gate_proj, &self.up_proj, &self.down_proj]
+            .get(i)
+            .copied()
+    }
+
+    pub fn proj_mut(&mut self, i: usize) -> Option<&mut SwitchLinear> {
+        match i {
+            0 => Some(&mut self.gate_proj),
+            1 => Some(&mut self.up_proj),
+            2 => Some(&mut self.down_proj),
+            _ => None,
+        }
+    }
+
     /// `x` `[..., hidden]`, `indices` `[..., k]` → `[..., k, hidden]`.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
         let x = expand_dims_axes(x, &[-2, -3])?;
@@ -190,6 +251,13 @@ pub struct SparseMoe {
     /// The router's path inside the block (`mlp.gate`, `block_sparse_moe.gate`),
     /// the name its adapter gets.
     pub router_key: &'static str,
+    /// The experts' path inside the block (`mlp.switch_mlp`,
+    /// `block_sparse_moe.switch_mlp`, `mlp.experts`): their adapters are
+    /// named `{experts_key}.{gate,up,down}_proj`.
+    pub experts_key: String,
+    /// Where Hugging Face checkpoints keep each expert's projections
+    /// (`{parent}.experts.{e}.{name}` for the names of `EXPERT_PROJS` order).
+    pub hf_names: [&'static str; 3],
 }
 
 impl SparseMoe {
@@ -223,12 +291,18 @@ impl SparseMoe {
             down_proj: proj(2, "down_proj")?,
             activation: layout.activation,
         };
+        let parent = layout
+            .router_key
+            .rsplit_once('.')
+            .map_or("", |(parent, _)| parent);
         Ok(Self {
             gate: Linear::load(w, &format!("{prefix}.{}", layout.router))?,
             switch_mlp,
             top_k,
             routing,
             router_key: layout.router_key,
+            experts_key: format!("{parent}.{}", layout.experts),
+            hf_names: layout.hf_names,
         })
     }
 

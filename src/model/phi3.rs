@@ -1,7 +1,8 @@
 //! Phi-3, Phi-3.5 and Phi-4 (`model_type: phi3`): the LLaMA layer with
 //! fused `qkv_proj` and `gate_up_proj`, split into the shared attention and
-//! MLP at load (so adapters, batching and the quantized cache work as for
-//! LLaMA), partial rotary embeddings, and su/longrope scaling: frequencies
+//! MLP at load (so batching and the quantized cache work as for LLaMA; LoRA
+//! still adapts the fused projections, as mlx-lm does: see `FUSED_LINEARS`),
+//! partial rotary embeddings, and su/longrope scaling: frequencies
 //! times `long_factor` and rotated features times
 //! `sqrt(1 + ln(max / original) / ln(original))`, as mlx-lm applies them.
 
@@ -16,6 +17,18 @@ use super::decoder::{
 };
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
 use super::weights::Weights;
+
+/// The fused projections of a Phi-3 block (mlx-lm's module names, which its
+/// LoRA adapters carry) and the layers the loader split each into, in row
+/// order. One adapter on a fused projection is one `a` shared by the parts
+/// and a `b` whose columns are split among them.
+pub(crate) const FUSED_LINEARS: [(&str, &[&str]); 2] = [
+    (
+        "self_attn.qkv_proj",
+        &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"],
+    ),
+    ("mlp.gate_up_proj", &["mlp.gate_proj", "mlp.up_proj"]),
+];
 
 /// The Phi-3 fields of `config.json`, with mlx-lm's defaults.
 #[derive(Debug, Deserialize)]

@@ -5,7 +5,7 @@
 use anyhow::Result;
 use mlx_rs::Array;
 
-use super::lora::{block_linear, block_linear_mut, BLOCK_LINEARS};
+use super::lora::{block_loras, block_loras_mut};
 use super::remat::checkpointed;
 use crate::cache::KvCache;
 use crate::model::decoder::{Block, Decoder};
@@ -71,26 +71,18 @@ fn layer_checkpointed(
 ) -> Result<(Array, Option<(Array, Array)>)> {
     // Adapter arrays are passed as inputs, not captured: the checkpoint
     // differentiates only with respect to its inputs.
-    let adapted: Vec<&str> = BLOCK_LINEARS
+    let lora_inputs: Vec<Array> = block_loras(layer)
         .into_iter()
-        .filter(|k| block_linear(layer, k).is_some_and(|l| l.lora.is_some()))
+        .flat_map(|l| [l.a.clone(), l.b.clone()])
         .collect();
-    let mut lora_inputs = Vec::with_capacity(2 * adapted.len());
-    for key in &adapted {
-        let lora = block_linear(layer, key)
-            .and_then(|l| l.lora.as_ref())
-            .expect("filtered above");
-        lora_inputs.push(lora.a.clone());
-        lora_inputs.push(lora.b.clone());
-    }
     let mut layer = layer.clone();
     let has_past = past.is_some();
     let first_lora = if has_past { 3 } else { 1 };
     let body = move |args: &[Array]| -> Result<Vec<Array>> {
-        for (key, ab) in adapted.iter().zip(args[first_lora..].chunks(2)) {
-            let lora = block_linear_mut(&mut layer, key)
-                .and_then(|l| l.lora.as_mut())
-                .expect("filtered above");
+        for (lora, ab) in block_loras_mut(&mut layer)
+            .into_iter()
+            .zip(args[first_lora..].chunks(2))
+        {
             lora.a = ab[0].clone();
             lora.b = ab[1].clone();
         }

@@ -1,4 +1,6 @@
-//! Merging LoRA adapters into the base weights: `W' = W + scale·(A·B)ᵀ`,
+//! Merging LoRA adapters into the base weights: `W' = W + scale·(A·B)ᵀ`
+//! for a linear layer (Phi-3's fused projections included, as stored), and
+//! `W'[e] = W[e] + scale·B[e]·A[e]` for each expert of a sparse layer,
 //! dequantizing quantized layers first and quantizing them back with the
 //! same group size and bits (or leaving the whole model dense).
 
@@ -10,8 +12,10 @@ use mlx_rs::ops::{dequantize, matmul, quantize};
 use mlx_rs::{Array, Dtype};
 
 use crate::adapters;
+use crate::model::decoder::FeedForward;
 use crate::model::layers::QuantSpec;
 use crate::model::Model;
+use crate::train::lora::{Site, SiteKind};
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct FuseReport {
@@ -42,11 +46,15 @@ pub fn fuse(
     let (_, mut config) = crate::model::read_config(model_dir)?;
     let quantization = config.get("quantization").cloned();
     let mut tensors = read_tensors(model_dir)?;
-    drop(model);
 
     for (site, ab) in layout.sites.iter().zip(params.chunks(2)) {
         let prefix = site.path();
         let wkey = format!("{prefix}.weight");
+        if !tensors.contains_key(&wkey) {
+            if let Some((experts, count)) = per_expert_source(&model, site) {
+                stack_experts(&mut tensors, &experts, &prefix, count)?;
+            }
+        }
         let base = tensors
             .remove(&wkey)
             .ok_or_else(|| anyhow!("the model has no tensor {wkey}"))?;
@@ -74,9 +82,15 @@ pub fn fuse(
             let dtype = base.dtype();
             (base.as_dtype(Dtype::Float32)?, dtype, None)
         };
-        // (x·A)·B·scale == x·(scale·(A·B)); the weight is stored [out, in].
+        // (x·A)·B·scale == x·(scale·(A·B)); the weight is stored [out, in]
+        // (experts: [experts, out, in], a [experts, r, in], b [experts, out, r]).
         // The same operation order as mlx-lm, so re-quantization rounds alike.
-        let delta = matmul(&(&ab[1].t() * layout.scale), ab[0].t())?;
+        let delta = match site.kind {
+            SiteKind::Experts(_) => matmul(&(&ab[1] * layout.scale), &ab[0])?,
+            SiteKind::Linear | SiteKind::Fused(_) => {
+                matmul(&(&ab[1].t() * layout.scale), ab[0].t())?
+            }
+        };
         let fused = &dense + &delta;
         match spec {
             Some(spec) if !dequantize_all => {
@@ -91,6 +105,7 @@ pub fn fuse(
         }
     }
 
+    drop(model);
     if dequantize_all {
         dequantize_rest(&mut tensors, quantization.as_ref())?;
         if let Some(obj) = config.as_object_mut() {
@@ -104,6 +119,53 @@ pub fn fuse(
         dequantized: dequantize_all,
         output: out.to_path_buf(),
     })
+}
+
+/// For an experts' site of a checkpoint that keeps each expert apart
+/// (Hugging Face's `{parent}.experts.{e}.{name}`): that prefix without the
+/// expert index and name, as `(format of "{parent}.experts", name)`, and the count.
+fn per_expert_source(model: &Model, site: &Site) -> Option<((String, String), i32)> {
+    let SiteKind::Experts(i) = site.kind else {
+        return None;
+    };
+    let FeedForward::Sparse(moe) = &model.decoder.layers[site.layer].mlp else {
+        return None;
+    };
+    let parent = moe.router_key.rsplit_once('.')?.0;
+    let count = moe.switch_mlp.proj(i)?.shape().0;
+    Some((
+        (
+            format!("model.layers.{}.{parent}.experts", site.layer),
+            moe.hf_names[i].to_string(),
+        ),
+        count,
+    ))
+}
+
+/// Stacks `{experts}.{e}.{name}.{weight,scales,biases}` into `{target}.*`.
+fn stack_experts(
+    tensors: &mut HashMap<String, Array>,
+    (experts, name): &(String, String),
+    target: &str,
+    count: i32,
+) -> Result<()> {
+    for part in ["weight", "scales", "biases", "bias"] {
+        if !tensors.contains_key(&format!("{experts}.0.{name}.{part}")) {
+            continue;
+        }
+        let each = (0..count)
+            .map(|e| {
+                let key = format!("{experts}.{e}.{name}.{part}");
+                tensors
+                    .remove(&key)
+                    .ok_or_else(|| anyhow!("the model has no tensor {key}"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let stacked = mlx_rs::ops::stack(&each, 0)
+            .with_context(|| format!("stacking the experts of {experts}.*.{name}"))?;
+        tensors.insert(format!("{target}.{part}"), stacked);
+    }
+    Ok(())
 }
 
 /// The affine quantization of `prefix` from the config's `quantization`.

@@ -1,17 +1,28 @@
-//! Where LoRA adapters sit in a model (the "sites": block index + linear
-//! layer), how they are initialized, and moving their arrays in and out of a
-//! model as the flat parameter list the optimizer and autodiff work on.
+//! Where LoRA adapters sit in a model (the "sites": block index + module
+//! path, mlx-lm's names), how they are initialized, and moving their arrays
+//! in and out of a model as the flat parameter list the optimizer and
+//! autodiff work on.
+//!
+//! A site is what mlx-lm's `linear_to_lora_layers` wraps: a linear layer
+//! (`LoRALinear`, `a [in, r]`, `b [r, out]`), a fused Phi-3 projection the
+//! loader split (one `LoRALinear` over the fused layer: `a` shared, `b`'s
+//! columns split among the parts), or one projection of a sparse layer's
+//! experts (`LoRASwitchLinear`: `a [experts, r, in]`, `b [experts, out, r]`).
 
 use anyhow::{bail, Result};
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{random, Array, Dtype};
 
 use super::config::LoraParameters;
 use crate::model::decoder::{Block, FeedForward};
 use crate::model::layers::{Linear, Lora};
+use crate::model::moe::{SwitchLinear, EXPERT_PROJS};
 use crate::model::Model;
 
-/// The linear layers of a decoder block, by their path inside the block
-/// (mlx-lm's `lora_parameters.keys` names). A block has a subset: a sparse
+/// The linear layers of our decoder block, by their path inside the block
+/// (mlx-lm's names, except where a loader split a fused layer: see
+/// `block_sites` for the LoRA keys). A block has a subset: a sparse
 /// Mixture-of-Experts layer has its router (`mlp.gate` in Qwen3-MoE,
 /// `block_sparse_moe.gate` in Mixtral, `mlp.router` in GPT-OSS) instead of a dense MLP.
 pub(crate) const BLOCK_LINEARS: [&str; 10] = [
@@ -55,11 +66,23 @@ pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'
     })
 }
 
-/// One adapted linear layer.
+/// What a site adapts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SiteKind {
+    /// One linear layer of the block (`block_linear`).
+    Linear,
+    /// A fused projection split at load into these linear layers, in row order.
+    Fused(&'static [&'static str]),
+    /// Projection `i` of `EXPERT_PROJS` of the block's experts.
+    Experts(usize),
+}
+
+/// One adapted module.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Site {
     pub layer: usize,
     pub key: String,
+    pub kind: SiteKind,
 }
 
 impl Site {
@@ -67,6 +90,96 @@ impl Site {
     pub fn path(&self) -> String {
         format!("model.layers.{}.{}", self.layer, self.key)
     }
+}
+
+/// The fused projections of a family whose loader splits them.
+fn fused_linears(model: &Model) -> &'static [(&'static str, &'static [&'static str])] {
+    match model.args.model_type.as_str() {
+        "phi3" => &crate::model::phi3::FUSED_LINEARS,
+        _ => &[],
+    }
+}
+
+/// The LoRA keys of `block` with what each adapts, as mlx-lm names the
+/// modules of that block: every linear layer and every experts' projection.
+pub(crate) fn block_sites(model: &Model, block: &Block) -> Vec<(String, SiteKind)> {
+    let fused = fused_linears(model);
+    let split: Vec<&str> = fused
+        .iter()
+        .flat_map(|(_, parts)| parts.iter().copied())
+        .collect();
+    let mut out: Vec<(String, SiteKind)> = BLOCK_LINEARS
+        .iter()
+        .filter(|k| !split.contains(k) && block_linear(block, k).is_some())
+        .map(|k| (k.to_string(), SiteKind::Linear))
+        .collect();
+    for (key, parts) in fused {
+        if parts.iter().all(|p| block_linear(block, p).is_some()) {
+            out.push((key.to_string(), SiteKind::Fused(parts)));
+        }
+    }
+    if let FeedForward::Sparse(moe) = &block.mlp {
+        for (i, proj) in EXPERT_PROJS.iter().enumerate() {
+            out.push((format!("{}.{proj}", moe.experts_key), SiteKind::Experts(i)));
+        }
+    }
+    out
+}
+
+fn switch_linear(block: &Block, i: usize) -> Option<&SwitchLinear> {
+    match &block.mlp {
+        FeedForward::Sparse(moe) => moe.switch_mlp.proj(i),
+        FeedForward::Dense(_) => None,
+    }
+}
+
+fn switch_linear_mut(block: &mut Block, i: usize) -> Option<&mut SwitchLinear> {
+    match &mut block.mlp {
+        FeedForward::Sparse(moe) => moe.switch_mlp.proj_mut(i),
+        FeedForward::Dense(_) => None,
+    }
+}
+
+/// Every adapter a block holds, in a fixed order (its linear layers', then
+/// its experts'): the arrays a checkpointed layer takes as inputs.
+pub(crate) fn block_loras(block: &Block) -> Vec<&Lora> {
+    let mut out: Vec<&Lora> = BLOCK_LINEARS
+        .iter()
+        .filter_map(|k| block_linear(block, k).and_then(|l| l.lora.as_ref()))
+        .collect();
+    out.extend((0..EXPERT_PROJS.len()).filter_map(|i| switch_linear(block, i)?.lora.as_ref()));
+    out
+}
+
+/// `block_loras`, mutable, in the same order.
+pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
+    let Block { self_attn, mlp, .. } = block;
+    let mut out: Vec<&mut Lora> = vec![
+        &mut self_attn.q_proj,
+        &mut self_attn.k_proj,
+        &mut self_attn.v_proj,
+        &mut self_attn.o_proj,
+    ]
+    .into_iter()
+    .filter_map(|l| l.lora.as_mut())
+    .collect();
+    match mlp {
+        FeedForward::Dense(m) => out.extend(
+            [&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj]
+                .into_iter()
+                .filter_map(|l| l.lora.as_mut()),
+        ),
+        FeedForward::Sparse(moe) => {
+            out.extend(moe.gate.lora.as_mut());
+            let s = &mut moe.switch_mlp;
+            out.extend(
+                [&mut s.gate_proj, &mut s.up_proj, &mut s.down_proj]
+                    .into_iter()
+                    .filter_map(|l| l.lora.as_mut()),
+            );
+        }
+    }
+    out
 }
 
 /// The adapters of a model: their sites, rank and scale.
@@ -80,7 +193,8 @@ pub struct AdapterLayout {
 
 impl AdapterLayout {
     /// Sites on the last `num_layers` blocks (all blocks when it is not
-    /// positive, as mlx-lm does), for `params.keys` or every linear layer.
+    /// positive, as mlx-lm does), for `params.keys` or, as mlx-lm, every
+    /// linear layer and experts' projection of those blocks.
     pub fn new(model: &Model, num_layers: i64, params: &LoraParameters) -> Result<Self> {
         let total = model.num_layers();
         if num_layers > total as i64 {
@@ -91,40 +205,44 @@ impl AdapterLayout {
         } else {
             total - num_layers as usize
         };
-        let keys: Vec<String> = match &params.keys {
-            Some(keys) => {
-                if keys.is_empty() {
-                    bail!("lora_parameters.keys is empty");
-                }
-                for k in keys {
-                    if !BLOCK_LINEARS.contains(&k.as_str()) {
-                        bail!(
-                            "unsupported LoRA key {k:?} (supported: {})",
-                            BLOCK_LINEARS.join(", ")
-                        );
+        let blocks = &model.decoder.layers;
+        if let Some(keys) = &params.keys {
+            if keys.is_empty() {
+                bail!("lora_parameters.keys is empty");
+            }
+            let mut known: Vec<String> = Vec::new();
+            for block in blocks {
+                for (k, _) in block_sites(model, block) {
+                    if !known.contains(&k) {
+                        known.push(k);
                     }
                 }
-                keys.clone()
             }
-            None => BLOCK_LINEARS.iter().map(|s| s.to_string()).collect(),
-        };
+            for k in keys {
+                if !known.contains(k) {
+                    bail!(
+                        "unsupported LoRA key {k:?} for this {} model (supported: {})",
+                        model.args.model_type,
+                        known.join(", ")
+                    );
+                }
+            }
+        }
         // Each block adapts the keys it has (a sparse layer has no dense MLP).
-        let blocks = &model.decoder.layers;
-        let sites: Vec<Site> = (first..total)
-            .flat_map(|layer| {
-                keys.iter()
-                    .filter(move |key| block_linear(&blocks[layer], key).is_some())
-                    .map(move |key| Site {
-                        layer,
-                        key: key.clone(),
-                    })
-            })
-            .collect();
-        if params.keys.is_some() {
-            for k in &keys {
+        let mut sites = Vec::new();
+        for (layer, block) in blocks.iter().enumerate().skip(first) {
+            for (key, kind) in block_sites(model, block) {
+                if params.keys.as_ref().is_none_or(|keys| keys.contains(&key)) {
+                    sites.push(Site { layer, key, kind });
+                }
+            }
+        }
+        if let Some(keys) = &params.keys {
+            for k in keys {
                 if !sites.iter().any(|s| &s.key == k) {
                     bail!(
-                        "LoRA key {k:?} names no layer of this {} model",
+                        "LoRA key {k:?} names no layer among the last {} of this {} model",
+                        total - first,
                         model.args.model_type
                     );
                 }
@@ -138,15 +256,10 @@ impl AdapterLayout {
         })
     }
 
-    /// `(in_features, out_features)` of each site's base layer.
-    pub fn dims(&self, model: &Model) -> Vec<(i32, i32)> {
-        self.sites
-            .iter()
-            .map(|s| {
-                let (out, inp) = linear(model, s).shape();
-                (inp, out)
-            })
-            .collect()
+    /// `(experts, in_features, out_features)` of each site's base module
+    /// (`experts` is 1 for a linear layer).
+    fn dims(&self, model: &Model) -> Vec<(Option<i32>, i32, i32)> {
+        self.sites.iter().map(|s| site_dims(model, s)).collect()
     }
 
     /// Fresh adapters as mlx-lm makes them: `a ~ U(-1/sqrt(in), 1/sqrt(in))`,
@@ -154,13 +267,21 @@ impl AdapterLayout {
     pub(crate) fn init_params(&self, model: &Model, seed: u64) -> Result<Vec<Array>> {
         let mut key = random::key(seed)?;
         let mut params = Vec::with_capacity(2 * self.sites.len());
-        for (inp, out) in self.dims(model) {
+        for shape in self.shapes(model).chunks(2) {
             let (next, sub) = random::split(&key, 2)?;
             key = next;
+            let inp = match shape[0].len() {
+                3 => shape[0][2],
+                _ => shape[0][0],
+            };
             let bound = 1.0 / (inp as f32).sqrt();
-            let shape = [inp, self.rank as i32];
-            params.push(random::uniform::<_, f32>(-bound, bound, &shape[..], &sub)?);
-            params.push(Array::zeros::<f32>(&[self.rank as i32, out])?);
+            params.push(random::uniform::<_, f32>(
+                -bound,
+                bound,
+                &shape[0][..],
+                &sub,
+            )?);
+            params.push(Array::zeros::<f32>(&shape[1])?);
         }
         Ok(params)
     }
@@ -184,14 +305,32 @@ impl AdapterLayout {
                 params.len()
             );
         }
+        let lora = |a: &Array, b: Array| Lora {
+            a: a.clone(),
+            b,
+            scale: self.scale,
+            dropout,
+        };
         for (site, ab) in self.sites.iter().zip(params.chunks(2)) {
-            let lin = linear_mut(model, site);
-            lin.lora = Some(Lora {
-                a: ab[0].clone(),
-                b: ab[1].clone(),
-                scale: self.scale,
-                dropout,
-            });
+            let block = &mut model.decoder.layers[site.layer];
+            match site.kind {
+                SiteKind::Linear => {
+                    linear_mut(block, &site.key).lora = Some(lora(&ab[0], ab[1].clone()))
+                }
+                SiteKind::Fused(parts) => {
+                    let mut start = 0;
+                    for part in parts {
+                        let lin = linear_mut(block, part);
+                        let end = start + lin.shape().0;
+                        lin.lora = Some(lora(&ab[0], ab[1].index((.., start..end))));
+                        start = end;
+                    }
+                }
+                SiteKind::Experts(i) => {
+                    let sw = switch_linear_mut(block, i).expect("sites come from block_sites");
+                    sw.lora = Some(lora(&ab[0], ab[1].clone()));
+                }
+            }
         }
         Ok(())
     }
@@ -200,11 +339,28 @@ impl AdapterLayout {
     pub fn params(&self, model: &Model) -> Result<Vec<Array>> {
         let mut out = Vec::with_capacity(2 * self.sites.len());
         for site in &self.sites {
-            let Some(lora) = &linear(model, site).lora else {
-                bail!("{} has no adapter", site.path());
-            };
-            out.push(lora.a.clone());
-            out.push(lora.b.clone());
+            let block = &model.decoder.layers[site.layer];
+            let missing = || anyhow::anyhow!("{} has no adapter", site.path());
+            match site.kind {
+                SiteKind::Linear => {
+                    let l = linear(block, &site.key).lora.as_ref().ok_or_else(missing)?;
+                    out.extend([l.a.clone(), l.b.clone()]);
+                }
+                SiteKind::Fused(parts) => {
+                    let loras = parts
+                        .iter()
+                        .map(|p| linear(block, p).lora.as_ref().ok_or_else(missing))
+                        .collect::<Result<Vec<_>>>()?;
+                    let bs: Vec<&Array> = loras.iter().map(|l| &l.b).collect();
+                    out.extend([loras[0].a.clone(), concatenate(&bs, 1)?]);
+                }
+                SiteKind::Experts(i) => {
+                    let l = switch_linear(block, i)
+                        .and_then(|s| s.lora.as_ref())
+                        .ok_or_else(missing)?;
+                    out.extend([l.a.clone(), l.b.clone()]);
+                }
+            }
         }
         Ok(out)
     }
@@ -220,12 +376,16 @@ impl AdapterLayout {
             .collect()
     }
 
-    /// Expected shape of each parameter, in order.
+    /// Expected shape of each parameter, in order: `[in, r]`, `[r, out]` for
+    /// a linear layer, `[experts, r, in]`, `[experts, out, r]` for experts.
     pub fn shapes(&self, model: &Model) -> Vec<Vec<i32>> {
         let r = self.rank as i32;
         self.dims(model)
             .into_iter()
-            .flat_map(|(inp, out)| [vec![inp, r], vec![r, out]])
+            .flat_map(|(experts, inp, out)| match experts {
+                None => [vec![inp, r], vec![r, out]],
+                Some(e) => [vec![e, r, inp], vec![e, out, r]],
+            })
             .collect()
     }
 
@@ -238,14 +398,33 @@ impl AdapterLayout {
     }
 }
 
-fn linear<'a>(model: &'a Model, site: &Site) -> &'a Linear {
-    block_linear(&model.decoder.layers[site.layer], &site.key)
-        .expect("sites are validated against BLOCK_LINEARS")
+fn site_dims(model: &Model, site: &Site) -> (Option<i32>, i32, i32) {
+    let block = &model.decoder.layers[site.layer];
+    match site.kind {
+        SiteKind::Linear => {
+            let (out, inp) = linear(block, &site.key).shape();
+            (None, inp, out)
+        }
+        SiteKind::Fused(parts) => {
+            let inp = linear(block, parts[0]).shape().1;
+            let out = parts.iter().map(|p| linear(block, p).shape().0).sum();
+            (None, inp, out)
+        }
+        SiteKind::Experts(i) => {
+            let (e, out, inp) = switch_linear(block, i)
+                .expect("sites come from block_sites")
+                .shape();
+            (Some(e), inp, out)
+        }
+    }
 }
 
-fn linear_mut<'a>(model: &'a mut Model, site: &Site) -> &'a mut Linear {
-    block_linear_mut(&mut model.decoder.layers[site.layer], &site.key)
-        .expect("sites are validated against BLOCK_LINEARS")
+fn linear<'a>(block: &'a Block, key: &str) -> &'a Linear {
+    block_linear(block, key).expect("sites come from block_sites")
+}
+
+fn linear_mut<'a>(block: &'a mut Block, key: &str) -> &'a mut Linear {
+    block_linear_mut(block, key).expect("sites come from block_sites")
 }
 
 /// Casts adapter arrays to `dtype` (inference keeps activations in the model dtype).
