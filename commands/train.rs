@@ -96,8 +96,10 @@ struct TrainArgs {
     /// Dropout on the adapter input.
     #[arg(long)]
     lora_dropout: Option<f32>,
-    /// Linear layers to adapt, comma-separated (e.g. self_attn.q_proj,self_attn.v_proj).
-    /// Default: every linear layer of the block.
+    /// Layers to adapt, comma-separated, by mlx-lm's names (e.g.
+    /// self_attn.q_proj,self_attn.v_proj; Phi-3: self_attn.qkv_proj; MoE
+    /// experts: mlp.switch_mlp.gate_proj). Default: every linear layer of the
+    /// block and every expert projection, as mlx-lm.
     #[arg(long, value_delimiter = ',')]
     lora_keys: Option<Vec<String>>,
     #[arg(long)]
