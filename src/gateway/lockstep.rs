@@ -198,10 +198,11 @@ fn lead(
         let mut admitted = Vec::new();
         while let Some(front) = waiting.front() {
             let gone = front.client.abandoned();
-            if !gone && !aborting && front.lane == Lane::Batch && !batch.can_admit(front) {
-                if !batch.is_idle() {
-                    break;
-                }
+            // A job waits while the batch runs and has no room for it.
+            let blocked =
+                !gone && !aborting && front.lane == Lane::Batch && !batch.can_admit(front);
+            if blocked && !batch.is_idle() {
+                break;
             }
             let mut job = waiting.pop_front().unwrap();
             counters.queued.fetch_sub(1, Ordering::SeqCst);
