@@ -238,7 +238,9 @@ fn lead(
             }
         }
         control.shutdown = !open && waiting.is_empty() && batch.is_idle() && admitted.is_empty();
+        let started = Instant::now();
         exchange(group, Some(&control))?;
+        let exchanged = started.elapsed();
         batch.cancel(&control.cancel);
         for job in admitted {
             batch.admit(shared, job);
@@ -248,6 +250,11 @@ fn lead(
         }
         if !batch.is_idle() {
             batch.step(shared);
+            tracing::debug!(
+                "lockstep: exchange {:.1} ms, step {:.1} ms",
+                exchanged.as_secs_f64() * 1e3,
+                (started.elapsed() - exchanged).as_secs_f64() * 1e3
+            );
         }
     }
 }
