@@ -18,8 +18,8 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct).
     #[arg(long, short)]
     model: Option<String>,
-    /// Pipeline parallel under `mlx-bun launch` (sharded serving is not
-    /// supported yet: see docs/distributed.md).
+    /// Under `mlx-bun launch` with several ranks: split the layers across
+    /// ranks (pipeline parallel) instead of the heads and MLP columns.
     #[arg(long)]
     pipeline: bool,
     /// Address to listen on; anything but loopback exposes the server to the network.
@@ -253,16 +253,86 @@ async fn shutdown_signal() {
     }
 }
 
-pub fn run(args: Args) -> Result<()> {
-    if mlx_bun::distributed::launched() {
-        anyhow::bail!(
-            "serve does not run sharded across ranks yet{}: run it as one process (see docs/distributed.md)",
-            if args.pipeline { " (--pipeline)" } else { "" }
-        );
+/// Under `mlx-bun launch`: refuses what a sharded server cannot run, and
+/// makes the gateway shard its model. `Some(rank)` for a rank other than 0.
+fn join_ranks(args: &Args) -> Result<Option<usize>> {
+    let Some(group) = crate::launch::join_group()? else {
+        return Ok(None);
+    };
+    crate::launch::refuse_sharded(&[
+        ("--draft-model", args.draft_model.is_some()),
+        ("--adapter-path", args.adapter_path.is_some()),
+        ("--kv-bits", args.kv.kv_bits.is_some()),
+        ("--max-kv-size", args.max_kv_size.is_some()),
+        ("--ssd-cache", args.ssd_cache.is_some()),
+        ("--allowed-models", !args.allowed_models.is_empty()),
+        ("--allow-any-model", args.allow_any_model),
+        ("--decode-concurrency 1", args.decode_concurrency == 1),
+    ])?;
+    let rank = group.rank();
+    let parallelism = if args.pipeline {
+        mlx_bun::distributed::Parallelism::Pipeline
+    } else {
+        mlx_bun::distributed::Parallelism::Tensor
+    };
+    mlx_bun::gateway::shard_serving(mlx_bun::gateway::Sharding { group, parallelism })?;
+    Ok((rank != 0).then_some(rank))
+}
+
+/// A rank other than 0 of a sharded server: no HTTP; its gateway runs every
+/// batch step rank 0 runs, in the same order, and ends when rank 0 shuts down.
+fn follow(args: &Args, rank: usize) -> Result<()> {
+    // The launcher passes SIGINT/SIGTERM to every rank: this one stops when
+    // rank 0 broadcasts its shutdown (or is killed when rank 0 is gone).
+    // SAFETY: installs the default "ignore" disposition; no handler runs.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
     }
+    let dir = crate::model_arg::resolve(args.model.as_deref())?;
+    let tokenizer = Arc::new(mlx_bun::tokenizer::Tokenizer::load(&dir)?);
+    let load = move || {
+        Ok(mlx_bun::gateway::LoadedModels {
+            model: mlx_bun::model::Model::load(&dir)?,
+            draft: None,
+        })
+    };
+    let gateway = mlx_bun::gateway::Gateway::start(
+        load,
+        tokenizer,
+        gateway_config(args, Default::default(), None),
+    )?;
+    gateway.wait_ready()?;
+    tracing::info!("rank {rank}: following rank 0");
+    gateway.wait_stopped();
+    Ok(())
+}
+
+fn gateway_config(
+    args: &Args,
+    kv: mlx_bun::gateway::KvSettings,
+    ssd: Option<mlx_bun::gateway::SsdConfig>,
+) -> GatewayConfig {
+    let gib = |g: f64| (g * (1u64 << 30) as f64) as usize;
+    GatewayConfig {
+        max_queue: args.max_queue,
+        prompt_cache_bytes: gib(args.prompt_cache),
+        num_draft_tokens: args.num_draft_tokens,
+        decode_concurrency: args.decode_concurrency,
+        prompt_concurrency: args.prompt_concurrency,
+        kv_budget_bytes: args.kv_budget.map(gib),
+        kv,
+        ssd,
+    }
+}
+
+pub fn run(args: Args) -> Result<()> {
     check(&args)?;
     let dispatch = log_dispatch(&args.log_level)?;
     let _log = tracing::dispatcher::set_default(&dispatch);
+    if let Some(rank) = join_ranks(&args)? {
+        return follow(&args, rank);
+    }
 
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     let (model_args, _) = mlx_bun::model::read_config(&dir)?;
@@ -322,16 +392,7 @@ pub fn run(args: Args) -> Result<()> {
         // Refuse a model that cannot hold a default-length exchange in memory.
         min_context: args.max_tokens_default + 512,
         chat_template,
-        gateway: GatewayConfig {
-            max_queue: args.max_queue,
-            prompt_cache_bytes: gib(args.prompt_cache) as usize,
-            num_draft_tokens: args.num_draft_tokens,
-            decode_concurrency: args.decode_concurrency,
-            prompt_concurrency: args.prompt_concurrency,
-            kv_budget_bytes: args.kv_budget.map(|g| gib(g) as usize),
-            kv,
-            ssd,
-        },
+        gateway: gateway_config(&args, kv, ssd),
     });
     // The default model loads before the port opens, so that a model that
     // cannot load ends the command with its error.

@@ -1,14 +1,17 @@
 //! Two ranks over MLX's ring backend on loopback: the sharded model's greedy
 //! tokens equal the single process's (tensor and pipeline parallel), each
 //! rank holds only its share of the weights, and one failing rank stops the
-//! others with its error.
+//! others with its error. A sharded `serve` answers as a single process
+//! does (both APIs, streaming or not, two requests at once, a client that
+//! leaves), and stopping its launcher stops every rank.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
+use common::server::Server;
 use common::{bin, float32_model, model_dir};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const PROMPT: &str = "Write a haiku about the sea";
 
@@ -118,9 +121,211 @@ fn sharded_refusals_name_the_flag() {
         "{stderr}"
     );
     let out = bin()
-        .args(["launch", "-n", "2", "--", "serve"])
+        .args(["launch", "-n", "2", "--", "serve", "--kv-bits", "8"])
         .output()
         .unwrap();
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("serve does not run sharded"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--kv-bits is not supported when the model is sharded"),
+        "{stderr}"
+    );
+}
+
+const LAUNCH: [&str; 6] = ["launch", "-n", "2", "--backend", "ring", "--"];
+
+/// Greedy requests of a few tokens, over both APIs, streaming and not.
+fn requests() -> Vec<(&'static str, Value)> {
+    let completion = json!({"prompt": PROMPT, "max_tokens": 5, "temperature": 0});
+    let chat = json!({
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 5,
+        "temperature": 0,
+    });
+    let streaming = |mut v: Value| {
+        v["stream"] = json!(true);
+        v
+    };
+    // Sampled with a seed: every rank draws from the same key.
+    let seeded = json!({"prompt": "Once upon", "max_tokens": 5, "temperature": 0.9, "seed": 5});
+    // Structured output: every rank runs the same grammar.
+    let mut json_object = chat.clone();
+    json_object["response_format"] = json!({"type": "json_object"});
+    vec![
+        ("/v1/completions", completion.clone()),
+        ("/v1/completions", streaming(completion)),
+        ("/v1/chat/completions", chat.clone()),
+        ("/v1/chat/completions", streaming(chat)),
+        ("/v1/completions", seeded),
+        ("/v1/chat/completions", json_object),
+    ]
+}
+
+/// A second prompt, for two requests at once.
+fn other_request() -> Value {
+    json!({"prompt": "The capital of France is", "max_tokens": 5, "temperature": 0})
+}
+
+/// The text `body` produced (streaming: the deltas joined).
+fn answer(server: &Server, path: &str, body: &Value) -> String {
+    let resp = reqwest::blocking::Client::new()
+        .post(server.url(path))
+        .json(body)
+        .timeout(Duration::from_secs(120))
+        .send()
+        .expect("sending the request");
+    let status = resp.status();
+    let text = resp.text().unwrap();
+    assert!(status.is_success(), "{path}: {status}: {text}");
+    let piece = |choice: &Value| {
+        let v = &choice["text"];
+        let v = if v.is_null() {
+            &choice["message"]["content"]
+        } else {
+            v
+        };
+        let v = if v.is_null() {
+            &choice["delta"]["content"]
+        } else {
+            v
+        };
+        v.as_str().unwrap_or("").to_string()
+    };
+    if body["stream"] == json!(true) {
+        let mut out = String::new();
+        let mut done = false;
+        for line in text.lines() {
+            let Some(data) = line.strip_prefix("data: ") else {
+                continue;
+            };
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let v: Value = serde_json::from_str(data).unwrap();
+            if let Some(choice) = v["choices"].get(0) {
+                out += &piece(choice);
+            }
+        }
+        assert!(done, "{path}: the stream did not end: {text}");
+        out
+    } else {
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], 5, "{path}: {text}");
+        piece(&v["choices"][0])
+    }
+}
+
+/// What every server must answer, from one single-process server.
+fn single_process_answers() -> &'static Vec<String> {
+    static ANSWERS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    ANSWERS.get_or_init(|| {
+        let mut server = Server::start(&model_dir(), &[]);
+        let mut answers: Vec<String> = requests()
+            .iter()
+            .map(|(path, body)| answer(&server, path, body))
+            .collect();
+        answers.push(answer(&server, "/v1/completions", &other_request()));
+        assert!(server.stop(Duration::from_secs(60)).success());
+        answers
+    })
+}
+
+/// The processes below `pid` (the launcher and its ranks).
+fn descendants(pid: u32) -> Vec<u32> {
+    let parent_of = |p: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+        // "pid (comm) state ppid …": the command may hold spaces.
+        stat.rsplit_once(')')?
+            .1
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
+    };
+    let all: Vec<u32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect();
+    let mut found = vec![pid];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(all.iter().filter(|&&c| parent_of(c) == Some(p)));
+        i += 1;
+    }
+    found.remove(0);
+    found
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
+    })
+}
+
+fn check_sharded_serve(flags: &[&str]) {
+    let expected = single_process_answers();
+    let mut server = Server::start_under(&LAUNCH, &model_dir(), flags);
+    let ranks = descendants(server.pid());
+    // The launcher and two ranks.
+    assert!(ranks.len() >= 3, "{ranks:?}: {}", server.log_text());
+    for (i, (path, body)) in requests().iter().enumerate() {
+        assert_eq!(
+            &answer(&server, path, body),
+            &expected[i],
+            "{flags:?} {path} {body}"
+        );
+    }
+    // Two requests at once: both rows of one batch on every rank.
+    std::thread::scope(|s| {
+        let a = s.spawn(|| answer(&server, "/v1/completions", &requests()[0].1));
+        let b = s.spawn(|| answer(&server, "/v1/completions", &other_request()));
+        assert_eq!(&a.join().unwrap(), &expected[0], "{flags:?} concurrent");
+        assert_eq!(&b.join().unwrap(), &expected[6], "{flags:?} concurrent");
+    });
+    // A client that leaves mid-stream: the ranks cancel its row together
+    // and go on serving.
+    let mut long = requests()[1].1.clone();
+    long["max_tokens"] = json!(200);
+    let mut resp = reqwest::blocking::Client::new()
+        .post(server.url("/v1/completions"))
+        .json(&long)
+        .send()
+        .unwrap();
+    let mut first = [0u8; 64];
+    std::io::Read::read(&mut resp, &mut first).unwrap();
+    drop(resp);
+    assert_eq!(
+        &answer(&server, "/v1/completions", &requests()[0].1),
+        &expected[0],
+        "{flags:?} after a client left"
+    );
+    let log = server.log_text();
+    assert!(
+        log.contains("[rank 1]") && log.contains("following rank 0"),
+        "{log}"
+    );
+    // Stopping the launcher stops every rank.
+    let status = server.stop(Duration::from_secs(60));
+    let log = server.log_text();
+    assert!(log.contains("mlx-bun serve: stopped"), "{log}");
+    assert!(status.code().is_some(), "{status:?}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while ranks.iter().any(|&p| alive(p)) {
+        assert!(Instant::now() < deadline, "ranks left running: {log}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn tensor_parallel_serve_answers_as_one_process() {
+    check_sharded_serve(&[]);
+}
+
+#[test]
+fn pipeline_parallel_serve_answers_as_one_process() {
+    check_sharded_serve(&["--pipeline"]);
 }

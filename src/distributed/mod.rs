@@ -171,6 +171,33 @@ impl Group {
         }
     }
 
+    /// Rank 0's `payload`, on every rank (the others pass `None`): an
+    /// `all_sum` in which every other rank contributes zeros, first of the
+    /// length, then of the bytes. Blocks until every rank has called it.
+    pub(crate) fn broadcast_bytes(&self, payload: Option<&[u8]>) -> Result<Vec<u8>> {
+        let mine = match (self.rank, payload) {
+            (0, Some(p)) => p,
+            (0, None) => bail!("rank 0 must give the bytes it broadcasts"),
+            _ => &[],
+        };
+        let len = i32::try_from(mine.len())
+            .map_err(|_| anyhow!("a broadcast of {} bytes is too large", mine.len()))?;
+        let n = self.all_sum(&Array::from_slice(&[len], &[1]))?;
+        n.eval()?;
+        let n = n.as_slice::<i32>()[0];
+        if n <= 0 {
+            return Ok(Vec::new());
+        }
+        let data = if self.rank == 0 {
+            Array::from_slice(mine, &[n])
+        } else {
+            Array::from_slice(&vec![0u8; n as usize], &[n])
+        };
+        let summed = self.all_sum(&data)?;
+        summed.eval()?;
+        Ok(summed.as_slice::<u8>().to_vec())
+    }
+
     /// Rank 0's `seed`, known to every rank: ranks sample identically only
     /// when their random streams start from the same seed.
     pub fn agree_seed(&self, seed: Option<u64>) -> Result<u64> {

@@ -5,7 +5,8 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use super::admission::{Admitted, KvBudget};
@@ -19,6 +20,8 @@ use crate::tokenizer::Tokenizer;
 struct RowInfo {
     client: Client,
     first_token: Rc<Cell<Option<Instant>>>,
+    /// Lockstep: set when every rank cancels the row (see [`BatchLane::cancel`]).
+    cancelled: Rc<Cell<bool>>,
 }
 
 pub(crate) struct BatchLane<'a> {
@@ -30,6 +33,10 @@ pub(crate) struct BatchLane<'a> {
     budget: KvBudget,
     admitted: Admitted,
     next_id: u64,
+    /// Sharded serving (`lockstep`): a row ends only by what every rank
+    /// sees, so a client that leaves cancels its row through
+    /// [`BatchLane::cancel`], never from inside a step.
+    lockstep: bool,
 }
 
 impl<'a> BatchLane<'a> {
@@ -48,6 +55,34 @@ impl<'a> BatchLane<'a> {
             budget,
             admitted: Admitted::default(),
             next_id: 0,
+            lockstep: false,
+        }
+    }
+
+    /// Rows end only through [`BatchLane::cancel`] or by their own tokens.
+    pub(crate) fn in_lockstep(mut self) -> Self {
+        self.lockstep = true;
+        self
+    }
+
+    /// Lockstep: rows whose client left (all rows when `aborting`), not yet cancelled.
+    pub(crate) fn abandoned(&self, aborting: bool) -> Vec<u64> {
+        let mut ids: Vec<u64> = self
+            .rows
+            .iter()
+            .filter(|(_, r)| !r.cancelled.get() && (aborting || r.client.abandoned()))
+            .map(|(&id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Lockstep: cancels rows `ids`; they leave the batch in the next step.
+    pub(crate) fn cancel(&mut self, ids: &[u64]) {
+        for id in ids {
+            if let Some(r) = self.rows.get(id) {
+                r.cancelled.set(true);
+            }
         }
     }
 
@@ -80,22 +115,34 @@ impl<'a> BatchLane<'a> {
             prompt_tokens: job.request.prompt.len(),
             cached_tokens: cached,
         });
-        if !sent {
+        if !sent && !self.lockstep {
             return reporter.dropped(&job.client);
         }
         let first_token = Rc::new(Cell::new(None));
+        let cancelled = Rc::new(Cell::new(false));
+        let lockstep = self.lockstep;
         let on_token = {
             let client = job.client.clone();
             let abort = reporter.abort.clone();
             let first_token = first_token.clone();
+            let cancelled = cancelled.clone();
+            let never = Arc::new(AtomicBool::new(false));
             Box::new(move |ev: &crate::generate::TokenEvent| {
                 if first_token.get().is_none() {
                     first_token.set(Some(Instant::now()));
                 }
-                client.send_token(ev, &abort)
+                if lockstep {
+                    client.send_token(ev, &never);
+                    !cancelled.get()
+                } else {
+                    client.send_token(ev, &abort)
+                }
             })
         };
-        let alive = {
+        let alive: Box<dyn Fn() -> bool> = if lockstep {
+            let cancelled = cancelled.clone();
+            Box::new(move || !cancelled.get())
+        } else {
             let client = job.client.clone();
             let abort = reporter.abort.clone();
             Box::new(move || !client.abandoned() && !abort.load(Ordering::Relaxed))
@@ -121,6 +168,7 @@ impl<'a> BatchLane<'a> {
             RowInfo {
                 client: job.client,
                 first_token,
+                cancelled,
             },
         );
         reporter.counters.active.fetch_add(1, Ordering::SeqCst);

@@ -13,10 +13,12 @@
 //! - `job`: a request's events and how its end is reported and counted
 //! - `stats`: counters and the `/stats` snapshot
 //! - `ssd_tier`: the prompt cache's cold tier on disk (`--ssd-cache`)
+//! - `lockstep`: a model sharded across ranks (rank 0 leads, the others follow)
 
 mod admission;
 mod batch_lane;
 mod job;
+mod lockstep;
 mod route;
 mod serial;
 mod ssd_tier;
@@ -24,6 +26,7 @@ mod stats;
 mod worker;
 
 pub use admission::{available_memory_bytes, default_kv_budget_bytes};
+pub use lockstep::{shard_serving, Sharding};
 pub use route::{route, Lane, RequestShape};
 pub use ssd_tier::{SsdConfig, SsdStats};
 pub use stats::{quantile, GatewayStats};
@@ -34,7 +37,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
 use crate::decode::BatchLimits;
@@ -243,10 +246,22 @@ impl Gateway {
         };
         *counters.ssd.lock().unwrap() = ssd.as_ref().map(|t| t.stats_handle());
         let default_kv = config.kv.is_default();
+        let sharding = lockstep::claim()?;
+        if sharding.is_some() && (!default_kv || ssd.is_some()) {
+            bail!("a sharded server runs with dense KV caches and no --ssd-cache");
+        }
         let handle = std::thread::Builder::new()
             .name("mlx-bun-gateway".into())
             .spawn(move || {
-                let models = match load() {
+                let models = match load().and_then(|mut m| {
+                    if let Some(s) = &sharding {
+                        if m.draft.is_some() {
+                            bail!("a sharded server has no draft model");
+                        }
+                        crate::distributed::shard_model(&mut m.model, &s.group, s.parallelism)?;
+                    }
+                    Ok(m)
+                }) {
                     Ok(m) => m,
                     Err(e) => {
                         let _ = loaded_tx.send(Err(format!("{e:#}")));
@@ -260,6 +275,13 @@ impl Gateway {
                     bytes_per_token: models.model.kv_bytes_per_token(),
                 };
                 let can_batch = decode_concurrency > 1 && models.model.supports_batching();
+                if sharding.is_some() && !can_batch {
+                    let why = "a sharded server runs requests as rows of its batch: it needs \
+                               --decode-concurrency 2 or more and a model whose caches batch \
+                               (no sliding-window layers)";
+                    let _ = loaded_tx.send(Err(why.into()));
+                    return;
+                }
                 let _ = loaded_tx.send(Ok(Loaded {
                     has_draft: models.draft.is_some(),
                     can_batch,
@@ -268,7 +290,12 @@ impl Gateway {
                 let shared = Shared {
                     tokenizer,
                     grammar: None,
-                    prompt_cache: PromptCache::new(config.prompt_cache_bytes),
+                    // Its hits would depend on each rank's memory.
+                    prompt_cache: PromptCache::new(if sharding.is_some() {
+                        0
+                    } else {
+                        config.prompt_cache_bytes
+                    }),
                     reporter,
                     num_draft_tokens: config.num_draft_tokens,
                     kv: config.kv,
@@ -279,10 +306,12 @@ impl Gateway {
                     limits: BatchLimits {
                         decode_concurrency,
                         prompt_concurrency: config.prompt_concurrency.max(1),
-                        prefill_target: Some(BATCH_PREFILL_TARGET),
+                        // Timed chunks would differ between ranks.
+                        prefill_target: sharding.is_none().then_some(BATCH_PREFILL_TARGET),
                         ..BatchLimits::default()
                     },
                     budget,
+                    sharding,
                 };
                 worker::run(models, shared, plan, rx, &ready)
             })
@@ -476,6 +505,14 @@ impl Gateway {
     pub fn is_idle(&self) -> bool {
         self.counters.queued.load(Ordering::SeqCst) == 0
             && self.counters.active.load(Ordering::SeqCst) == 0
+    }
+
+    /// Waits for the worker to end: a rank following rank 0 ends when rank 0
+    /// broadcasts its shutdown.
+    pub fn wait_stopped(&self) {
+        if let Some(handle) = self.worker.lock().unwrap().take() {
+            let _ = handle.join();
+        }
     }
 
     /// Lets the queue drain for up to `grace`, then aborts what is left and

@@ -116,6 +116,8 @@ impl Shared {
 pub(crate) struct WorkerPlan {
     pub limits: BatchLimits,
     pub budget: KvBudget,
+    /// The model is sharded: run in lockstep with the other ranks.
+    pub sharding: Option<super::lockstep::Sharding>,
 }
 
 pub(crate) fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
@@ -228,6 +230,10 @@ pub(crate) fn run(
     }
     let tokenizer = shared.tokenizer.clone();
     let mut batch = BatchLane::new(&models.model, &tokenizer, plan.limits, plan.budget);
+    if let Some(sharding) = &plan.sharding {
+        let mut batch = batch.in_lockstep();
+        return super::lockstep::run(&sharding.group, &mut shared, &mut batch, rx);
+    }
     let mut waiting: VecDeque<Job> = VecDeque::new();
     let mut open = true;
     loop {

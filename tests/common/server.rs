@@ -20,6 +20,12 @@ impl Server {
     /// Starts `mlx-bun serve --port 0 --model MODEL EXTRA…` and waits for its
     /// ready line.
     pub fn start(model: &Path, extra: &[&str]) -> Server {
+        Self::start_under(&[], model, extra)
+    }
+
+    /// As [`Server::start`], with `before` ahead of `serve` (e.g. `launch -n
+    /// 2 --`: the server runs sharded across ranks).
+    pub fn start_under(before: &[&str], model: &Path, extra: &[&str]) -> Server {
         static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let log = std::env::temp_dir().join(format!(
@@ -33,6 +39,7 @@ impl Server {
             .arg(r#""$@" & pid=$!; read _; kill -TERM $pid; wait $pid"#)
             .arg("sh")
             .arg(env!("CARGO_BIN_EXE_mlx-bun"))
+            .args(before)
             .args(["serve", "--port", "0", "--model"])
             .arg(model)
             .args(extra)
@@ -72,6 +79,11 @@ impl Server {
             base,
             log,
         }
+    }
+
+    /// The process id of the wrapper shell; the server is its child.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn url(&self, path: &str) -> String {
