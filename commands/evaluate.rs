@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use mlx_bun::eval::tasks::{evaluate, load_task};
+use mlx_bun::eval::tasks::{evaluate, load_task_seeded};
 use mlx_bun::evaldb::{EvalDb, Metric};
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
@@ -22,9 +22,13 @@ pub struct Args {
     /// Folder of the task files.
     #[arg(long, default_value = ".")]
     task_dir: PathBuf,
-    /// Solved examples before each question (the first other items of the file).
+    /// Solved examples before each question, drawn from the task file as
+    /// lm-evaluation-harness draws them (MMLU: the first others of its subject).
     #[arg(long, default_value_t = 0)]
     num_shots: usize,
+    /// Seed of the few-shot sampler (Python's `random.Random`, as mlx_lm.evaluate).
+    #[arg(long, default_value_t = mlx_bun::eval::tasks::FEWSHOT_SEED)]
+    seed: u64,
     /// Score at most this many items per task.
     #[arg(long, value_parser = crate::validate::at_least_one)]
     limit: Option<usize>,
@@ -51,7 +55,7 @@ pub fn run(a: Args) -> Result<()> {
             Some((n, f)) => (n.to_string(), PathBuf::from(f)),
             None => (spec.clone(), a.task_dir.join(format!("{spec}.jsonl"))),
         };
-        let items = load_task(&name, &file, a.num_shots, a.limit)
+        let items = load_task_seeded(&name, &file, a.num_shots, a.seed, a.limit)
             .with_context(|| format!("task {name}"))?;
         tasks.push((name, items));
     }
@@ -65,7 +69,7 @@ pub fn run(a: Args) -> Result<()> {
         )?)
     };
     let flags = serde_json::json!({
-        "tasks": a.tasks, "task_dir": a.task_dir, "num_shots": a.num_shots,
+        "tasks": a.tasks, "task_dir": a.task_dir, "num_shots": a.num_shots, "seed": a.seed,
         "limit": a.limit, "batch_size": a.batch_size,
     });
     let run_id = match &db {
@@ -131,7 +135,18 @@ pub fn run(a: Args) -> Result<()> {
         }
         results.push(r);
     }
-    let summary = serde_json::json!({ "results": results });
+    let mut summary = serde_json::json!({ "results": results });
+    if a.num_shots > 0 {
+        // Each item's few-shot rows (0-based, file order), per task.
+        let shots: serde_json::Map<String, serde_json::Value> = tasks
+            .iter()
+            .map(|(name, items)| {
+                let rows: Vec<&Vec<usize>> = items.iter().map(|i| &i.shots).collect();
+                (name.clone(), serde_json::json!(rows))
+            })
+            .collect();
+        summary["fewshot"] = serde_json::Value::Object(shots);
+    }
     if let (Some(db), Some(run)) = (&db, run_id) {
         let brief: Vec<serde_json::Value> = results
             .iter()

@@ -4,4 +4,5 @@
 
 pub mod data;
 pub mod perplexity;
+pub mod pyrandom;
 pub mod tasks;
