@@ -149,6 +149,26 @@ fn perplexity_of_a_hub_parquet_dataset_equals_the_local_text() {
                 ("held/x.parquet", parquet_bytes("text", &other)),
             ]),
         );
+        // Split by folder name; a `training` file name; JSONL.
+        s.insert(
+            hub::dataset_key("org/ppl-dirs"),
+            files(&[
+                ("train/a.parquet", parquet_bytes("text", &docs[..3])),
+                ("train/b.parquet", parquet_bytes("text", &docs[3..])),
+                ("validation/c.parquet", parquet_bytes("text", &other)),
+            ]),
+        );
+        let lines: Vec<String> = docs
+            .iter()
+            .map(|d| json!({ "text": d }).to_string())
+            .collect();
+        s.insert(
+            hub::dataset_key("org/ppl-jsonl"),
+            files(&[
+                ("my_training_set.jsonl", lines.join("\n").into_bytes()),
+                ("eval.jsonl", b"{\"text\": \"held out\"}\n".to_vec()),
+            ]),
+        );
     }
     let local = tmp.path().join("docs.jsonl");
     let lines: Vec<String> = docs
@@ -159,7 +179,12 @@ fn perplexity_of_a_hub_parquet_dataset_equals_the_local_text() {
 
     let home = tmp.path().join("hf-home");
     let want = json_of(&perplexity(local.to_str().unwrap(), &base, &home));
-    for repo in ["org/ppl-parquet", "org/ppl-card"] {
+    for repo in [
+        "org/ppl-parquet",
+        "org/ppl-card",
+        "org/ppl-dirs",
+        "org/ppl-jsonl",
+    ] {
         let got = json_of(&perplexity(repo, &base, &home));
         eprintln!(
             "{repo}: perplexity {} (local file {}), rows {}",
@@ -183,7 +208,9 @@ fn perplexity_of_a_hub_parquet_dataset_equals_the_local_text() {
     );
     assert!(
         !log.iter()
-            .any(|l| l.contains("/data/test-") || l.contains("/held/")),
+            .any(|l| ["/data/test-", "/held/", "/validation/", "/eval.jsonl"]
+                .iter()
+                .any(|x| l.contains(x))),
         "a file outside the train split was fetched: {log:?}"
     );
 }
