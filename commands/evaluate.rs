@@ -24,9 +24,13 @@ pub struct Args {
     /// Folder of the task files.
     #[arg(long, default_value = ".")]
     task_dir: PathBuf,
-    /// Solved examples before each question (the first other items of the file).
+    /// Solved examples before each question, drawn from the task file as
+    /// lm-evaluation-harness draws them (MMLU: the first others of its subject).
     #[arg(long, default_value_t = 0)]
     num_shots: usize,
+    /// Seed of the few-shot sampler (Python's `random.Random`, as mlx_lm.evaluate).
+    #[arg(long, default_value_t = mlx_bun::eval::tasks::FEWSHOT_SEED)]
+    seed: u64,
     /// Score at most this many items per task.
     #[arg(long, value_parser = crate::validate::at_least_one)]
     limit: Option<usize>,
@@ -64,10 +68,17 @@ fn load(name: &str, file: &std::path::Path, a: &Args) -> Result<Loaded> {
             name,
             file,
             a.num_shots,
+            a.seed,
             a.limit,
         )?)
     } else if tasks::TASKS.contains(&name) {
-        Loaded::Choice(tasks::load_task(name, file, a.num_shots, a.limit)?)
+        Loaded::Choice(tasks::load_task_seeded(
+            name,
+            file,
+            a.num_shots,
+            a.seed,
+            a.limit,
+        )?)
     } else {
         let known: Vec<&str> = tasks::TASKS
             .iter()
@@ -179,7 +190,7 @@ pub fn run(a: Args) -> Result<()> {
         )?)
     };
     let flags = serde_json::json!({
-        "tasks": a.tasks, "task_dir": a.task_dir, "num_shots": a.num_shots,
+        "tasks": a.tasks, "task_dir": a.task_dir, "num_shots": a.num_shots, "seed": a.seed,
         "limit": a.limit, "batch_size": a.batch_size, "max_tokens": a.max_tokens,
     });
     let run_id = match &db {
@@ -242,11 +253,26 @@ pub fn run(a: Args) -> Result<()> {
         results.push(r.full);
         briefs.push(r.brief);
     }
+    let mut summary = serde_json::json!({ "results": results });
+    if a.num_shots > 0 {
+        // Each item's few-shot rows (0-based, file order), per multiple-choice task.
+        let shots: serde_json::Map<String, serde_json::Value> = loaded
+            .iter()
+            .filter_map(|(name, task)| match task {
+                Loaded::Choice(items) => {
+                    let rows: Vec<&Vec<usize>> = items.iter().map(|i| &i.shots).collect();
+                    Some((name.clone(), serde_json::json!(rows)))
+                }
+                _ => None,
+            })
+            .collect();
+        summary["fewshot"] = serde_json::Value::Object(shots);
+    }
     if let (Some(db), Some(run)) = (&db, run_id) {
         db.finish_run(run, "done", &serde_json::json!({ "results": briefs }))?;
     }
     if a.json {
-        println!("{}", serde_json::json!({ "results": results }));
+        println!("{summary}");
     }
     Ok(())
 }

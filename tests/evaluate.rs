@@ -10,7 +10,7 @@ use std::process::Command;
 use common::{bin, model_dir, oracle_python, repo_root, run_ok};
 use mlx_bun::eval::generate_until::{load_items, GSM8K_UNTIL};
 use mlx_bun::eval::rolling::load_docs;
-use mlx_bun::eval::tasks::load_task;
+use mlx_bun::eval::tasks::{load_task, FEWSHOT_SEED};
 
 const TASKS: [&str; 4] = ["arc_easy", "hellaswag", "piqa", "mmlu"];
 
@@ -194,7 +194,7 @@ fn rolling_and_generation_match_mlx_lm() {
     let docs = load_docs("wikitext", &task_file("wikitext"), Some(2)).unwrap();
     // One shot: the model then ends its first answer with a blank line and
     // "Question:" within the limit, so the `until` cut is exercised.
-    let items = load_items("gsm8k", &task_file("gsm8k"), 1, Some(2)).unwrap();
+    let items = load_items("gsm8k", &task_file("gsm8k"), 1, FEWSHOT_SEED, Some(2)).unwrap();
     let requests = serde_json::json!({
         "rolling": docs,
         "generate": items.iter().map(|it| serde_json::json!({
@@ -278,7 +278,7 @@ fn new_tasks_render_as_the_harness_defines_them() {
         " == History ==\nThe mill was built in 1820 and closed in 1961; its wheel, \
          \"the largest in the county\", still turns.\n"
     );
-    let items = load_items("gsm8k", &task_file("gsm8k"), 1, Some(2)).unwrap();
+    let items = load_items("gsm8k", &task_file("gsm8k"), 1, FEWSHOT_SEED, Some(2)).unwrap();
     assert_eq!(
         items[1].context,
         "Question: Tom has 3 apples and buys 4 more. How many apples does he have?\n\
@@ -290,6 +290,9 @@ fn new_tasks_render_as_the_harness_defines_them() {
     std::fs::write(&bad, "{\"title\": \"x\"}\n").unwrap();
     let err = format!("{:#}", load_docs("wikitext", &bad, None).unwrap_err());
     assert!(err.contains("line 1: no field \"page\""), "{err}");
-    let err = format!("{:#}", load_items("gsm8k", &bad, 0, None).unwrap_err());
+    let err = format!(
+        "{:#}",
+        load_items("gsm8k", &bad, 0, FEWSHOT_SEED, None).unwrap_err()
+    );
     assert!(err.contains("line 1: no field \"question\""), "{err}");
 }

@@ -15,9 +15,10 @@ use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{post, put};
 use axum::{Json, Router};
 use base64::Engine;
+use common::hub::{self, sha256_hex};
 use common::{bin, model_dir, oracle_python, repo_root};
 use serde_json::{json, Value};
 
@@ -38,13 +39,13 @@ struct Hub {
     commits: Vec<(String, Vec<Value>)>,
     uploads: usize,
     unauthorized: usize,
-    /// Files served for download: repo → path → bytes.
-    served: HashMap<String, HashMap<String, Vec<u8>>>,
 }
 
 #[derive(Clone)]
 struct App {
     hub: Arc<Mutex<Hub>>,
+    /// Files served for download (tests/common/hub.rs).
+    served: hub::Served,
     drop_next_upload: Arc<AtomicBool>,
 }
 
@@ -158,14 +159,6 @@ async fn batch(
         .into_response()
 }
 
-fn sha256_hex(data: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, data)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
-}
-
 /// The first upload request of a server loses its connection mid-way.
 fn maybe_drop(app: &App) {
     if app.drop_next_upload.swap(false, Ordering::SeqCst) {
@@ -276,69 +269,11 @@ async fn commit(
     Json(json!({"commitOid": "c0ffee", "commitUrl": format!("{}/{org}/{name}/commit/c0ffee", hub.base)})).into_response()
 }
 
-/// `GET /api/models/{org}/{name}/revision/{rev}`: the file list hf-hub reads.
-async fn repo_info(
-    State(app): State<App>,
-    UrlPath((org, name, _rev)): UrlPath<(String, String, String)>,
-) -> Response {
-    let hub = app.hub.lock().unwrap();
-    let Some(files) = hub.served.get(&format!("{org}/{name}")) else {
-        return (
-            StatusCode::NOT_FOUND,
-            Json(json!({"error": "Repository not found"})),
-        )
-            .into_response();
-    };
-    let siblings: Vec<Value> = files.keys().map(|f| json!({"rfilename": f})).collect();
-    Json(json!({"id": format!("{org}/{name}"), "sha": "5eed", "siblings": siblings}))
-        .into_response()
-}
-
-/// `GET /{org}/{name}/resolve/{rev}/{file}` with a `Range` header, as hf-hub asks.
-async fn resolve(
-    State(app): State<App>,
-    headers: HeaderMap,
-    UrlPath((org, name, _rev, file)): UrlPath<(String, String, String, String)>,
-) -> Response {
-    let hub = app.hub.lock().unwrap();
-    let Some(data) = hub
-        .served
-        .get(&format!("{org}/{name}"))
-        .and_then(|f| f.get(&file))
-    else {
-        return StatusCode::NOT_FOUND.into_response();
-    };
-    let range = headers
-        .get("range")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("bytes=0-");
-    let (start, end) = range.trim_start_matches("bytes=").split_once('-').unwrap();
-    let start: usize = start.parse().unwrap();
-    let end: usize = if end.is_empty() {
-        data.len().saturating_sub(1)
-    } else {
-        end.parse().unwrap()
-    };
-    let body = data[start.min(data.len())..(end + 1).min(data.len())].to_vec();
-    (
-        StatusCode::PARTIAL_CONTENT,
-        [
-            ("etag", format!("\"{}\"", sha256_hex(data))),
-            ("x-repo-commit", "5eed".to_string()),
-            (
-                "content-range",
-                format!("bytes {start}-{end}/{}", data.len()),
-            ),
-        ],
-        body,
-    )
-        .into_response()
-}
-
 /// Starts the hub on a loopback port; returns its state and address.
 fn start_hub() -> (App, String) {
     let app = App {
         hub: Arc::new(Mutex::new(Hub::default())),
+        served: hub::Served::default(),
         drop_next_upload: Arc::new(AtomicBool::new(true)),
     };
     let router = Router::new()
@@ -350,23 +285,12 @@ fn start_hub() -> (App, String) {
         .route("/lfs-part/{oid}/{n}", put(part))
         .route("/lfs-complete/{oid}", post(complete))
         .route("/lfs-verify", post(verify))
-        .route("/api/models/{org}/{name}/revision/{rev}", get(repo_info))
-        .route("/{org}/{name}/resolve/{rev}/{*file}", get(resolve))
-        .with_state(app.clone());
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-            tx.send(listener.local_addr().unwrap()).unwrap();
-            axum::serve(listener, router).await.unwrap();
-        });
-    });
-    let base = format!("http://{}", rx.recv().unwrap());
+        .with_state(app.clone())
+        .merge(hub::download_router(
+            app.served.clone(),
+            hub::Log::default(),
+        ));
+    let base = hub::serve(router);
     app.hub.lock().unwrap().base = base.clone();
     (app, base)
 }
@@ -676,10 +600,9 @@ fn convert_downloads_a_hub_repo_through_hf_endpoint() {
         "README.md".into(),
         b"---\nlicense: apache-2.0\ntags:\n- text-generation\n---\n# Tiny\n".to_vec(),
     );
-    app.hub
+    app.served
         .lock()
         .unwrap()
-        .served
         .insert("org/tiny-llama".into(), files);
 
     let home = tmp.path().join("hf-home");

@@ -40,12 +40,13 @@ fn str_field<'a>(row: &'a serde_json::Value, key: &str, at: &str) -> Result<&'a 
 
 /// The items of `task` from the JSONL file `path` (at most `limit`), each
 /// prompt `Question: {question}\nAnswer:` preceded by `num_shots` solved
-/// examples (the first other items of the file), each
-/// `Question: …\nAnswer: {answer}` and a blank line.
+/// examples (drawn from the file as lm-evaluation-harness draws them, with
+/// `seed`), each `Question: …\nAnswer: {answer}` and a blank line.
 pub fn load_items(
     task: &str,
     path: &Path,
     num_shots: usize,
+    seed: u64,
     limit: Option<usize>,
 ) -> Result<Vec<GenItem>> {
     if !TASKS.contains(&task) {
@@ -56,6 +57,7 @@ pub fn load_items(
     }
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading task file {}", path.display()))?;
+    let mut raw = Vec::new();
     let mut rows = Vec::new();
     for (i, line) in text.lines().enumerate() {
         if line.trim().is_empty() {
@@ -66,21 +68,19 @@ pub fn load_items(
             serde_json::from_str(line).with_context(|| format!("{at}: not JSON"))?;
         let question = format!("Question: {}\nAnswer:", str_field(&row, "question", &at)?);
         rows.push((question, str_field(&row, "answer", &at)?.to_string()));
+        raw.push(row);
     }
     if rows.is_empty() {
         bail!("task file {} has no items", path.display());
     }
-    let n = limit.map_or(rows.len(), |l| l.min(rows.len()));
-    Ok((0..n)
-        .map(|i| {
+    let refs: Vec<&serde_json::Value> = raw.iter().collect();
+    let shots = super::tasks::fewshot_rows(task, &refs, num_shots, seed, limit)?;
+    Ok(shots
+        .into_iter()
+        .enumerate()
+        .map(|(i, picked)| {
             let mut context = String::new();
-            for (q, a) in rows
-                .iter()
-                .enumerate()
-                .filter(|&(j, _)| j != i)
-                .map(|(_, r)| r)
-                .take(num_shots)
-            {
+            for (q, a) in picked.iter().map(|&j| &rows[j]) {
                 context.push_str(&format!("{q} {a}\n\n"));
             }
             context.push_str(&rows[i].0);

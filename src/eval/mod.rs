@@ -6,5 +6,6 @@
 pub mod data;
 pub mod generate_until;
 pub mod perplexity;
+pub mod pyrandom;
 pub mod rolling;
 pub mod tasks;

@@ -26,6 +26,9 @@ pub struct Item {
     pub context: String,
     pub choices: Vec<String>,
     pub gold: usize,
+    /// The few-shot examples in `context`: their 0-based rows in the file.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub shots: Vec<usize>,
 }
 
 /// A question as the task renders it, before few-shot context is added.
@@ -163,13 +166,29 @@ fn render(task: &str, row: &serde_json::Value, at: &str) -> Result<Doc> {
     })
 }
 
+/// The seed `mlx_lm.evaluate` hands the harness's few-shot sampler
+/// (its `--seed` default; the harness's own CLI default is 1234).
+pub const FEWSHOT_SEED: u64 = 123;
+
 /// The items of `task` from the JSONL file `path`: at most `limit`, each
-/// preceded by `num_shots` solved examples (the first other items of the
-/// file) and, for MMLU, the subject's description.
+/// preceded by `num_shots` solved examples drawn as lm-evaluation-harness
+/// draws them (see `fewshot_rows`) with [`FEWSHOT_SEED`] and, for MMLU, the
+/// subject's description.
 pub fn load_task(
     task: &str,
     path: &Path,
     num_shots: usize,
+    limit: Option<usize>,
+) -> Result<Vec<Item>> {
+    load_task_seeded(task, path, num_shots, FEWSHOT_SEED, limit)
+}
+
+/// [`load_task`] with the few-shot sampler's seed.
+pub fn load_task_seeded(
+    task: &str,
+    path: &Path,
+    num_shots: usize,
+    seed: u64,
     limit: Option<usize>,
 ) -> Result<Vec<Item>> {
     if !TASKS.contains(&task) {
@@ -189,19 +208,18 @@ pub fn load_task(
         if doc.gold >= doc.choices.len() {
             bail!("{at}: the answer index {} is out of range", doc.gold);
         }
-        let subject = row
-            .get("subject")
-            .and_then(|s| s.as_str())
-            .map(str::to_string);
-        rows.push((doc, subject));
+        rows.push((doc, row));
     }
     if rows.is_empty() {
         bail!("task file {} has no items", path.display());
     }
-    let n = limit.map_or(rows.len(), |l| l.min(rows.len()));
-    let mut items = Vec::with_capacity(n);
-    for i in 0..n {
-        let (doc, subject) = &rows[i];
+    let raw: Vec<&serde_json::Value> = rows.iter().map(|(_, r)| r).collect();
+    let shots = fewshot_rows(task, &raw, num_shots, seed, limit)
+        .with_context(|| format!("few-shot examples from {}", path.display()))?;
+    let mut items = Vec::with_capacity(shots.len());
+    for (i, picked) in shots.iter().enumerate() {
+        let (doc, row) = &rows[i];
+        let subject = row.get("subject").and_then(|s| s.as_str());
         let mut context = match (task, subject) {
             ("mmlu", Some(s)) => format!(
                 "The following are multiple choice questions (with answers) about {}.\n\n",
@@ -209,13 +227,8 @@ pub fn load_task(
             ),
             _ => String::new(),
         };
-        for (shot, _) in rows
-            .iter()
-            .enumerate()
-            .filter(|&(j, _)| j != i)
-            .map(|(_, r)| r)
-            .take(num_shots)
-        {
+        for &j in picked {
+            let shot = &rows[j].0;
             context.push_str(&format!("{} {}\n\n", shot.text, shot.choices[shot.gold]));
         }
         context.push_str(&doc.text);
@@ -223,9 +236,64 @@ pub fn load_task(
             context,
             choices: doc.choices.clone(),
             gold: doc.gold,
+            shots: picked.clone(),
         });
     }
     Ok(items)
+}
+
+/// The few-shot example rows of each evaluated row (the first `limit`
+/// rows, in order), as lm-evaluation-harness picks them when the few-shot
+/// pool is the evaluated split itself: one `random.Random(seed)` per task,
+/// its state carried from row to row, `sample(pool, k + 1)` per row with
+/// every row equal to the evaluated one dropped and the first `k` kept.
+/// MMLU uses the harness's `first_n` sampler instead: the first `k` other
+/// rows of the same subject, in file order.
+pub(crate) fn fewshot_rows(
+    task: &str,
+    rows: &[&serde_json::Value],
+    k: usize,
+    seed: u64,
+    limit: Option<usize>,
+) -> Result<Vec<Vec<usize>>> {
+    let n = limit.map_or(rows.len(), |l| l.min(rows.len()));
+    if k == 0 {
+        return Ok(vec![Vec::new(); n]);
+    }
+    let subject = |r: &serde_json::Value| r.get("subject").cloned();
+    let mut rng = super::pyrandom::PyRandom::new(seed);
+    let mut out = Vec::with_capacity(n);
+    for (i, &row) in rows.iter().enumerate().take(n) {
+        let picked: Vec<usize> = if task == "mmlu" {
+            (0..rows.len())
+                .filter(|&j| rows[j] != row && subject(rows[j]) == subject(row))
+                .take(k)
+                .collect()
+        } else {
+            if k + 1 > rows.len() {
+                bail!(
+                    "{k} shots need at least {} items (the evaluated one is drawn too), \
+                     the file has {}",
+                    k + 1,
+                    rows.len()
+                );
+            }
+            rng.sample(rows.len(), k + 1)?
+                .into_iter()
+                .filter(|&j| rows[j] != row)
+                .take(k)
+                .collect()
+        };
+        if picked.len() < k {
+            bail!(
+                "item {}: only {} other items to draw {k} shots from",
+                i + 1,
+                picked.len()
+            );
+        }
+        out.push(picked);
+    }
+    Ok(out)
 }
 
 /// `log p(continuation | context)` and whether greedy decoding would

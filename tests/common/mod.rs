@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
+pub mod hub;
 pub mod server;
 
 use std::path::PathBuf;
