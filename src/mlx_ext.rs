@@ -98,3 +98,162 @@ pub(crate) fn init_runtime() {
         };
     });
 }
+
+/// MLX's quantized ops for every mode (`affine`, `mxfp4`, `nvfp4`,
+/// `mxfp8`): mlx-rs 0.33 passes `affine` only, so these call mlx-c with the
+/// mode of the layer's `QuantSpec`. `biases` is None for the float modes.
+pub(crate) mod quant {
+    use std::ffi::CString;
+
+    use anyhow::{bail, Result};
+    use mlx_rs::{Array, Stream};
+
+    use crate::model::layers::QuantSpec;
+
+    fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
+        mlx_sys::mlx_optional_int {
+            value,
+            has_value: true,
+        }
+    }
+
+    /// Runs one mlx-c op writing an array; `what` names it in the error.
+    fn call(
+        what: impl FnOnce() -> String,
+        f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32,
+    ) -> Result<Array> {
+        let stream = Stream::thread_local_or_default();
+        // SAFETY: `none` is an empty handle standing for an absent optional
+        // array, freed here; `res` is owned by the returned Array on success
+        // and freed on failure; the stream outlives the call.
+        unsafe {
+            let none = mlx_sys::mlx_array_new();
+            let mut res = mlx_sys::mlx_array_new();
+            let rc = f(&mut res, none, stream.as_ptr());
+            mlx_sys::mlx_array_free(none);
+            if rc != 0 {
+                mlx_sys::mlx_array_free(res);
+                bail!("MLX could not {}", what());
+            }
+            Ok(Array::from_ptr(res))
+        }
+    }
+
+    fn mode_name(spec: QuantSpec) -> CString {
+        CString::new(spec.mode.name()).expect("mode names have no NUL")
+    }
+
+    /// `mx.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)`.
+    pub(crate) fn quantized_matmul(
+        x: &Array,
+        w: &Array,
+        scales: &Array,
+        biases: Option<&Array>,
+        transpose: bool,
+        spec: QuantSpec,
+    ) -> Result<Array> {
+        let mode = mode_name(spec);
+        let what = || {
+            format!(
+                "multiply {:?} by a {:?} {} matrix ({} bits, group size {})",
+                x.shape(),
+                w.shape(),
+                spec.mode.name(),
+                spec.bits,
+                spec.group_size
+            )
+        };
+        // SAFETY (inside `call`): valid handles owned by the caller.
+        call(what, |res, none, s| unsafe {
+            mlx_sys::mlx_quantized_matmul(
+                res,
+                x.as_ptr(),
+                w.as_ptr(),
+                scales.as_ptr(),
+                biases.map_or(none, |b| b.as_ptr()),
+                transpose,
+                optional_int(spec.group_size),
+                optional_int(spec.bits),
+                mode.as_ptr(),
+                s,
+            )
+        })
+    }
+
+    /// `mx.dequantize(w, scales, biases, group_size, bits, mode)`.
+    pub(crate) fn dequantize(
+        w: &Array,
+        scales: &Array,
+        biases: Option<&Array>,
+        spec: QuantSpec,
+    ) -> Result<Array> {
+        let mode = mode_name(spec);
+        let what = || {
+            format!(
+                "dequantize a {:?} {} matrix ({} bits, group size {})",
+                w.shape(),
+                spec.mode.name(),
+                spec.bits,
+                spec.group_size
+            )
+        };
+        // SAFETY (inside `call`): valid handles owned by the caller; a
+        // zeroed optional dtype is "none".
+        call(what, |res, none, s| unsafe {
+            let no_dtype: mlx_sys::mlx_optional_dtype = std::mem::zeroed();
+            mlx_sys::mlx_dequantize(
+                res,
+                w.as_ptr(),
+                scales.as_ptr(),
+                biases.map_or(none, |b| b.as_ptr()),
+                optional_int(spec.group_size),
+                optional_int(spec.bits),
+                mode.as_ptr(),
+                none,
+                no_dtype,
+                s,
+            )
+        })
+    }
+
+    /// `mx.gather_qmm(x, w, scales, biases, rhs_indices=indices, transpose=True, ...)`.
+    pub(crate) fn gather_qmm(
+        x: &Array,
+        w: &Array,
+        scales: &Array,
+        biases: Option<&Array>,
+        indices: &Array,
+        sorted: bool,
+        spec: QuantSpec,
+    ) -> Result<Array> {
+        let mode = mode_name(spec);
+        let what = || {
+            format!(
+                "multiply {:?} by the {:?} {} experts ({} bits, group size {})",
+                x.shape(),
+                w.shape(),
+                spec.mode.name(),
+                spec.bits,
+                spec.group_size
+            )
+        };
+        // SAFETY (inside `call`): valid handles owned by the caller.
+        call(what, |res, none, s| unsafe {
+            mlx_sys::mlx_gather_qmm(
+                res,
+                x.as_ptr(),
+                w.as_ptr(),
+                scales.as_ptr(),
+                biases.map_or(none, |b| b.as_ptr()),
+                none,
+                indices.as_ptr(),
+                true,
+                optional_int(spec.group_size),
+                optional_int(spec.bits),
+                mode.as_ptr(),
+                sorted,
+                s,
+            )
+        })
+    }
+}
