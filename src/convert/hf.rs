@@ -270,8 +270,7 @@ impl Source {
                 self.dir.display()
             );
         };
-        let quantization: Quantization = serde_path_to_error::deserialize(block.clone())
-            .map_err(|e| anyhow!("quantization.{}: {}", e.path(), e.inner()))
+        let quantization = Quantization::parse(block.clone(), "quantization")
             .with_context(|| format!("reading {}", self.dir.join("config.json").display()))?;
         for prefix in prefixes {
             for part in ["weight", "scales"] {

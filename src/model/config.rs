@@ -233,9 +233,7 @@ impl ModelArgs {
                 method.unwrap_or(&serde_json::Value::Null)
             ),
         };
-        let q: Quantization = serde_path_to_error::deserialize(block)
-            .map_err(|e| anyhow::anyhow!("quantization_config.{}: {}", e.path(), e.inner()))?;
-        self.quantization = Some(q);
+        self.quantization = Some(Quantization::parse(block, "quantization_config")?);
         Ok(())
     }
 
@@ -417,6 +415,19 @@ pub struct Quantization {
 }
 
 impl Quantization {
+    /// Parses the block found at `field` of config.json; errors name the
+    /// field inside it (`quantization.lm_head.bits: invalid type: ...`).
+    pub fn parse(block: serde_json::Value, field: &str) -> Result<Self> {
+        serde_path_to_error::deserialize(block).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." {
+                anyhow::anyhow!("{field}: {}", e.inner())
+            } else {
+                anyhow::anyhow!("{field}.{path}: {}", e.inner())
+            }
+        })
+    }
+
     pub fn uniform(spec: QuantSpec) -> Self {
         Self {
             default: spec,
@@ -627,6 +638,134 @@ mod tests {
         args(extra).validate().unwrap_err().to_string()
     }
 
+    /// `read_config`'s parse: serde's error with its path, then the alias.
+    fn parse(extra: serde_json::Value) -> Result<ModelArgs> {
+        let mut base = serde_json::json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        let mut args: ModelArgs = serde_path_to_error::deserialize(base)
+            .map_err(|e| anyhow::anyhow!("{}: {}", e.path(), e.inner()))?;
+        args.resolve_quantization()?;
+        args.validate()?;
+        Ok(args)
+    }
+
+    #[test]
+    fn quantization_is_typed_with_per_layer_entries() {
+        use serde_json::json;
+        let args = parse(json!({"quantization": {
+            "group_size": 32, "bits": 4, "mode": "mxfp4",
+            "model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 8, "mode": "affine"},
+            "model.layers.1.mlp.down_proj": {"bits": 6},
+            "lm_head": false,
+            "model.embed_tokens": true,
+        }}))
+        .unwrap();
+        let q = args.quantization.unwrap();
+        let mxfp4 = QuantSpec {
+            group_size: 32,
+            bits: 4,
+            mode: QuantMode::Mxfp4,
+        };
+        assert_eq!(q.default, mxfp4);
+        assert_eq!(
+            q.spec_of("model.layers.0.mlp.down_proj"),
+            Some(QuantSpec::affine(64, 8))
+        );
+        // As MLX's `to_quantized`: missing keys take the entry's mode defaults.
+        assert_eq!(
+            q.spec_of("model.layers.1.mlp.down_proj"),
+            Some(QuantSpec::affine(64, 6))
+        );
+        assert_eq!(q.named("lm_head"), Some(None));
+        assert_eq!(q.spec_of("model.embed_tokens"), Some(mxfp4));
+        assert_eq!(q.spec_of("model.layers.0.mlp.up_proj"), Some(mxfp4));
+        // Without `mode`, affine.
+        let plain = parse(json!({"quantization": {"group_size": 64, "bits": 4}})).unwrap();
+        assert_eq!(
+            plain.quantization.unwrap().default,
+            QuantSpec::affine(64, 4)
+        );
+        // The alias alone, as mlx-lm writes it, and the whole-model methods.
+        let alias =
+            parse(json!({"quantization_config": {"group_size": 16, "bits": 4, "mode": "nvfp4"}}))
+                .unwrap();
+        assert_eq!(alias.quantization.unwrap().default.mode, QuantMode::Nvfp4);
+        let method = parse(json!({"quantization_config": {"quant_method": "mxfp4"}})).unwrap();
+        assert_eq!(method.quantization.unwrap().default.mode, QuantMode::Mxfp4);
+        // Both: `quantization` wins (mlx-lm reads the alias only without it).
+        let both = parse(json!({
+            "quantization": {"group_size": 32, "bits": 8},
+            "quantization_config": {"quant_method": "awq"},
+        }))
+        .unwrap();
+        assert_eq!(both.quantization.unwrap().default, QuantSpec::affine(32, 8));
+    }
+
+    #[test]
+    fn malformed_quantization_names_the_field() {
+        use serde_json::json;
+        let e = |extra| format!("{:#}", parse(extra).unwrap_err());
+        let cases = [
+            (
+                json!({"quantization": {"group_size": "64", "bits": 4}}),
+                "quantization.group_size: invalid type: string",
+            ),
+            (
+                json!({"quantization": {"bits": 4}}),
+                "quantization: missing field `group_size`",
+            ),
+            (
+                json!({"quantization": {"group_size": 64, "bits": 4, "mode": "fp3"}}),
+                "quantization.mode: unknown quantization mode \"fp3\"",
+            ),
+            (
+                json!({"quantization": {"group_size": 64, "bits": 4, "model.layers.0.mlp": 3}}),
+                "quantization.model.layers.0.mlp: invalid type: integer `3`, expected an object",
+            ),
+            (
+                json!({"quantization": {"group_size": 64, "bits": 4,
+                       "lm_head": {"group_size": 64, "bits": "8"}}}),
+                "quantization.lm_head.bits: invalid type: string",
+            ),
+            (
+                json!({"quantization": {"group_size": 64, "bits": 4,
+                       "lm_head": {"bits": 7}}}),
+                "quantization.\"lm_head\": 7 quantization bits are not supported",
+            ),
+            (
+                json!({"quantization": [64, 4]}),
+                "quantization: invalid type: sequence, expected an object",
+            ),
+            (
+                json!({"quantization_config": {"group_size": 64}}),
+                "quantization_config: missing field `bits`",
+            ),
+            (
+                json!({"quantization_config": {"quant_method": "awq", "bits": 4}}),
+                "quantization_config.quant_method \"awq\" is not supported",
+            ),
+            (
+                json!({"eos_token_id": [2, "x"]}),
+                "eos_token_id: expected a token id",
+            ),
+        ];
+        for (extra, want) in cases {
+            let got = e(extra.clone());
+            assert!(got.contains(want), "{extra}: {got}");
+        }
+        let ids = parse(json!({"eos_token_id": [2, 7]})).unwrap();
+        assert_eq!(ids.eos_ids(), vec![2, 7]);
+        assert_eq!(
+            parse(json!({"eos_token_id": 5})).unwrap().eos_ids(),
+            vec![5]
+        );
+    }
+
     #[test]
     fn names_the_bad_field() {
         assert!(args(serde_json::json!({})).validate().is_ok());
@@ -639,11 +778,14 @@ mod tests {
         let e = error(serde_json::json!({"rms_norm_eps": -1.0}));
         assert!(e.contains("rms_norm_eps"), "{e}");
         let e = error(serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}));
-        assert!(e.contains("quantization.group_size"), "{e}");
-        let e = error(
-            serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
+        assert!(
+            e.contains("quantization: quantization group size 48"),
+            "{e}"
         );
-        assert!(e.contains("quantization.mode \"mxfp4\""), "{e}");
+        let e = error(
+            serde_json::json!({"quantization": {"group_size": 32, "bits": 8, "mode": "mxfp4"}}),
+        );
+        assert!(e.contains("mxfp4 quantization takes exactly 4 bits"), "{e}");
         let e = error(serde_json::json!({"layer_types": ["full_attention"]}));
         assert!(e.contains("layer_types has 1 entries"), "{e}");
         let e = error(serde_json::json!({"rope_scaling": {"type": "linear", "factor": 0}}));
