@@ -1,9 +1,10 @@
 //! Models quantized in MLX's float modes (mxfp4, nvfp4, mxfp8) load and
-//! generate mlx-lm's greedy tokens. Two models per mode: a tiny random llama
-//! (made by `scripts/oracle/make_tiny_hf.py`, converted by mlx-bun and by
-//! `mlx_lm.convert`, each side generating from its own folder) and the
-//! default model's float32 weights (converted by mlx-bun; mlx-lm generates
-//! from that folder). The oracle is `scripts/oracle/greedy_tokens.py`.
+//! generate mlx-lm's greedy tokens. Two models per mode, converted by
+//! mlx-bun (whose folders equal `mlx_lm.convert`'s tensor for tensor, see
+//! `tests/convert_hf.rs`): a tiny random llama made by
+//! `scripts/oracle/make_tiny_hf.py`, and the default model's float32
+//! weights. mlx-lm generates from the same folders
+//! (`scripts/oracle/greedy_tokens.py`), while mlx-bun does.
 
 mod common;
 
@@ -16,23 +17,7 @@ use serde_json::{json, Value};
 const MODES: [&str; 3] = ["mxfp4", "nvfp4", "mxfp8"];
 /// Token ids below the tiny model's vocabulary of 256.
 const TINY_PROMPT: &str = "q;z#$%";
-const SMOL_PROMPT: &str = "Paris is";
-
-fn oracle(script: &str, arg: &Path) -> String {
-    let py = oracle_python().expect("the oracle is required");
-    let out = Command::new(py)
-        .arg(repo_root().join("scripts/oracle").join(script))
-        .arg(arg)
-        .env("HF_HUB_OFFLINE", "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
+const SMOL_PROMPT: &str = "Paris";
 
 fn convert(from: &Path, to: &Path, mode: &str, extra: &[&str]) {
     let mut args = vec![
@@ -93,33 +78,24 @@ fn float_quantization_modes_generate_mlx_lm_tokens() {
     let tiny = hf.join("llama");
     let smol = common::float32_model();
 
-    // (ours, theirs, prompt, tokens)
-    let mut cases: Vec<(PathBuf, PathBuf, &str, usize)> = Vec::new();
-    let mut conversions = Vec::new();
+    // (folder, prompt, tokens)
+    let mut cases: Vec<(PathBuf, &str, usize)> = Vec::new();
     for mode in MODES {
-        let ours = w.join(format!("tiny-{mode}"));
-        let theirs = w.join(format!("tiny-{mode}-mlx-lm"));
-        convert(&tiny, &ours, mode, &["--dtype", "float32"]);
-        conversions.push(json!({
-            "hf_path": tiny, "mlx_path": theirs,
-            "args": {"quantize": true, "q_mode": mode, "dtype": "float32"},
-        }));
-        cases.push((ours, theirs, TINY_PROMPT, 6));
+        let tiny_q = w.join(format!("tiny-{mode}"));
+        convert(&tiny, &tiny_q, mode, &["--dtype", "float32"]);
+        cases.push((tiny_q, TINY_PROMPT, 4));
         let smol_q = w.join(format!("smol-{mode}"));
         convert(&smol, &smol_q, mode, &[]);
         let config: Value =
             serde_json::from_str(&std::fs::read_to_string(smol_q.join("config.json")).unwrap())
                 .unwrap();
         assert_eq!(config["quantization"]["mode"], mode);
-        cases.push((smol_q.clone(), smol_q, SMOL_PROMPT, 2));
+        cases.push((smol_q, SMOL_PROMPT, 2));
     }
-    let jobs = w.join("conversions.json");
-    std::fs::write(&jobs, Value::Array(conversions).to_string()).unwrap();
-    oracle("convert_cases.py", &jobs);
 
     let list: Vec<Value> = cases
         .iter()
-        .map(|(_, theirs, prompt, n)| json!({"model": theirs, "prompt": prompt, "max_tokens": n}))
+        .map(|(dir, prompt, n)| json!({"model": dir, "prompt": prompt, "max_tokens": n}))
         .collect();
     let file = w.join("greedy.json");
     std::fs::write(&file, Value::Array(list).to_string()).unwrap();
@@ -134,7 +110,7 @@ fn float_quantization_modes_generate_mlx_lm_tokens() {
         .unwrap();
     let ours: Vec<(Vec<u64>, u64)> = cases
         .iter()
-        .map(|(dir, _, prompt, n)| generate(dir, prompt, *n))
+        .map(|(dir, prompt, n)| generate(dir, prompt, *n))
         .collect();
     let out = greedy.wait_with_output().unwrap();
     assert!(
@@ -149,7 +125,7 @@ fn float_quantization_modes_generate_mlx_lm_tokens() {
         .collect();
     assert_eq!(expected.len(), cases.len());
 
-    for (((ours, _, _, _), want), (tokens, prompt_len)) in cases.iter().zip(&expected).zip(ours) {
+    for (((ours, _, _), want), (tokens, prompt_len)) in cases.iter().zip(&expected).zip(ours) {
         let want_tokens: Vec<u64> = want["tokens"]
             .as_array()
             .unwrap()
