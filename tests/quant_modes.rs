@@ -78,12 +78,15 @@ fn float_quantization_modes_generate_mlx_lm_tokens() {
     let tiny = hf.join("llama");
     let smol = common::float32_model();
 
+    let long_prompt = TINY_PROMPT.repeat(12);
     // (folder, prompt, tokens)
     let mut cases: Vec<(PathBuf, &str, usize)> = Vec::new();
     for mode in MODES {
         let tiny_q = w.join(format!("tiny-{mode}"));
         convert(&tiny, &tiny_q, mode, &["--dtype", "float32"]);
-        cases.push((tiny_q, TINY_PROMPT, 4));
+        cases.push((tiny_q.clone(), TINY_PROMPT, 4));
+        // Past 64 rows `Linear` dequantizes and runs a dense matmul.
+        cases.push((tiny_q, &long_prompt, 3));
         let smol_q = w.join(format!("smol-{mode}"));
         convert(&smol, &smol_q, mode, &[]);
         let config: Value =
