@@ -257,3 +257,55 @@ pub(crate) mod quant {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs::ops::indexing::IndexOp;
+    use mlx_rs::Array;
+
+    use super::quant;
+    use crate::convert::quantize::quantize_with_mode;
+    use crate::model::config::QuantMode;
+    use crate::model::layers::QuantSpec;
+
+    /// Every mode through the three ops: `gather_qmm` over stacked experts
+    /// equals `quantized_matmul` with each row's expert, which equals a
+    /// matmul with the dequantized weight.
+    #[test]
+    fn every_mode_runs_the_quantized_ops() {
+        let w = mlx_rs::random::normal::<f32>(&[2, 64, 128], None, None, None).unwrap();
+        let x = mlx_rs::random::normal::<f32>(&[3, 1, 128], None, None, None).unwrap();
+        let experts = Array::from_slice(&[1u32, 0, 1], &[3]);
+        for mode in [
+            QuantMode::Affine,
+            QuantMode::Mxfp4,
+            QuantMode::Nvfp4,
+            QuantMode::Mxfp8,
+        ] {
+            let (group_size, bits) = mode.defaults();
+            let spec = QuantSpec {
+                group_size,
+                bits,
+                mode,
+            };
+            let parts = quantize_with_mode(&w, group_size, bits, mode).unwrap();
+            assert_eq!(parts.len(), if mode.has_biases() { 3 } else { 2 });
+            let (q, s, b) = (&parts[0], &parts[1], parts.get(2));
+            let gathered = quant::gather_qmm(&x, q, s, b, &experts, false, spec).unwrap();
+            assert_eq!(gathered.shape(), &[3, 1, 64]);
+            for (row, e) in [1, 0, 1].into_iter().enumerate() {
+                let row = row as i32;
+                let (qe, se) = (q.index(e), s.index(e));
+                let be = b.map(|b| b.index(e));
+                let xr = x.index(row);
+                let one = quant::quantized_matmul(&xr, &qe, &se, be.as_ref(), true, spec).unwrap();
+                let dense = quant::dequantize(&qe, &se, be.as_ref(), spec).unwrap();
+                let reference = mlx_rs::ops::matmul(&xr, dense.t()).unwrap();
+                let diff =
+                    |a: &Array, b: &Array| (a - b).abs().unwrap().max(None).unwrap().item::<f32>();
+                assert!(diff(&gathered.index(row), &one) < 1e-4, "{mode:?}");
+                assert!(diff(&one, &reference) < 1e-3, "{mode:?}");
+            }
+        }
+    }
+}

@@ -303,6 +303,12 @@ pub(crate) fn layer_quant_spec(
     prefix: &str,
 ) -> Result<Option<QuantSpec>> {
     let packed = tensors.contains_key(&format!("{prefix}.scales"));
+    if tensors.contains_key(&format!("{prefix}.global_scale")) {
+        bail!(
+            "{prefix:?} has a global_scale (nvfp4 with a per-tensor scale), which mlx-bun \
+             does not load yet"
+        );
+    }
     match q.and_then(|q| q.named(prefix)) {
         Some(Some(spec)) if packed => return Ok(Some(spec)),
         Some(None) if packed => {
