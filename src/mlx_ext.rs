@@ -301,8 +301,9 @@ mod tests {
                 let one = quant::quantized_matmul(&xr, &qe, &se, be.as_ref(), true, spec).unwrap();
                 let dense = quant::dequantize(&qe, &se, be.as_ref(), spec).unwrap();
                 let reference = mlx_rs::ops::matmul(&xr, dense.t()).unwrap();
-                let diff =
-                    |a: &Array, b: &Array| (a - b).abs().unwrap().max(None).unwrap().item::<f32>();
+                let diff = |a: &Array, b: &Array| {
+                    (a - b).abs().unwrap().max(None).unwrap().item_cast::<f32>()
+                };
                 assert!(diff(&gathered.index(row), &one) < 1e-4, "{mode:?}");
                 assert!(diff(&one, &reference) < 1e-3, "{mode:?}");
             }
