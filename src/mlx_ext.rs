@@ -143,6 +143,49 @@ pub(crate) mod quant {
         CString::new(spec.mode.name()).expect("mode names have no NUL")
     }
 
+    /// `mx.quantize(w, group_size, bits, mode)`: `[weight, scales]`, plus
+    /// `biases` in affine mode.
+    pub(crate) fn quantize(w: &Array, spec: QuantSpec) -> Result<Vec<Array>> {
+        let mode = mode_name(spec);
+        let stream = Stream::thread_local_or_default();
+        // SAFETY: every handle passed is valid for the call; the output
+        // vector is created here, read into owned Arrays, and freed once.
+        unsafe {
+            let none = mlx_sys::mlx_array_new();
+            let mut out = mlx_sys::mlx_vector_array_new();
+            let rc = mlx_sys::mlx_quantize(
+                &mut out,
+                w.as_ptr(),
+                optional_int(spec.group_size),
+                optional_int(spec.bits),
+                mode.as_ptr(),
+                none,
+                stream.as_ptr(),
+            );
+            mlx_sys::mlx_array_free(none);
+            if rc != 0 {
+                mlx_sys::mlx_vector_array_free(out);
+                bail!(
+                    "MLX could not quantize a {:?} array with mode {}, {} bits, group size {}",
+                    w.shape(),
+                    spec.mode.name(),
+                    spec.bits,
+                    spec.group_size
+                );
+            }
+            let n = mlx_sys::mlx_vector_array_size(out);
+            let arrays = (0..n)
+                .map(|i| {
+                    let mut a = mlx_sys::mlx_array_new();
+                    mlx_sys::mlx_vector_array_get(&mut a, out, i);
+                    Array::from_ptr(a)
+                })
+                .collect();
+            mlx_sys::mlx_vector_array_free(out);
+            Ok(arrays)
+        }
+    }
+
     /// `mx.quantized_matmul(x, w, scales, biases, transpose, group_size, bits, mode)`.
     pub(crate) fn quantized_matmul(
         x: &Array,

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use mlx_rs::ops::{dequantize, quantize};
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
@@ -20,57 +20,22 @@ pub fn validate_spec(spec: QuantSpec) -> Result<()> {
     QuantMode::Affine.validate(spec.group_size, spec.bits)
 }
 
-fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
-    mlx_sys::mlx_optional_int {
-        value,
-        has_value: true,
-    }
-}
-
 /// `mx.quantize(w, group_size, bits, mode=mode)`: `[weight, scales]` plus
-/// `biases` for affine. mlx-rs only exposes the affine mode.
+/// `biases` for affine.
 pub(crate) fn quantize_with_mode(
     w: &Array,
     group_size: i32,
     bits: i32,
     mode: QuantMode,
 ) -> Result<Vec<Array>> {
-    let mode_name = std::ffi::CString::new(mode.name())?;
-    let stream = mlx_rs::StreamOrDevice::default();
-    // SAFETY: every handle passed is valid for the call; the output vector is
-    // created here, read into owned Arrays, and freed once.
-    unsafe {
-        let none = mlx_sys::mlx_array_new();
-        let mut out = mlx_sys::mlx_vector_array_new();
-        let rc = mlx_sys::mlx_quantize(
-            &mut out,
-            w.as_ptr(),
-            optional_int(group_size),
-            optional_int(bits),
-            mode_name.as_ptr(),
-            none,
-            AsRef::<mlx_rs::Stream>::as_ref(&stream).as_ptr(),
-        );
-        mlx_sys::mlx_array_free(none);
-        if rc != 0 {
-            mlx_sys::mlx_vector_array_free(out);
-            bail!(
-                "MLX could not quantize a {:?} array with mode {}, {bits} bits, group size {group_size}",
-                w.shape(),
-                mode.name()
-            );
-        }
-        let n = mlx_sys::mlx_vector_array_size(out);
-        let arrays = (0..n)
-            .map(|i| {
-                let mut a = mlx_sys::mlx_array_new();
-                mlx_sys::mlx_vector_array_get(&mut a, out, i);
-                Array::from_ptr(a)
-            })
-            .collect();
-        mlx_sys::mlx_vector_array_free(out);
-        Ok(arrays)
-    }
+    crate::mlx_ext::quant::quantize(
+        w,
+        QuantSpec {
+            group_size,
+            bits,
+            mode,
+        },
+    )
 }
 
 /// `mx.dequantize` for any mode; `biases` is None for the float modes.
@@ -82,37 +47,16 @@ pub(crate) fn dequantize_with_mode(
     bits: i32,
     mode: QuantMode,
 ) -> Result<Array> {
-    let mode_name = std::ffi::CString::new(mode.name())?;
-    let stream = mlx_rs::StreamOrDevice::default();
-    // SAFETY: as in `quantize_with_mode`; the result handle is owned by the
-    // returned Array on success and freed on failure.
-    unsafe {
-        let none = mlx_sys::mlx_array_new();
-        let mut res = mlx_sys::mlx_array_new();
-        let no_dtype: mlx_sys::mlx_optional_dtype = std::mem::zeroed();
-        let rc = mlx_sys::mlx_dequantize(
-            &mut res,
-            w.as_ptr(),
-            scales.as_ptr(),
-            biases.map(|b| b.as_ptr()).unwrap_or(none),
-            optional_int(group_size),
-            optional_int(bits),
-            mode_name.as_ptr(),
-            none,
-            no_dtype,
-            AsRef::<mlx_rs::Stream>::as_ref(&stream).as_ptr(),
-        );
-        mlx_sys::mlx_array_free(none);
-        if rc != 0 {
-            mlx_sys::mlx_array_free(res);
-            bail!(
-                "MLX could not dequantize a {:?} array with mode {}, {bits} bits, group size {group_size}",
-                w.shape(),
-                mode.name()
-            );
-        }
-        Ok(Array::from_ptr(res))
-    }
+    crate::mlx_ext::quant::dequantize(
+        w,
+        scales,
+        biases,
+        QuantSpec {
+            group_size,
+            bits,
+            mode,
+        },
+    )
 }
 
 /// Tensors by name; `quantized` maps a layer prefix (`model.layers.0.mlp.up_proj`)

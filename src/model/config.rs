@@ -767,6 +767,24 @@ mod tests {
     }
 
     #[test]
+    fn eos_ids_from_generation_config_win_as_in_mlx_lm() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        write("config.json", r#"{"eos_token_id": 2}"#);
+        assert_eq!(eos_token_ids(dir.path()).unwrap(), vec![2]);
+        write("generation_config.json", r#"{"eos_token_id": [7, 9]}"#);
+        assert_eq!(eos_token_ids(dir.path()).unwrap(), vec![7, 9]);
+        write("generation_config.json", r#"{"eos_token_id": []}"#);
+        assert_eq!(eos_token_ids(dir.path()).unwrap(), vec![2]);
+        write("generation_config.json", r#"{"eos_token_id": "two"}"#);
+        let e = eos_token_ids(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("generation_config.json: eos_token_id: expected a token id"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn names_the_bad_field() {
         assert!(args(serde_json::json!({})).validate().is_ok());
         let e = error(serde_json::json!({"num_attention_heads": 0}));
