@@ -86,10 +86,7 @@ pub fn run(args: Args) -> Result<()> {
                 Some(shape) => {
                     let dtype = mlx_bun::mlx_ext::parse_dtype(&dtype)
                         .ok_or_else(|| anyhow::anyhow!("unknown --dtype {dtype:?}"))?;
-                    let quant = (q_bits > 0).then_some(QuantSpec {
-                        group_size: q_group_size,
-                        bits: q_bits,
-                    });
+                    let quant = (q_bits > 0).then_some(QuantSpec::affine(q_group_size, q_bits));
                     Source::Synthetic {
                         shape,
                         quant,

@@ -88,10 +88,10 @@ fn run_gguf(args: &Args, gguf: &std::path::Path, dtype: Option<mlx_rs::Dtype>) -
         output: args.mlx_path.clone(),
         dtype,
         dequantize: args.dequantize,
-        quantize: args.quantize.then_some(QuantSpec {
-            group_size: args.q_group_size.unwrap_or(64),
-            bits: args.q_bits.unwrap_or(4),
-        }),
+        quantize: args.quantize.then_some(QuantSpec::affine(
+            args.q_group_size.unwrap_or(64),
+            args.q_bits.unwrap_or(4),
+        )),
     };
     let bar = crate::progress::tensor_bar("converting");
     let summary = convert::from_gguf(gguf, &opts, &mut |e| crate::progress::advance(&bar, e))?;

@@ -270,10 +270,7 @@ impl Footprint {
 }
 
 fn quant_bits(args: &ModelArgs) -> Option<u64> {
-    args.quantization
-        .as_ref()
-        .and_then(|q| q.get("bits"))
-        .and_then(|b| b.as_u64())
+    args.quantization.as_ref().map(|q| q.default.bits as u64)
 }
 
 /// The arrays alive at once in one forward pass, beside weights and KV.

@@ -28,20 +28,6 @@ fn token_text(v: &serde_json::Value) -> Option<String> {
     }
 }
 
-fn ids_of(v: Option<&serde_json::Value>) -> Vec<u32> {
-    match v {
-        Some(serde_json::Value::Number(n)) => {
-            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
-        }
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64())
-            .map(|x| x as u32)
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
 fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
     if !path.is_file() {
         return Ok(None);
@@ -72,11 +58,9 @@ impl Tokenizer {
         if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
             eos_ids.insert(id);
         }
-        for file in ["config.json", "generation_config.json"] {
-            if let Some(cfg) = read_json(&dir.join(file))? {
-                eos_ids.extend(ids_of(cfg.get("eos_token_id")));
-            }
-        }
+        // mlx-lm: the config's ids (generation_config.json's when it has
+        // them) and the tokenizer's eos token.
+        eos_ids.extend(crate::model::config::eos_token_ids(dir)?);
 
         let template_file = dir.join("chat_template.jinja");
         let template_path = if template_file.is_file() {

@@ -556,12 +556,16 @@ pub fn fill_model_card(dir: &Path, repo: &str, endpoint: &str) -> Result<()> {
         );
     }
     let arch = config["model_type"].as_str().unwrap_or("unknown");
-    let weights = match config.get("quantization") {
+    let quantization = config.get("quantization").map(|q| {
+        crate::model::config::Quantization::parse(q.clone(), "quantization")
+            .with_context(|| format!("reading the quantization of {}", dir.display()))
+    });
+    let weights = match quantization.transpose()? {
         Some(q) => format!(
             "quantized: {} bits, group size {}, mode {}",
-            q["bits"],
-            q["group_size"],
-            q.get("mode").and_then(Value::as_str).unwrap_or("affine")
+            q.default.bits,
+            q.default.group_size,
+            q.default.mode.name()
         ),
         None => format!(
             "not quantized ({})",

@@ -33,7 +33,7 @@ fn random_layer(rng: &mut StdRng, out: i32, inp: i32, group_size: i32, bits: i32
         w,
         scales,
         biases,
-        spec: QuantSpec { group_size, bits },
+        spec: QuantSpec::affine(group_size, bits),
     }
 }
 

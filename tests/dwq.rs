@@ -55,15 +55,7 @@ fn first_steps_match_mlx_lm_dwq() {
         }
     }
     let student_dir = work.path().join("student");
-    quantize_folder(
-        &teacher_dir,
-        &student_dir,
-        QuantSpec {
-            group_size: 64,
-            bits: 4,
-        },
-    )
-    .unwrap();
+    quantize_folder(&teacher_dir, &student_dir, QuantSpec::affine(64, 4)).unwrap();
     let student = Model::load(&student_dir).unwrap();
     let sites = trainable_tensors(&student);
     // Scales and biases of every linear layer and the (tied) embedding, all
@@ -226,15 +218,7 @@ fn two_phase_dwq_writes_a_model_mlx_lm_loads() {
     assert_eq!(config["quantization"]["bits"], 4);
     let student = Model::load(&out_dir).unwrap();
     let plain_dir = work.path().join("plain");
-    quantize_folder(
-        &teacher,
-        &plain_dir,
-        QuantSpec {
-            group_size: 64,
-            bits: 4,
-        },
-    )
-    .unwrap();
+    quantize_folder(&teacher, &plain_dir, QuantSpec::affine(64, 4)).unwrap();
     let plain = Model::load(&plain_dir).unwrap();
     let sites = trainable_tensors(&student);
     let (a, b) = (

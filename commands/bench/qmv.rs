@@ -54,10 +54,7 @@ pub fn run(args: Args) -> Result<()> {
     }
     let dtype = mlx_bun::mlx_ext::parse_dtype(&args.dtype)
         .with_context(|| format!("unknown --dtype {:?}", args.dtype))?;
-    let spec = QuantSpec {
-        group_size: args.group_size,
-        bits: args.bits,
-    };
+    let spec = QuantSpec::affine(args.group_size, args.bits);
     cuda::set_everywhere();
     let tolerance = if dtype == mlx_rs::Dtype::Float32 {
         1e-4

@@ -58,10 +58,7 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
     let opts = DwqOptions {
         teacher: teacher.clone(),
         quantized_model,
-        spec: QuantSpec {
-            group_size: d.group_size,
-            bits: d.bits,
-        },
+        spec: QuantSpec::affine(d.group_size, d.bits),
         data: a
             .data
             .as_ref()

@@ -19,6 +19,8 @@ use super::output::{self, Commit, StagingDir};
 use super::quantize::{dequantize_with_mode, quantize_with_mode, QuantMode};
 use super::safetensors_out::{self, ShardWriter, TensorInfo};
 use crate::mlx_ext::{is_float, parse_dtype};
+use crate::model::config::Quantization;
+use crate::model::weights::layer_quant_spec;
 
 /// mlx-lm's mixed-bit recipes (`--quant-predicate`), after llama.cpp's
 /// Q*_K_M choices: `(low bits, high bits)`.
@@ -262,55 +264,28 @@ impl Source {
         if prefixes.is_empty() {
             return Ok(());
         }
-        if !self.config.contains_key("quantization") {
+        let Some(block) = self.config.get("quantization") else {
             bail!(
                 "{} has quantized tensors but its config.json has no quantization entry",
                 self.dir.display()
             );
-        }
+        };
+        let quantization = Quantization::parse(block.clone(), "quantization")
+            .with_context(|| format!("reading {}", self.dir.join("config.json").display()))?;
         for prefix in prefixes {
-            let get = |s: &str| {
-                self.tensors
-                    .get(&format!("{prefix}.{s}"))
-                    .with_context(|| format!("{prefix}.{s} is missing"))
-            };
-            let (weight, scales) = (get("weight")?, get("scales")?);
-            let packed_cols = *weight.shape().last().unwrap_or(&0);
-            let groups = *scales.shape().last().unwrap_or(&0);
-            let explicit = self.config["quantization"].get(&prefix).and_then(|q| {
-                Some((
-                    q.get("group_size")?.as_i64()? as i32,
-                    q.get("bits")?.as_i64()? as i32,
-                ))
-            });
-            let (group_size, bits) = match explicit {
-                Some(pair) => pair,
-                None => {
-                    let default_bits = self.config["quantization"]
-                        .get("bits")
-                        .and_then(Value::as_i64)
-                        .unwrap_or(4) as i32;
-                    // in_dims = packed_cols * 32 / bits = groups * group_size.
-                    let mut found = None;
-                    for bits in std::iter::once(default_bits).chain([2, 3, 4, 5, 6, 8]) {
-                        let in_dims = packed_cols * 32 / bits;
-                        if packed_cols * 32 % bits == 0 && groups > 0 && in_dims % groups == 0 {
-                            found = Some((in_dims / groups, bits));
-                            break;
-                        }
-                    }
-                    found.with_context(|| format!("cannot tell how {prefix} is quantized"))?
+            for part in ["weight", "scales"] {
+                if !self.tensors.contains_key(&format!("{prefix}.{part}")) {
+                    bail!("{prefix}.{part} is missing");
                 }
-            };
-            let mode = QuantMode::infer(scales.dtype(), group_size, bits).with_context(|| {
-                format!("cannot infer the quantization mode of {prefix}: {bits} bits with group size {group_size}")
-            })?;
+            }
+            let spec = layer_quant_spec(&self.tensors, Some(&quantization), &prefix)?
+                .with_context(|| format!("cannot tell how {prefix} is quantized"))?;
             self.packed.insert(
                 prefix,
                 LayerQuant {
-                    mode,
-                    group_size,
-                    bits,
+                    mode: spec.mode,
+                    group_size: spec.group_size,
+                    bits: spec.bits,
                 },
             );
         }

@@ -71,14 +71,8 @@ impl ConvertOptions {
 fn gguf_quant_spec(name: &str, t: GgmlType) -> Result<Option<QuantSpec>> {
     Ok(match t {
         GgmlType::F32 | GgmlType::F16 => None,
-        GgmlType::Q4_0 | GgmlType::Q4_1 => Some(QuantSpec {
-            group_size: 32,
-            bits: 4,
-        }),
-        GgmlType::Q8_0 => Some(QuantSpec {
-            group_size: 32,
-            bits: 8,
-        }),
+        GgmlType::Q4_0 | GgmlType::Q4_1 => Some(QuantSpec::affine(32, 4)),
+        GgmlType::Q8_0 => Some(QuantSpec::affine(32, 8)),
         other => bail!(
             "tensor {name:?} has type {}, which convert cannot read (supported: F32, F16, Q4_0, Q4_1, Q8_0)",
             other.name()

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use mlx_rs::ops::{dequantize, quantize};
 use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
@@ -13,148 +13,29 @@ use serde_json::{json, Map, Value};
 use crate::mlx_ext::cast_float;
 use crate::model::layers::QuantSpec;
 
-/// Group sizes and bit widths MLX's affine quantization accepts.
-pub(crate) const GROUP_SIZES: [i32; 3] = [32, 64, 128];
-pub(crate) const BITS: [i32; 6] = [2, 3, 4, 5, 6, 8];
+pub use crate::model::config::QuantMode;
 
+/// Checks an affine group size and bit width.
 pub fn validate_spec(spec: QuantSpec) -> Result<()> {
-    if !GROUP_SIZES.contains(&spec.group_size) {
-        bail!(
-            "quantization group size {} is not supported (choose 32, 64 or 128)",
-            spec.group_size
-        );
-    }
-    if !BITS.contains(&spec.bits) {
-        bail!(
-            "{} quantization bits are not supported (choose 2, 3, 4, 5, 6 or 8)",
-            spec.bits
-        );
-    }
-    Ok(())
-}
-
-/// MLX's quantization modes (`mx.quantize(..., mode=)`): `affine` stores a
-/// scale and a bias per group in the float dtype; the microscaling float
-/// formats store one 8-bit scale per group and no bias.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum QuantMode {
-    Affine,
-    Mxfp4,
-    Nvfp4,
-    Mxfp8,
-}
-
-impl QuantMode {
-    pub fn parse(name: &str) -> Result<Self> {
-        Ok(match name {
-            "affine" => Self::Affine,
-            "mxfp4" => Self::Mxfp4,
-            "nvfp4" => Self::Nvfp4,
-            "mxfp8" => Self::Mxfp8,
-            other => {
-                bail!("unknown quantization mode {other:?} (choose affine, mxfp4, nvfp4 or mxfp8)")
-            }
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Affine => "affine",
-            Self::Mxfp4 => "mxfp4",
-            Self::Nvfp4 => "nvfp4",
-            Self::Mxfp8 => "mxfp8",
-        }
-    }
-
-    /// mlx-lm's `(group_size, bits)` when the user gives neither.
-    pub fn defaults(self) -> (i32, i32) {
-        match self {
-            Self::Affine => (64, 4),
-            Self::Mxfp4 => (32, 4),
-            Self::Nvfp4 => (16, 4),
-            Self::Mxfp8 => (32, 8),
-        }
-    }
-
-    /// Checks a `(group_size, bits)` pair against what the mode allows.
-    pub fn validate(self, group_size: i32, bits: i32) -> Result<()> {
-        if self == Self::Affine {
-            return validate_spec(QuantSpec { group_size, bits });
-        }
-        if (group_size, bits) != self.defaults() {
-            let (g, b) = self.defaults();
-            bail!(
-                "{} quantization takes exactly {b} bits with group size {g} (got {bits} bits, group size {group_size})",
-                self.name()
-            );
-        }
-        Ok(())
-    }
-
-    /// The mode of a packed layer from its shapes and scale dtype, as mlx-lm
-    /// infers it: affine keeps float scales; each other mode has one
-    /// `(bits, group_size)` pair.
-    pub fn infer(scales_dtype: Dtype, group_size: i32, bits: i32) -> Option<Self> {
-        if scales_dtype != Dtype::Uint8 {
-            return Some(Self::Affine);
-        }
-        [Self::Nvfp4, Self::Mxfp4, Self::Mxfp8]
-            .into_iter()
-            .find(|m| m.defaults() == (group_size, bits))
-    }
-}
-
-fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
-    mlx_sys::mlx_optional_int {
-        value,
-        has_value: true,
-    }
+    QuantMode::Affine.validate(spec.group_size, spec.bits)
 }
 
 /// `mx.quantize(w, group_size, bits, mode=mode)`: `[weight, scales]` plus
-/// `biases` for affine. mlx-rs only exposes the affine mode.
+/// `biases` for affine.
 pub(crate) fn quantize_with_mode(
     w: &Array,
     group_size: i32,
     bits: i32,
     mode: QuantMode,
 ) -> Result<Vec<Array>> {
-    let mode_name = std::ffi::CString::new(mode.name())?;
-    let stream = mlx_rs::StreamOrDevice::default();
-    // SAFETY: every handle passed is valid for the call; the output vector is
-    // created here, read into owned Arrays, and freed once.
-    unsafe {
-        let none = mlx_sys::mlx_array_new();
-        let mut out = mlx_sys::mlx_vector_array_new();
-        let rc = mlx_sys::mlx_quantize(
-            &mut out,
-            w.as_ptr(),
-            optional_int(group_size),
-            optional_int(bits),
-            mode_name.as_ptr(),
-            none,
-            AsRef::<mlx_rs::Stream>::as_ref(&stream).as_ptr(),
-        );
-        mlx_sys::mlx_array_free(none);
-        if rc != 0 {
-            mlx_sys::mlx_vector_array_free(out);
-            bail!(
-                "MLX could not quantize a {:?} array with mode {}, {bits} bits, group size {group_size}",
-                w.shape(),
-                mode.name()
-            );
-        }
-        let n = mlx_sys::mlx_vector_array_size(out);
-        let arrays = (0..n)
-            .map(|i| {
-                let mut a = mlx_sys::mlx_array_new();
-                mlx_sys::mlx_vector_array_get(&mut a, out, i);
-                Array::from_ptr(a)
-            })
-            .collect();
-        mlx_sys::mlx_vector_array_free(out);
-        Ok(arrays)
-    }
+    crate::mlx_ext::quant::quantize(
+        w,
+        QuantSpec {
+            group_size,
+            bits,
+            mode,
+        },
+    )
 }
 
 /// `mx.dequantize` for any mode; `biases` is None for the float modes.
@@ -166,37 +47,16 @@ pub(crate) fn dequantize_with_mode(
     bits: i32,
     mode: QuantMode,
 ) -> Result<Array> {
-    let mode_name = std::ffi::CString::new(mode.name())?;
-    let stream = mlx_rs::StreamOrDevice::default();
-    // SAFETY: as in `quantize_with_mode`; the result handle is owned by the
-    // returned Array on success and freed on failure.
-    unsafe {
-        let none = mlx_sys::mlx_array_new();
-        let mut res = mlx_sys::mlx_array_new();
-        let no_dtype: mlx_sys::mlx_optional_dtype = std::mem::zeroed();
-        let rc = mlx_sys::mlx_dequantize(
-            &mut res,
-            w.as_ptr(),
-            scales.as_ptr(),
-            biases.map(|b| b.as_ptr()).unwrap_or(none),
-            optional_int(group_size),
-            optional_int(bits),
-            mode_name.as_ptr(),
-            none,
-            no_dtype,
-            AsRef::<mlx_rs::Stream>::as_ref(&stream).as_ptr(),
-        );
-        mlx_sys::mlx_array_free(none);
-        if rc != 0 {
-            mlx_sys::mlx_array_free(res);
-            bail!(
-                "MLX could not dequantize a {:?} array with mode {}, {bits} bits, group size {group_size}",
-                w.shape(),
-                mode.name()
-            );
-        }
-        Ok(Array::from_ptr(res))
-    }
+    crate::mlx_ext::quant::dequantize(
+        w,
+        scales,
+        biases,
+        QuantSpec {
+            group_size,
+            bits,
+            mode,
+        },
+    )
 }
 
 /// Tensors by name; `quantized` maps a layer prefix (`model.layers.0.mlp.up_proj`)
@@ -342,19 +202,13 @@ mod tests {
         set.insert("c.weight".into(), dense(8, 64));
         set.insert("odd.weight".into(), dense(4, 48));
         set.insert("norm.weight".into(), Array::from_slice(&[1f32; 64], &[64]));
-        let spec = QuantSpec {
-            group_size: 64,
-            bits: 4,
-        };
+        let spec = QuantSpec::affine(64, 4);
         assert_eq!(set.matrix_layers(), ["a", "b", "c", "odd"]);
         assert!(set.quantize_layer("a", spec, Dtype::Float32).unwrap());
         assert!(set.quantize_layer("b", spec, Dtype::Float32).unwrap());
         assert!(set.quantize_layer("c", spec, Dtype::Float32).unwrap());
         assert!(!set.quantize_layer("odd", spec, Dtype::Float32).unwrap());
-        let eight = QuantSpec {
-            group_size: 32,
-            bits: 8,
-        };
+        let eight = QuantSpec::affine(32, 8);
         assert!(set.quantize_layer("b", eight, Dtype::Float32).unwrap());
         let q = set.quantization_config().unwrap();
         assert_eq!(q["bits"], 4);

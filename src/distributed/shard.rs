@@ -30,7 +30,7 @@ use mlx_rs::Array;
 
 use super::Group;
 use crate::model::decoder::FeedForward;
-use crate::model::layers::{Linear, LinearWeight};
+use crate::model::layers::{Linear, LinearWeight, QuantSpec};
 use crate::model::Model;
 
 /// How a model is split across ranks.
@@ -239,6 +239,20 @@ impl Cut<'_> {
         crate::mlx_ext::cast_float(a, self.dtype)
     }
 
+    /// The slice of `{prefix}.biases`, for the modes that store them.
+    fn read_biases(
+        &self,
+        prefix: &str,
+        spec: QuantSpec,
+        rows: Option<Range<i32>>,
+        cols: Option<Range<i32>>,
+    ) -> Result<Option<Array>> {
+        if !spec.mode.has_biases() {
+            return Ok(None);
+        }
+        Ok(Some(self.read(&format!("{prefix}.biases"), rows, cols)?))
+    }
+
     fn check_lora(linear: &Linear, prefix: &str) -> Result<()> {
         if linear.lora.is_some() {
             bail!("{prefix} has a LoRA adapter; fuse it first (adapters are not sharded)");
@@ -257,7 +271,7 @@ impl Cut<'_> {
             LinearWeight::Quantized { spec, .. } => LinearWeight::Quantized {
                 weight: self.read(&format!("{prefix}.weight"), r(), None)?,
                 scales: self.read(&format!("{prefix}.scales"), r(), None)?,
-                biases: self.read(&format!("{prefix}.biases"), r(), None)?,
+                biases: self.read_biases(prefix, *spec, r(), None)?,
                 spec: *spec,
             },
         };
@@ -295,7 +309,7 @@ impl Cut<'_> {
                 LinearWeight::Quantized {
                     weight: self.read(&format!("{prefix}.weight"), None, Some(packed))?,
                     scales: self.read(&format!("{prefix}.scales"), None, Some(groups.clone()))?,
-                    biases: self.read(&format!("{prefix}.biases"), None, Some(groups))?,
+                    biases: self.read_biases(prefix, *spec, None, Some(groups))?,
                     spec: *spec,
                 }
             }

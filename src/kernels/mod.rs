@@ -13,7 +13,6 @@ use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
 
 use anyhow::{anyhow, Result};
-use mlx_rs::ops::quantized_matmul;
 use mlx_rs::{Array, Dtype};
 
 use crate::model::layers::QuantSpec;
@@ -166,32 +165,28 @@ pub fn rope(
 }
 
 /// `quantized_matmul(x, w, scales, biases, transpose = true)`: by mlx-bun's
-/// CPU kernel where it applies (CPU, float32, 4 or 8 bits), by its CUDA
-/// kernel for few rows on an NVIDIA GPU, else by MLX.
+/// CPU kernel where it applies (CPU, float32, affine 4 or 8 bits), by its
+/// CUDA kernel for few rows on an NVIDIA GPU (affine), else by MLX, which
+/// runs every mode (`biases` is None for mxfp4, nvfp4 and mxfp8).
 /// MLX's CPU kernel costs the same per row at any row count, so this one is
 /// faster at every count; `Linear` sends long prompts to its dense path first.
-pub fn quantized_matmul_t(
+pub fn quantized_matmul_t<'a>(
     x: &Array,
     w: &Array,
     scales: &Array,
-    biases: &Array,
+    biases: impl Into<Option<&'a Array>>,
     spec: QuantSpec,
 ) -> Result<Array> {
-    if kernel_applies(x, w, scales, biases, spec) {
-        return cpu_quantized_matmul(x, w, scales, biases, spec.group_size, spec.bits);
+    let biases = biases.into();
+    if let Some(b) = biases.filter(|_| spec.mode.has_biases()) {
+        if kernel_applies(x, w, scales, b, spec) {
+            return cpu_quantized_matmul(x, w, scales, b, spec.group_size, spec.bits);
+        }
+        if cuda::applies(x, w, scales, b, spec) {
+            return cuda::quantized_matvec(x, w, scales, b, spec);
+        }
     }
-    if cuda::applies(x, w, scales, biases, spec) {
-        return cuda::quantized_matvec(x, w, scales, biases, spec);
-    }
-    Ok(quantized_matmul(
-        x,
-        w,
-        scales,
-        biases,
-        true,
-        spec.group_size,
-        spec.bits,
-    )?)
+    crate::mlx_ext::quant::quantized_matmul(x, w, scales, biases, true, spec)
 }
 
 fn kernel_applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> bool {
@@ -210,7 +205,8 @@ fn kernel_applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: Qu
 /// True when the kernel handles layers of this width and quantization.
 pub fn supported(in_features: i32, spec: QuantSpec) -> bool {
     // SAFETY: a pure function of its integer arguments.
-    unsafe { mlx_bun_cpu_qmm_supported(in_features, spec.group_size, spec.bits) == 1 }
+    spec.mode.has_biases()
+        && unsafe { mlx_bun_cpu_qmm_supported(in_features, spec.group_size, spec.bits) == 1 }
 }
 
 /// The most rows the kernel takes, or None when it is off (GPU, or

@@ -1,7 +1,13 @@
 //! `config.json` fields shared by the decoder-only architectures.
 
+use std::collections::BTreeMap;
+
 use anyhow::{bail, Result};
-use serde::Deserialize;
+use mlx_rs::Dtype;
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer};
+
+use super::layers::QuantSpec;
 
 fn default_rope_theta() -> f32 {
     10000.0
@@ -148,12 +154,16 @@ pub struct ModelArgs {
     pub sliding_window: Option<usize>,
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
+    /// mlx-lm's `quantization` block, or its `quantization_config` alias
+    /// (`resolve_quantization` reads the alias once, at load).
     #[serde(default)]
-    pub quantization: Option<serde_json::Value>,
+    pub quantization: Option<Quantization>,
+    #[serde(default)]
+    quantization_config: Option<serde_json::Value>,
     #[serde(default)]
     pub torch_dtype: Option<String>,
     #[serde(default)]
-    pub eos_token_id: Option<serde_json::Value>,
+    pub eos_token_id: Option<TokenIds>,
     #[serde(default)]
     pub bos_token_id: Option<serde_json::Value>,
 }
@@ -195,17 +205,36 @@ impl ModelArgs {
 
     /// End-of-sequence ids named in the config (a number or a list).
     pub fn eos_ids(&self) -> Vec<u32> {
-        match &self.eos_token_id {
-            Some(serde_json::Value::Number(n)) => {
-                n.as_u64().map(|v| vec![v as u32]).unwrap_or_default()
-            }
-            Some(serde_json::Value::Array(a)) => a
-                .iter()
-                .filter_map(|v| v.as_u64())
-                .map(|v| v as u32)
-                .collect(),
-            _ => Vec::new(),
+        self.eos_token_id
+            .as_ref()
+            .map(|ids| ids.0.clone())
+            .unwrap_or_default()
+    }
+
+    /// Takes mlx-lm's `quantization_config` alias when `quantization` is
+    /// absent: an mlx-lm block (no `quant_method`), or the whole-model
+    /// `mxfp4`/`mxfp8` methods mlx-lm maps onto its modes. Called once by
+    /// the config reader; errors name the field.
+    pub(crate) fn resolve_quantization(&mut self) -> Result<()> {
+        let Some(alias) = self.quantization_config.take() else {
+            return Ok(());
+        };
+        if self.quantization.is_some() || alias.is_null() {
+            return Ok(());
         }
+        let method = alias.get("quant_method");
+        let block = match method.and_then(serde_json::Value::as_str) {
+            None if method.is_none() => alias,
+            Some("mxfp4") => serde_json::json!({"group_size": 32, "bits": 4, "mode": "mxfp4"}),
+            Some("mxfp8") => serde_json::json!({"group_size": 32, "bits": 8, "mode": "mxfp8"}),
+            _ => bail!(
+                "quantization_config.quant_method {} is not supported (mlx-bun loads mlx-lm \
+                 quantization; convert the float checkpoint with `mlx-bun convert -q`)",
+                method.unwrap_or(&serde_json::Value::Null)
+            ),
+        };
+        self.quantization = Some(Quantization::parse(block, "quantization_config")?);
+        Ok(())
     }
 
     /// Checks the fields the model is built from, naming the first bad one.
@@ -255,6 +284,9 @@ impl ModelArgs {
             bail!("rope_theta must be a positive number, got {base}");
         }
         self.rope_scaling()?;
+        if let Some(q) = &self.quantization {
+            q.validate()?;
+        }
         for (name, value) in [
             ("max_position_embeddings", self.max_position_embeddings),
             ("sliding_window", self.sliding_window),
@@ -272,43 +304,318 @@ impl ModelArgs {
                 );
             }
         }
-        if let Some(q) = &self.quantization {
-            validate_quantization(q)?;
-        }
         Ok(())
     }
 }
 
-/// `quantization`: the default `group_size`/`bits`, and per-layer entries
-/// (an object with its own pair, or `false` for a dense layer).
-fn validate_quantization(q: &serde_json::Value) -> Result<()> {
-    let Some(map) = q.as_object() else {
-        bail!("quantization must be an object, got {q}");
-    };
-    let check = |path: &str, entry: &serde_json::Map<String, serde_json::Value>| -> Result<()> {
-        for (key, allowed) in [
-            ("group_size", &[32, 64, 128][..]),
-            ("bits", &[2, 3, 4, 5, 6, 8]),
-        ] {
-            if let Some(v) = entry.get(key) {
-                if !v.as_i64().is_some_and(|n| allowed.contains(&n)) {
-                    bail!("{path}{key} must be one of {allowed:?}, got {v}");
-                }
+/// MLX's quantization modes (`mx.quantize(..., mode=)`): `affine` stores a
+/// scale and a bias per group in the float dtype; the microscaling float
+/// formats store one 8-bit scale per group and no bias.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QuantMode {
+    Affine,
+    Mxfp4,
+    Nvfp4,
+    Mxfp8,
+}
+
+/// Group sizes and bit widths MLX's affine quantization accepts.
+const GROUP_SIZES: [i32; 3] = [32, 64, 128];
+const BITS: [i32; 6] = [2, 3, 4, 5, 6, 8];
+
+impl QuantMode {
+    pub fn parse(name: &str) -> Result<Self> {
+        Ok(match name {
+            "affine" => Self::Affine,
+            "mxfp4" => Self::Mxfp4,
+            "nvfp4" => Self::Nvfp4,
+            "mxfp8" => Self::Mxfp8,
+            other => {
+                bail!("unknown quantization mode {other:?} (choose affine, mxfp4, nvfp4 or mxfp8)")
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Affine => "affine",
+            Self::Mxfp4 => "mxfp4",
+            Self::Nvfp4 => "nvfp4",
+            Self::Mxfp8 => "mxfp8",
+        }
+    }
+
+    /// MLX's `(group_size, bits)` when neither is given.
+    pub fn defaults(self) -> (i32, i32) {
+        match self {
+            Self::Affine => (64, 4),
+            Self::Mxfp4 => (32, 4),
+            Self::Nvfp4 => (16, 4),
+            Self::Mxfp8 => (32, 8),
+        }
+    }
+
+    /// Whether the layer stores `biases` (affine only).
+    pub fn has_biases(self) -> bool {
+        self == Self::Affine
+    }
+
+    /// Checks a `(group_size, bits)` pair against what the mode allows.
+    pub fn validate(self, group_size: i32, bits: i32) -> Result<()> {
+        if self == Self::Affine {
+            if !GROUP_SIZES.contains(&group_size) {
+                bail!(
+                    "quantization group size {group_size} is not supported (choose 32, 64 or 128)"
+                );
+            }
+            if !BITS.contains(&bits) {
+                bail!("{bits} quantization bits are not supported (choose 2, 3, 4, 5, 6 or 8)");
+            }
+            return Ok(());
+        }
+        if (group_size, bits) != self.defaults() {
+            let (g, b) = self.defaults();
+            bail!(
+                "{} quantization takes exactly {b} bits with group size {g} (got {bits} bits, group size {group_size})",
+                self.name()
+            );
+        }
+        Ok(())
+    }
+
+    /// The mode of a packed layer from its shapes and scale dtype, as mlx-lm
+    /// infers it: affine keeps float scales; each other mode has one
+    /// `(bits, group_size)` pair.
+    pub fn infer(scales_dtype: Dtype, group_size: i32, bits: i32) -> Option<Self> {
+        if scales_dtype != Dtype::Uint8 {
+            return Some(Self::Affine);
+        }
+        [Self::Nvfp4, Self::Mxfp4, Self::Mxfp8]
+            .into_iter()
+            .find(|m| m.defaults() == (group_size, bits))
+    }
+}
+
+impl<'de> Deserialize<'de> for QuantMode {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Self::parse(&name).map_err(de::Error::custom)
+    }
+}
+
+/// mlx-lm's `quantization` block of config.json, parsed once: the model's
+/// `group_size`/`bits`/`mode`, and per-layer entries keyed by the layer's
+/// path (`model.layers.0.mlp.down_proj`) holding their own
+/// `{group_size, bits, mode}`, or `false` for a layer left dense.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Quantization {
+    pub default: QuantSpec,
+    /// `None`: the layer is not quantized.
+    pub layers: BTreeMap<String, Option<QuantSpec>>,
+}
+
+impl Quantization {
+    /// Parses the block found at `field` of config.json; errors name the
+    /// field inside it (`quantization.lm_head.bits: invalid type: ...`).
+    pub fn parse(block: serde_json::Value, field: &str) -> Result<Self> {
+        serde_path_to_error::deserialize(block).map_err(|e| {
+            let path = e.path().to_string();
+            if path == "." {
+                anyhow::anyhow!("{field}: {}", e.inner())
+            } else {
+                anyhow::anyhow!("{field}.{path}: {}", e.inner())
+            }
+        })
+    }
+
+    pub fn uniform(spec: QuantSpec) -> Self {
+        Self {
+            default: spec,
+            layers: BTreeMap::new(),
+        }
+    }
+
+    /// What config.json says about the layer at `prefix`: `Some(None)` for
+    /// a layer named `false`, `None` when it is not named on its own.
+    pub fn named(&self, prefix: &str) -> Option<Option<QuantSpec>> {
+        self.layers.get(prefix).copied()
+    }
+
+    /// The spec of `prefix`: its own entry, else the model's.
+    pub fn spec_of(&self, prefix: &str) -> Option<QuantSpec> {
+        self.named(prefix).unwrap_or(Some(self.default))
+    }
+
+    /// Checks every `(group_size, bits)` against its mode, naming the field.
+    pub fn validate(&self) -> Result<()> {
+        let check = |path: &str, s: &QuantSpec| {
+            s.mode
+                .validate(s.group_size, s.bits)
+                .map_err(|e| anyhow::anyhow!("{path}: {e}"))
+        };
+        check("quantization", &self.default)?;
+        for (name, spec) in &self.layers {
+            if let Some(s) = spec {
+                check(&format!("quantization.{name:?}"), s)?;
             }
         }
         Ok(())
-    };
-    check("quantization.", map)?;
-    // MLX's other modes (mxfp4, nvfp4, ...) pack differently.
-    if let Some(mode) = map.get("mode").filter(|m| m.as_str() != Some("affine")) {
-        bail!("quantization.mode {mode} is not supported (affine quantization only)");
     }
-    for (name, value) in map {
-        if let Some(entry) = value.as_object() {
-            check(&format!("quantization.{name:?}."), entry)?;
+
+    /// The JSON block mlx-lm writes (`mode` included).
+    pub fn to_json(&self) -> serde_json::Value {
+        let spec = |s: &QuantSpec| serde_json::json!({"group_size": s.group_size, "bits": s.bits, "mode": s.mode.name()});
+        let mut block = spec(&self.default);
+        for (name, s) in &self.layers {
+            block[name] = s.as_ref().map_or(serde_json::Value::Bool(false), spec);
+        }
+        block
+    }
+}
+
+/// One per-layer entry: `{group_size, bits, mode}` (absent ones take the
+/// mode's defaults, as MLX's `to_quantized`), `true` for the model's spec,
+/// or `false`.
+enum LayerEntry {
+    Flag(bool),
+    Spec(QuantSpec),
+}
+
+#[derive(Deserialize)]
+struct LayerParams {
+    #[serde(default)]
+    group_size: Option<i32>,
+    #[serde(default)]
+    bits: Option<i32>,
+    #[serde(default)]
+    mode: Option<QuantMode>,
+}
+
+impl LayerParams {
+    fn spec(self) -> QuantSpec {
+        let mode = self.mode.unwrap_or(QuantMode::Affine);
+        let (g, b) = mode.defaults();
+        QuantSpec {
+            group_size: self.group_size.unwrap_or(g),
+            bits: self.bits.unwrap_or(b),
+            mode,
         }
     }
-    Ok(())
+}
+
+impl<'de> Deserialize<'de> for LayerEntry {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = LayerEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object {group_size, bits, mode} or false")
+            }
+            fn visit_bool<E: de::Error>(self, b: bool) -> Result<LayerEntry, E> {
+                Ok(LayerEntry::Flag(b))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<LayerEntry, A::Error> {
+                let p = LayerParams::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                Ok(LayerEntry::Spec(p.spec()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for Quantization {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Quantization;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an object {group_size, bits, mode, <layer path>: {...} or false}")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Quantization, A::Error> {
+                let (mut group_size, mut bits, mut mode) = (None, None, None);
+                let mut entries = Vec::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "group_size" => group_size = Some(map.next_value::<i32>()?),
+                        "bits" => bits = Some(map.next_value::<i32>()?),
+                        "mode" => mode = Some(map.next_value::<QuantMode>()?),
+                        _ => {
+                            let entry: LayerEntry = map.next_value()?;
+                            entries.push((key, entry));
+                        }
+                    }
+                }
+                let default = QuantSpec {
+                    group_size: group_size.ok_or_else(|| de::Error::missing_field("group_size"))?,
+                    bits: bits.ok_or_else(|| de::Error::missing_field("bits"))?,
+                    mode: mode.unwrap_or(QuantMode::Affine),
+                };
+                let layers = entries
+                    .into_iter()
+                    .map(|(k, e)| {
+                        let spec = match e {
+                            LayerEntry::Flag(true) => Some(default),
+                            LayerEntry::Flag(false) => None,
+                            LayerEntry::Spec(s) => Some(s),
+                        };
+                        (k, spec)
+                    })
+                    .collect();
+                Ok(Quantization { default, layers })
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// Token ids given as one number or a list (`eos_token_id`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TokenIds(pub Vec<u32>);
+
+impl<'de> Deserialize<'de> for TokenIds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum OneOrMany {
+            One(u32),
+            Many(Vec<u32>),
+        }
+        match OneOrMany::deserialize(d) {
+            Ok(OneOrMany::One(id)) => Ok(Self(vec![id])),
+            Ok(OneOrMany::Many(ids)) => Ok(Self(ids)),
+            Err(_) => Err(de::Error::custom(
+                "expected a token id (a whole number) or a list of them",
+            )),
+        }
+    }
+}
+
+/// The `eos_token_id` of `config.json` and `generation_config.json` in
+/// `dir`, as mlx-lm's `load_config` reads them: generation_config.json's
+/// wins when it gives one. Errors name the file and field.
+pub(crate) fn eos_token_ids(dir: &std::path::Path) -> Result<Vec<u32>> {
+    #[derive(Deserialize)]
+    struct Eos {
+        #[serde(default)]
+        eos_token_id: Option<TokenIds>,
+    }
+    let read = |name: &str| -> Result<Vec<u32>> {
+        let path = dir.join(name);
+        if !path.is_file() {
+            return Ok(Vec::new());
+        }
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| anyhow::anyhow!("reading {}: {e}", path.display()))?;
+        let mut de = serde_json::Deserializer::from_str(&text);
+        let eos: Eos = serde_path_to_error::deserialize(&mut de)
+            .map_err(|e| anyhow::anyhow!("{}: {}: {}", path.display(), e.path(), e.inner()))?;
+        Ok(eos.eos_token_id.map(|ids| ids.0).unwrap_or_default())
+    };
+    let generation = read("generation_config.json")?;
+    if !generation.is_empty() {
+        return Ok(generation);
+    }
+    read("config.json")
 }
 
 #[cfg(test)]
@@ -331,6 +638,152 @@ mod tests {
         args(extra).validate().unwrap_err().to_string()
     }
 
+    /// `read_config`'s parse: serde's error with its path, then the alias.
+    fn parse(extra: serde_json::Value) -> Result<ModelArgs> {
+        let mut base = serde_json::json!({
+            "model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+            "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 100,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            base[k] = v.clone();
+        }
+        let mut args: ModelArgs = serde_path_to_error::deserialize(base)
+            .map_err(|e| anyhow::anyhow!("{}: {}", e.path(), e.inner()))?;
+        args.resolve_quantization()?;
+        args.validate()?;
+        Ok(args)
+    }
+
+    #[test]
+    fn quantization_is_typed_with_per_layer_entries() {
+        use serde_json::json;
+        let args = parse(json!({"quantization": {
+            "group_size": 32, "bits": 4, "mode": "mxfp4",
+            "model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 8, "mode": "affine"},
+            "model.layers.1.mlp.down_proj": {"bits": 6},
+            "lm_head": false,
+            "model.embed_tokens": true,
+        }}))
+        .unwrap();
+        let q = args.quantization.unwrap();
+        let mxfp4 = QuantSpec {
+            group_size: 32,
+            bits: 4,
+            mode: QuantMode::Mxfp4,
+        };
+        assert_eq!(q.default, mxfp4);
+        assert_eq!(
+            q.spec_of("model.layers.0.mlp.down_proj"),
+            Some(QuantSpec::affine(64, 8))
+        );
+        // As MLX's `to_quantized`: missing keys take the entry's mode defaults.
+        assert_eq!(
+            q.spec_of("model.layers.1.mlp.down_proj"),
+            Some(QuantSpec::affine(64, 6))
+        );
+        assert_eq!(q.named("lm_head"), Some(None));
+        assert_eq!(q.spec_of("model.embed_tokens"), Some(mxfp4));
+        assert_eq!(q.spec_of("model.layers.0.mlp.up_proj"), Some(mxfp4));
+        // Without `mode`, affine.
+        let plain = parse(json!({"quantization": {"group_size": 64, "bits": 4}})).unwrap();
+        assert_eq!(
+            plain.quantization.unwrap().default,
+            QuantSpec::affine(64, 4)
+        );
+        // The alias alone, as mlx-lm writes it, and the whole-model methods.
+        let alias =
+            parse(json!({"quantization_config": {"group_size": 16, "bits": 4, "mode": "nvfp4"}}))
+                .unwrap();
+        assert_eq!(alias.quantization.unwrap().default.mode, QuantMode::Nvfp4);
+        let method = parse(json!({"quantization_config": {"quant_method": "mxfp4"}})).unwrap();
+        assert_eq!(method.quantization.unwrap().default.mode, QuantMode::Mxfp4);
+        // Both: `quantization` wins (mlx-lm reads the alias only without it).
+        let both = parse(json!({
+            "quantization": {"group_size": 32, "bits": 8},
+            "quantization_config": {"quant_method": "awq"},
+        }))
+        .unwrap();
+        assert_eq!(both.quantization.unwrap().default, QuantSpec::affine(32, 8));
+    }
+
+    #[test]
+    fn malformed_quantization_names_the_field() {
+        use serde_json::json;
+        let e = |extra| format!("{:#}", parse(extra).unwrap_err());
+        let cases = [
+            (
+                json!({"quantization": {"group_size": "64", "bits": 4}}),
+                "quantization.group_size: invalid type: string",
+            ),
+            (
+                json!({"quantization": {"bits": 4}}),
+                "quantization: missing field `group_size`",
+            ),
+            (
+                json!({"quantization": {"group_size": 64, "bits": 4, "mode": "fp3"}}),
+                "quantization.mode: unknown quantization mode \"fp3\"",
+            ),
+            (
+                json!({"quantization": {"group_size": 64, "bits": 4, "model.layers.0.mlp": 3}}),
+                "quantization.model.layers.0.mlp: invalid type: integer `3`, expected an object",
+            ),
+            (
+                json!({"quantization": {"group_size": 64, "bits": 4,
+                       "lm_head": {"group_size": 64, "bits": "8"}}}),
+                "quantization.lm_head.bits: invalid type: string",
+            ),
+            (
+                json!({"quantization": {"group_size": 64, "bits": 4,
+                       "lm_head": {"bits": 7}}}),
+                "quantization.\"lm_head\": 7 quantization bits are not supported",
+            ),
+            (
+                json!({"quantization": [64, 4]}),
+                "quantization: invalid type: sequence, expected an object",
+            ),
+            (
+                json!({"quantization_config": {"group_size": 64}}),
+                "quantization_config: missing field `bits`",
+            ),
+            (
+                json!({"quantization_config": {"quant_method": "awq", "bits": 4}}),
+                "quantization_config.quant_method \"awq\" is not supported",
+            ),
+            (
+                json!({"eos_token_id": [2, "x"]}),
+                "eos_token_id: expected a token id",
+            ),
+        ];
+        for (extra, want) in cases {
+            let got = e(extra.clone());
+            assert!(got.contains(want), "{extra}: {got}");
+        }
+        let ids = parse(json!({"eos_token_id": [2, 7]})).unwrap();
+        assert_eq!(ids.eos_ids(), vec![2, 7]);
+        assert_eq!(
+            parse(json!({"eos_token_id": 5})).unwrap().eos_ids(),
+            vec![5]
+        );
+    }
+
+    #[test]
+    fn eos_ids_from_generation_config_win_as_in_mlx_lm() {
+        let dir = tempfile::tempdir().unwrap();
+        let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+        write("config.json", r#"{"eos_token_id": 2}"#);
+        assert_eq!(eos_token_ids(dir.path()).unwrap(), vec![2]);
+        write("generation_config.json", r#"{"eos_token_id": [7, 9]}"#);
+        assert_eq!(eos_token_ids(dir.path()).unwrap(), vec![7, 9]);
+        write("generation_config.json", r#"{"eos_token_id": []}"#);
+        assert_eq!(eos_token_ids(dir.path()).unwrap(), vec![2]);
+        write("generation_config.json", r#"{"eos_token_id": "two"}"#);
+        let e = eos_token_ids(dir.path()).unwrap_err().to_string();
+        assert!(
+            e.contains("generation_config.json: eos_token_id: expected a token id"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn names_the_bad_field() {
         assert!(args(serde_json::json!({})).validate().is_ok());
@@ -343,11 +796,14 @@ mod tests {
         let e = error(serde_json::json!({"rms_norm_eps": -1.0}));
         assert!(e.contains("rms_norm_eps"), "{e}");
         let e = error(serde_json::json!({"quantization": {"group_size": 48, "bits": 4}}));
-        assert!(e.contains("quantization.group_size"), "{e}");
-        let e = error(
-            serde_json::json!({"quantization": {"group_size": 32, "bits": 4, "mode": "mxfp4"}}),
+        assert!(
+            e.contains("quantization: quantization group size 48"),
+            "{e}"
         );
-        assert!(e.contains("quantization.mode \"mxfp4\""), "{e}");
+        let e = error(
+            serde_json::json!({"quantization": {"group_size": 32, "bits": 8, "mode": "mxfp4"}}),
+        );
+        assert!(e.contains("mxfp4 quantization takes exactly 4 bits"), "{e}");
         let e = error(serde_json::json!({"layer_types": ["full_attention"]}));
         assert!(e.contains("layer_types has 1 entries"), "{e}");
         let e = error(serde_json::json!({"rope_scaling": {"type": "linear", "factor": 0}}));

@@ -1,21 +1,35 @@
 //! Building blocks shared by the architectures: linear layers (dense or
-//! MLX-affine quantized, with an optional LoRA adapter), embeddings, RMS norm
-//! and rotary embeddings.
+//! quantized in any MLX mode, with an optional LoRA adapter), embeddings,
+//! RMS norm and rotary embeddings.
 
 use anyhow::{anyhow, Context, Result};
 use std::cell::Cell;
 
-use mlx_rs::ops::{addmm, dequantize, matmul, quantized_matmul};
+use mlx_rs::ops::{addmm, matmul};
 use mlx_rs::Array;
 
+pub use super::config::QuantMode;
 use super::config::RopeScaling;
 use super::weights::Weights;
+use crate::mlx_ext::quant::{dequantize, quantized_matmul};
 
-/// Affine quantization parameters of one layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How one layer is quantized: MLX mode, group size, bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QuantSpec {
     pub group_size: i32,
     pub bits: i32,
+    pub mode: QuantMode,
+}
+
+impl QuantSpec {
+    /// Affine quantization (a float scale and bias per group).
+    pub const fn affine(group_size: i32, bits: i32) -> Self {
+        Self {
+            group_size,
+            bits,
+            mode: QuantMode::Affine,
+        }
+    }
 }
 
 thread_local! {
@@ -49,10 +63,11 @@ pub struct Lora {
 #[derive(Clone)]
 pub enum LinearWeight {
     Dense(Array),
+    /// Packed `weight` with its `scales`, and `biases` in affine mode only.
     Quantized {
         weight: Array,
         scales: Array,
-        biases: Array,
+        biases: Option<Array>,
         spec: QuantSpec,
     },
 }
@@ -93,10 +108,11 @@ impl Linear {
                 },
                 bias,
             ) => {
+                let biases = biases.as_ref();
                 let y = if differentiable_quantized() {
-                    quantized_matmul(x, weight, scales, biases, true, spec.group_size, spec.bits)?
+                    quantized_matmul(x, weight, scales, biases, true, *spec)?
                 } else if dense_path_for(x) {
-                    let w = dequantize(weight, scales, biases, spec.group_size, spec.bits)?;
+                    let w = dequantize(weight, scales, biases, *spec)?;
                     matmul(x, w.t())?
                 } else {
                     crate::kernels::quantized_matmul_t(x, weight, scales, biases, *spec)?
@@ -150,7 +166,7 @@ impl Linear {
                 } => LinearWeight::Quantized {
                     weight: slice(weight),
                     scales: slice(scales),
-                    biases: slice(biases),
+                    biases: biases.as_ref().map(slice),
                     spec: *spec,
                 },
             };
@@ -205,11 +221,11 @@ fn dense_path_for(x: &Array) -> bool {
 }
 
 fn load_weight(w: &mut Weights, prefix: &str) -> Result<LinearWeight> {
+    let spec = w.quant_spec(prefix)?;
     let weight = w.take(&format!("{prefix}.weight"))?;
-    match w.quant_spec(prefix) {
+    match spec {
         Some(spec) => {
-            let scales = w.take(&format!("{prefix}.scales"))?;
-            let biases = w.take(&format!("{prefix}.biases"))?;
+            let (scales, biases) = w.take_quant_params(prefix, spec)?;
             Ok(LinearWeight::Quantized {
                 weight,
                 scales,
@@ -245,8 +261,8 @@ impl Embedding {
             } => {
                 let wq = weight.take_axis(ids, 0)?;
                 let s = scales.take_axis(ids, 0)?;
-                let b = biases.take_axis(ids, 0)?;
-                Ok(dequantize(&wq, &s, &b, spec.group_size, spec.bits)?)
+                let b = biases.as_ref().map(|b| b.take_axis(ids, 0)).transpose()?;
+                dequantize(&wq, &s, b.as_ref(), *spec)
             }
         }
     }
@@ -260,21 +276,15 @@ impl Embedding {
                 scales,
                 biases,
                 spec,
-            } if differentiable_quantized() => Ok(quantized_matmul(
-                x,
-                weight,
-                scales,
-                biases,
-                true,
-                spec.group_size,
-                spec.bits,
-            )?),
+            } if differentiable_quantized() => {
+                quantized_matmul(x, weight, scales, biases.as_ref(), true, *spec)
+            }
             LinearWeight::Quantized {
                 weight,
                 scales,
                 biases,
                 spec,
-            } => crate::kernels::quantized_matmul_t(x, weight, scales, biases, *spec),
+            } => crate::kernels::quantized_matmul_t(x, weight, scales, biases.as_ref(), *spec),
         }
     }
 

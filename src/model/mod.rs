@@ -95,8 +95,10 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
     let raw: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     // The path names the field: `hidden_size: invalid type: string "wide"`.
-    let args: ModelArgs = serde_path_to_error::deserialize(raw.clone())
+    let mut args: ModelArgs = serde_path_to_error::deserialize(raw.clone())
         .map_err(|e| anyhow::anyhow!("{}: {}", e.path(), e.inner()))
+        .with_context(|| format!("invalid model config {}", path.display()))?;
+    args.resolve_quantization()
         .with_context(|| format!("invalid model config {}", path.display()))?;
     args.validate()
         .with_context(|| format!("invalid model config {}", path.display()))?;

@@ -1,15 +1,15 @@
 //! Sparse Mixture-of-Experts feed-forward, shared by Qwen3-MoE and Mixtral:
 //! a router picks `top_k` experts per token, each expert is a SwiGLU MLP
-//! whose weights are stacked `[experts, out, in]` (dense, or MLX-affine
-//! quantized per expert) and run through `gather_mm` / `gather_qmm`, so only
+//! whose weights are stacked `[experts, out, in]` (dense, or quantized
+//! per expert in any MLX mode) and run through `gather_mm` / `gather_qmm`, so only
 //! the chosen experts' rows are read. As mlx-lm's `SwitchGLU`, tokens are
 //! sorted by expert when there are 64 or more (token, expert) pairs.
 
 use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::ops::{
-    argpartition_axis, argsort_axis, clip, expand_dims_axes, gather_mm, gather_qmm, minimum,
-    sigmoid, softmax_axis,
+    argpartition_axis, argsort_axis, clip, expand_dims_axes, gather_mm, minimum, sigmoid,
+    softmax_axis,
 };
 use mlx_rs::{stop_gradient, Array};
 
@@ -21,11 +21,12 @@ use super::weights::Weights;
 pub enum SwitchWeight {
     /// `[experts, out, in]`.
     Dense(Array),
-    /// Packed `[experts, out, in * bits / 32]` with its scales and biases.
+    /// Packed `[experts, out, in * bits / 32]` with its scales (and biases
+    /// in affine mode).
     Quantized {
         weight: Array,
         scales: Array,
-        biases: Array,
+        biases: Option<Array>,
         spec: QuantSpec,
     },
 }
@@ -43,6 +44,7 @@ pub struct SwitchLinear {
 impl SwitchLinear {
     fn load(w: &mut Weights, prefix: &str, experts: i32) -> Result<Self> {
         let name = format!("{prefix}.weight");
+        let spec = w.quant_spec(prefix)?;
         let weight = w.take(&name)?;
         if weight.ndim() != 3 || weight.shape()[0] != experts {
             bail!(
@@ -50,13 +52,16 @@ impl SwitchLinear {
                 weight.shape()
             );
         }
-        let weight = match w.quant_spec(prefix) {
-            Some(spec) => SwitchWeight::Quantized {
-                weight,
-                scales: w.take(&format!("{prefix}.scales"))?,
-                biases: w.take(&format!("{prefix}.biases"))?,
-                spec,
-            },
+        let weight = match spec {
+            Some(spec) => {
+                let (scales, biases) = w.take_quant_params(prefix, spec)?;
+                SwitchWeight::Quantized {
+                    weight,
+                    scales,
+                    biases,
+                    spec,
+                }
+            }
             None => SwitchWeight::Dense(weight),
         };
         let bias = w.take_opt(&format!("{prefix}.bias"))?;
@@ -88,17 +93,14 @@ impl SwitchLinear {
                 scales,
                 biases,
                 spec,
-            } => gather_qmm(
+            } => crate::mlx_ext::quant::gather_qmm(
                 x,
                 weight,
                 scales,
-                biases,
-                None,
+                biases.as_ref(),
                 indices,
-                true,
-                spec.group_size,
-                spec.bits,
                 sorted,
+                *spec,
             )?,
         };
         let y = match &self.bias {

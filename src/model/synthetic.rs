@@ -47,8 +47,10 @@ impl Model {
     ) -> Result<Self> {
         crate::mlx_ext::init_runtime();
         let dtype = crate::mlx_ext::compute_dtype(dtype);
-        let args: ModelArgs =
+        let mut args: ModelArgs =
             serde_json::from_value(config.clone()).context("synthetic model config")?;
+        args.resolve_quantization()
+            .context("synthetic model config")?;
         args.validate().context("synthetic model config")?;
         if args.model_type != "llama" {
             bail!("synthetic models have the llama layout only");
@@ -97,8 +99,7 @@ impl Model {
             tensors.insert(format!("{p}.post_attention_layernorm.weight"), ones.clone());
         }
         tensors.insert("model.norm.weight".into(), ones);
-        let quantization =
-            quant.map(|q| serde_json::json!({"group_size": q.group_size, "bits": q.bits}));
+        let quantization = quant.map(super::config::Quantization::uniform);
         let mut weights = Weights::from_map(tensors, quantization, dtype)?;
         Self::from_weights(&mut weights, args, &config, Path::new("<synthetic>"))
     }

@@ -7,7 +7,7 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use mlx_rs::{Array, Dtype};
 
-use super::config::ModelArgs;
+use super::config::{ModelArgs, QuantMode, Quantization};
 use super::layers::QuantSpec;
 use crate::mlx_ext::cast_float;
 
@@ -16,7 +16,7 @@ const MAX_HEADER_BYTES: u64 = 100 << 20;
 
 pub struct Weights {
     tensors: HashMap<String, Array>,
-    quantization: Option<serde_json::Value>,
+    quantization: Option<Quantization>,
     compute_dtype: Dtype,
 }
 
@@ -25,7 +25,7 @@ impl Weights {
     /// `compute_dtype`.
     pub(crate) fn load_dir(
         dir: &Path,
-        quantization: Option<serde_json::Value>,
+        quantization: Option<Quantization>,
         compute_dtype: Dtype,
     ) -> Result<Self> {
         let files = weight_files(dir)?;
@@ -41,7 +41,7 @@ impl Weights {
 
     pub(crate) fn from_map(
         tensors: HashMap<String, Array>,
-        quantization: Option<serde_json::Value>,
+        quantization: Option<Quantization>,
         compute_dtype: Dtype,
     ) -> Result<Self> {
         let tensors = tensors
@@ -101,53 +101,25 @@ impl Weights {
         Ok(())
     }
 
-    /// The quantization of the layer at `prefix`, if its weights are quantized.
-    pub(crate) fn quant_spec(&self, prefix: &str) -> Option<QuantSpec> {
-        if !self.tensors.contains_key(&format!("{prefix}.scales")) {
-            return None;
-        }
-        let q = self.quantization.as_ref();
-        let read = |v: &serde_json::Value| -> Option<QuantSpec> {
-            Some(QuantSpec {
-                group_size: v.get("group_size")?.as_i64()? as i32,
-                bits: v.get("bits")?.as_i64()? as i32,
-            })
-        };
-        q.and_then(|q| q.get(prefix).and_then(read))
-            .or_else(|| q.and_then(read))
-            .or_else(|| self.infer_spec(prefix))
+    /// The quantization of the layer at `prefix` (see `layer_quant_spec`).
+    pub(crate) fn quant_spec(&self, prefix: &str) -> Result<Option<QuantSpec>> {
+        layer_quant_spec(&self.tensors, self.quantization.as_ref(), prefix)
     }
 
-    /// Infers group size and bits from the packed shapes (group 32 or 64).
-    fn infer_spec(&self, prefix: &str) -> Option<QuantSpec> {
-        // The last axis: `[out, packed]`, or `[experts, out, packed]`.
-        let packed = *self
-            .tensors
-            .get(&format!("{prefix}.weight"))?
-            .shape()
-            .last()?;
-        let groups = *self
-            .tensors
-            .get(&format!("{prefix}.scales"))?
-            .shape()
-            .last()?;
-        if groups < 1 {
-            return None;
-        }
-        let (packed, groups) = (packed as i64, groups as i64);
-        for group_size in [64, 32, 128] {
-            let cols = groups * group_size;
-            if (packed * 32) % cols == 0 {
-                let bits = packed * 32 / cols;
-                if [2, 3, 4, 5, 6, 8].contains(&bits) {
-                    return Some(QuantSpec {
-                        group_size: group_size as i32,
-                        bits: bits as i32,
-                    });
-                }
-            }
-        }
-        None
+    /// Takes the `scales` of a quantized layer, and its `biases` when its
+    /// mode has them (an error naming the tensor when they are missing).
+    pub(crate) fn take_quant_params(
+        &mut self,
+        prefix: &str,
+        spec: QuantSpec,
+    ) -> Result<(Array, Option<Array>)> {
+        let scales = self.take(&format!("{prefix}.scales"))?;
+        let biases = if spec.mode.has_biases() {
+            Some(self.take(&format!("{prefix}.biases"))?)
+        } else {
+            None
+        };
+        Ok((scales, biases))
     }
 
     /// Names left unconsumed (a sign of a mismatched architecture).
@@ -268,31 +240,39 @@ impl Weights {
             }
             return Ok(());
         };
-        let biases_name = format!("{prefix}.biases");
-        let biases = self.tensors.get(&biases_name).ok_or_else(|| {
-            anyhow!("quantized weight {name:?} has scales but no {biases_name:?}")
-        })?;
         if weight.dtype() != Dtype::Uint32 {
             bail!(
                 "quantized weight {name:?} has dtype {:?}; packed weights are uint32",
                 weight.dtype()
             );
         }
-        if scales.shape() != biases.shape() || scales.ndim() != 2 {
-            bail!(
+        let spec = self.quant_spec(prefix)?.ok_or_else(|| {
+            anyhow!(
+                "cannot tell the quantization of {prefix:?}: packed {:?}, scales {:?} ({:?}), \
+                 and config.json gives no group_size/bits/mode that fits",
+                found,
+                scales.shape(),
+                scales.dtype()
+            )
+        })?;
+        let biases_name = format!("{prefix}.biases");
+        match self.tensors.get(&biases_name) {
+            Some(biases) if scales.shape() != biases.shape() => bail!(
                 "{scales_name:?} {:?} and {biases_name:?} {:?} must be matrices of one shape",
                 scales.shape(),
                 biases.shape()
+            ),
+            None if spec.mode.has_biases() => {
+                bail!("quantized weight {name:?} has scales but no {biases_name:?}")
+            }
+            _ => {}
+        }
+        if scales.ndim() != 2 {
+            bail!(
+                "{scales_name:?} has shape {:?}; scales are matrices",
+                scales.shape()
             );
         }
-        let spec = self.quant_spec(prefix).ok_or_else(|| {
-            anyhow!(
-                "cannot tell the quantization of {prefix:?}: packed {:?}, scales {:?}, and \
-                 config.json gives no group_size/bits for it",
-                found,
-                scales.shape()
-            )
-        })?;
         let cols = found[1] as i64 * 32 / spec.bits as i64;
         let rows = found[0];
         let groups = scales.shape()[1] as i64;
@@ -302,7 +282,8 @@ impl Weights {
             || groups * spec.group_size as i64 != cols
         {
             return Err(mismatch(format!(
-                "[{rows}, {cols}] once unpacked ({} bits, group {}; packed {found:?}, scales {:?})",
+                "[{rows}, {cols}] once unpacked ({} {} bits, group {}; packed {found:?}, scales {:?})",
+                spec.mode.name(),
                 spec.bits,
                 spec.group_size,
                 scales.shape()
@@ -310,6 +291,103 @@ impl Weights {
         }
         Ok(())
     }
+}
+
+/// The quantization of the layer at `prefix` among `tensors`, as mlx-lm's
+/// `load_model` decides it: the layer's own config.json entry, else (when
+/// it has `scales`) the model's spec if the packed shapes and scale dtype
+/// agree with it, else what they imply. None for a dense layer.
+pub(crate) fn layer_quant_spec(
+    tensors: &HashMap<String, Array>,
+    q: Option<&Quantization>,
+    prefix: &str,
+) -> Result<Option<QuantSpec>> {
+    let packed = tensors.contains_key(&format!("{prefix}.scales"));
+    if tensors.contains_key(&format!("{prefix}.global_scale")) {
+        bail!(
+            "{prefix:?} has a global_scale (nvfp4 with a per-tensor scale), which mlx-bun \
+             does not load yet"
+        );
+    }
+    match q.and_then(|q| q.named(prefix)) {
+        Some(Some(spec)) if packed => return Ok(Some(spec)),
+        Some(None) if packed => {
+            bail!("config.json leaves {prefix:?} unquantized (false), but its weights are packed")
+        }
+        Some(Some(spec)) if tensors.contains_key(&format!("{prefix}.weight")) => bail!(
+            "config.json quantizes {prefix:?} ({} bits, {}), but it has no {prefix}.scales",
+            spec.bits,
+            spec.mode.name()
+        ),
+        _ => {}
+    }
+    if !packed {
+        return Ok(None);
+    }
+    let default = q.map(|q| q.default);
+    if let Some(spec) = default.filter(|s| fits(tensors, prefix, *s)) {
+        return Ok(Some(spec));
+    }
+    Ok(infer_spec(tensors, prefix, default.map(|s| s.bits)))
+}
+
+/// Whether the packed weight and scales of `prefix` can be `spec`.
+fn fits(tensors: &HashMap<String, Array>, prefix: &str, spec: QuantSpec) -> bool {
+    let (Some(packed), Some(groups), Some(dtype)) = packed_shape(tensors, prefix) else {
+        return false;
+    };
+    let cols = packed as i64 * 32;
+    cols % spec.bits as i64 == 0
+        && cols / spec.bits as i64 == groups as i64 * spec.group_size as i64
+        && QuantMode::infer(dtype, spec.group_size, spec.bits) == Some(spec.mode)
+}
+
+/// Packed columns, scale groups and the scales' dtype of `prefix`.
+fn packed_shape(
+    tensors: &HashMap<String, Array>,
+    prefix: &str,
+) -> (Option<i32>, Option<i32>, Option<Dtype>) {
+    let last = |name: String| tensors.get(&name).and_then(|t| t.shape().last().copied());
+    let scales = tensors.get(&format!("{prefix}.scales"));
+    (
+        last(format!("{prefix}.weight")),
+        last(format!("{prefix}.scales")),
+        scales.map(|s| s.dtype()),
+    )
+}
+
+/// Infers the spec from the packed shapes (mlx-lm's `infer_quant_config`,
+/// without the input width: the config's bits first, then the others;
+/// group 64, 32, 128 for affine) and the mode from the scales' dtype.
+fn infer_spec(
+    tensors: &HashMap<String, Array>,
+    prefix: &str,
+    bits_first: Option<i32>,
+) -> Option<QuantSpec> {
+    let (Some(_), Some(groups), Some(dtype)) = packed_shape(tensors, prefix) else {
+        return None;
+    };
+    if groups < 1 {
+        return None;
+    }
+    let candidates: Vec<QuantSpec> = if dtype == Dtype::Uint8 {
+        [QuantMode::Mxfp4, QuantMode::Nvfp4, QuantMode::Mxfp8]
+            .into_iter()
+            .map(|m| {
+                let (g, b) = m.defaults();
+                QuantSpec {
+                    group_size: g,
+                    bits: b,
+                    mode: m,
+                }
+            })
+            .collect()
+    } else {
+        let bits = bits_first.into_iter().chain([2, 3, 4, 5, 6, 8]);
+        bits.flat_map(|b| [64, 32, 128].map(|g| QuantSpec::affine(g, b)))
+            .collect()
+    };
+    candidates.into_iter().find(|s| fits(tensors, prefix, *s))
 }
 
 /// The model's weight files in `dir` (`*.safetensors`, adapters excluded), sorted.

@@ -65,10 +65,7 @@ impl Default for DwqOptions {
         Self {
             teacher: PathBuf::new(),
             quantized_model: None,
-            spec: QuantSpec {
-                group_size: 64,
-                bits: 4,
-            },
+            spec: QuantSpec::affine(64, 4),
             data: String::new(),
             mlx_path: PathBuf::from("mlx_model"),
             num_samples: 2048,
@@ -396,7 +393,13 @@ fn tensor_mut<'m>(model: &'m mut Model, name: &str) -> Result<&'m mut Array> {
     };
     match (weight, leaf) {
         (Some(LinearWeight::Quantized { scales, .. }), "scales") => Ok(scales),
-        (Some(LinearWeight::Quantized { biases, .. }), "biases") => Ok(biases),
+        (
+            Some(LinearWeight::Quantized {
+                biases: Some(biases),
+                ..
+            }),
+            "biases",
+        ) => Ok(biases),
         _ => Err(missing()),
     }
 }

@@ -8,12 +8,16 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{anyhow, bail, Context, Result};
-use mlx_rs::ops::{dequantize, matmul, quantize};
+use mlx_rs::ops::matmul;
 use mlx_rs::{Array, Dtype};
 
 use crate::adapters;
+use crate::convert::quantize::quantize_with_mode;
+use crate::mlx_ext::cast_float;
+use crate::mlx_ext::quant::dequantize;
+use crate::model::config::Quantization;
 use crate::model::decoder::FeedForward;
-use crate::model::layers::QuantSpec;
+use crate::model::weights::layer_quant_spec;
 use crate::model::Model;
 use crate::train::lora::{Site, SiteKind};
 
@@ -43,8 +47,14 @@ pub fn fuse(
         &adapter_dir.join(adapters::WEIGHTS_FILE),
         None,
     )?;
-    let (_, mut config) = crate::model::read_config(model_dir)?;
-    let quantization = config.get("quantization").cloned();
+    let (args, mut config) = crate::model::read_config(model_dir)?;
+    let quantization = args.quantization;
+    // The dtype a float-mode layer dequantizes to (its scales are 8-bit).
+    let float_dtype = args
+        .torch_dtype
+        .as_deref()
+        .and_then(crate::mlx_ext::parse_dtype)
+        .unwrap_or(Dtype::Float32);
     let mut tensors = read_tensors(model_dir)?;
 
     for (site, ab) in layout.sites.iter().zip(params.chunks(2)) {
@@ -55,28 +65,15 @@ pub fn fuse(
                 stack_experts(&mut tensors, &experts, &prefix, count)?;
             }
         }
-        let base = tensors
-            .remove(&wkey)
-            .ok_or_else(|| anyhow!("the model has no tensor {wkey}"))?;
-        let quant = tensors.contains_key(&format!("{prefix}.scales"));
-        let (dense, dtype, spec) = if quant {
-            let spec = quant_spec(quantization.as_ref(), &prefix).ok_or_else(|| {
-                anyhow!("{prefix} is quantized but config.json has no quantization")
-            })?;
-            let scales = tensors
-                .remove(&format!("{prefix}.scales"))
-                .expect("checked");
-            let biases = tensors
-                .remove(&format!("{prefix}.biases"))
-                .ok_or_else(|| anyhow!("{prefix} has scales but no biases"))?;
-            let dtype = scales.dtype();
-            let w = dequantize(
-                &base,
-                scales.as_dtype(Dtype::Float32)?,
-                &biases.as_dtype(Dtype::Float32)?,
-                spec.group_size,
-                spec.bits,
-            )?;
+        if !tensors.contains_key(&wkey) {
+            bail!("the model has no tensor {wkey}");
+        }
+        let spec = layer_quant_spec(&tensors, quantization.as_ref(), &prefix)?;
+        let base = tensors.remove(&wkey).expect("checked above");
+        let (dense, dtype, spec) = if let Some(spec) = spec {
+            let (scales, biases) = take_quant_params(&mut tensors, &prefix, spec.mode)?;
+            let dtype = biases.as_ref().map_or(float_dtype, Array::dtype);
+            let w = dequantize(&base, &float_scales(scales)?, biases.as_ref(), spec)?;
             (w, dtype, Some(spec))
         } else {
             let dtype = base.dtype();
@@ -94,10 +91,16 @@ pub fn fuse(
         let fused = &dense + &delta;
         match spec {
             Some(spec) if !dequantize_all => {
-                let (w, s, b) = quantize(&fused, spec.group_size, spec.bits)?;
+                let parts = quantize_with_mode(&fused, spec.group_size, spec.bits, spec.mode)?;
+                let mut parts = parts.into_iter();
+                let (Some(w), Some(s)) = (parts.next(), parts.next()) else {
+                    bail!("quantizing {prefix} gave no scales");
+                };
                 tensors.insert(wkey, w);
-                tensors.insert(format!("{prefix}.scales"), s.as_dtype(dtype)?);
-                tensors.insert(format!("{prefix}.biases"), b.as_dtype(dtype)?);
+                tensors.insert(format!("{prefix}.scales"), cast_float(s, dtype)?);
+                if let Some(b) = parts.next() {
+                    tensors.insert(format!("{prefix}.biases"), b.as_dtype(dtype)?);
+                }
             }
             _ => {
                 tensors.insert(wkey, fused.as_dtype(dtype)?);
@@ -107,7 +110,7 @@ pub fn fuse(
 
     drop(model);
     if dequantize_all {
-        dequantize_rest(&mut tensors, quantization.as_ref())?;
+        dequantize_rest(&mut tensors, quantization.as_ref(), float_dtype)?;
         if let Some(obj) = config.as_object_mut() {
             obj.remove("quantization");
             obj.remove("quantization_config");
@@ -168,40 +171,53 @@ fn stack_experts(
     Ok(())
 }
 
-/// The affine quantization of `prefix` from the config's `quantization`.
-fn quant_spec(q: Option<&serde_json::Value>, prefix: &str) -> Option<QuantSpec> {
-    let read = |v: &serde_json::Value| -> Option<QuantSpec> {
-        Some(QuantSpec {
-            group_size: v.get("group_size")?.as_i64()? as i32,
-            bits: v.get("bits")?.as_i64()? as i32,
-        })
+/// Takes the scales (and, in affine mode, the biases) of `prefix`.
+fn take_quant_params(
+    tensors: &mut HashMap<String, Array>,
+    prefix: &str,
+    mode: crate::model::config::QuantMode,
+) -> Result<(Array, Option<Array>)> {
+    let scales = tensors
+        .remove(&format!("{prefix}.scales"))
+        .ok_or_else(|| anyhow!("{prefix} has no scales"))?;
+    let biases = if mode.has_biases() {
+        Some(
+            tensors
+                .remove(&format!("{prefix}.biases"))
+                .ok_or_else(|| anyhow!("{prefix} has scales but no biases"))?,
+        )
+    } else {
+        None
     };
-    let q = q?;
-    match q.get(prefix) {
-        Some(v) if v.is_object() => read(v),
-        _ => read(q),
-    }
+    Ok((scales, biases))
 }
 
+/// Affine scales in float32 (dequantizing in float32 keeps float16 scales
+/// from rounding the result); the 8-bit scales of the float modes as they are.
+fn float_scales(scales: Array) -> Result<Array> {
+    cast_float(scales, Dtype::Float32)
+}
+
+/// Every layer still quantized, dequantized into the dtype of its biases
+/// (`float_dtype` for the float modes).
 fn dequantize_rest(
     tensors: &mut HashMap<String, Array>,
-    quantization: Option<&serde_json::Value>,
+    quantization: Option<&Quantization>,
+    float_dtype: Dtype,
 ) -> Result<()> {
     let prefixes: Vec<String> = tensors
         .keys()
         .filter_map(|k| k.strip_suffix(".scales").map(String::from))
         .collect();
     for prefix in prefixes {
-        let spec = quant_spec(quantization, &prefix)
-            .ok_or_else(|| anyhow!("{prefix} is quantized but config.json has no quantization"))?;
-        let w = tensors.remove(&format!("{prefix}.weight"));
-        let s = tensors.remove(&format!("{prefix}.scales"));
-        let b = tensors.remove(&format!("{prefix}.biases"));
-        let (Some(w), Some(s), Some(b)) = (w, s, b) else {
-            bail!("{prefix}: incomplete quantized tensor (weight, scales, biases)");
-        };
-        let dtype = s.dtype();
-        let dense = dequantize(&w, &s, &b, spec.group_size, spec.bits)?;
+        let spec = layer_quant_spec(tensors, quantization, &prefix)?
+            .ok_or_else(|| anyhow!("cannot tell how {prefix} is quantized"))?;
+        let w = tensors
+            .remove(&format!("{prefix}.weight"))
+            .ok_or_else(|| anyhow!("{prefix}: incomplete quantized tensor (no weight)"))?;
+        let (s, b) = take_quant_params(tensors, &prefix, spec.mode)?;
+        let dtype = b.as_ref().map_or(float_dtype, Array::dtype);
+        let dense = dequantize(&w, &float_scales(s)?, b.as_ref(), spec)?;
         tensors.insert(format!("{prefix}.weight"), dense.as_dtype(dtype)?);
     }
     Ok(())
