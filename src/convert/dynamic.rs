@@ -530,6 +530,13 @@ impl Inventory {
             let tensors = Array::load_safetensors(&file)
                 .map_err(|e| anyhow!("opening {}: {e}", file.display()))?;
             for (name, a) in tensors {
+                if name.ends_with(".scales") {
+                    bail!(
+                        "{} is already quantized ({name}); dynamic quantization starts from a \
+                         float checkpoint",
+                        dir.display()
+                    );
+                }
                 if !family.keeps(&name, tied) {
                     continue;
                 }
