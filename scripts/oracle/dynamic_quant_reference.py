@@ -13,7 +13,8 @@ Usage:
   python dynamic_quant_reference.py run MODEL TEXT OUT_DIR SENSITIVITIES_JSON [flags...]
       mlx_lm.dynamic_quant's steps (its functions) on TEXT; flags: dynamic_quant's
       --target-bpw --low-bits --low-group-size --high-bits --high-group-size --seed,
-      plus --num-samples and --sequence-length (load_data's arguments);
+      plus --num-samples and --sequence-length (load_data's arguments) and
+      --sensitivities FILE (read instead of estimated, as dynamic_quant's flag);
       prints the threshold, bits per weight and perplexities as JSON
   python dynamic_quant_reference.py load MODEL
       loads MODEL with mlx-lm, prints {"tokens": [...], "bits": {layer: bits}} as JSON
@@ -99,6 +100,7 @@ def run(model_path, text, out, sens_path, flags):
     p.add_argument("--seed", type=int, default=123)
     p.add_argument("--num-samples", type=int, default=-1)
     p.add_argument("--sequence-length", type=int, default=512)
+    p.add_argument("--sensitivities", default=None, help="read instead of estimating")
     args = p.parse_args(flags)
 
     home = tempfile.mkdtemp()
@@ -111,14 +113,18 @@ def run(model_path, text, out, sens_path, flags):
         started = time.time()
         mx.random.seed(args.seed)
         data = load_data(tokenizer, args.num_samples, args.sequence_length)
-        sensitivities = dq.estimate_sensitivities(
-            model, data, args.low_bits, args.low_group_size, args.high_bits, args.high_group_size
-        )
+        if args.sensitivities is None:
+            sensitivities = dq.estimate_sensitivities(
+                model, data, args.low_bits, args.low_group_size, args.high_bits, args.high_group_size
+            )
+            with open(sens_path, "w") as fid:
+                json.dump(sensitivities, fid)
+        else:
+            with open(args.sensitivities) as fid:
+                sensitivities = json.load(fid)
         sens_seconds = time.time() - started
     finally:
         shutil.rmtree(home)
-    with open(sens_path, "w") as fid:
-        json.dump(sensitivities, fid)
     sensitivities = dict(sensitivities)
     original_ppl = dq.eval_ppl(model, data)
     threshold = dq.estimate_threshold(
