@@ -12,10 +12,10 @@
 //! (mlx-lm's `compute_bits_per_weight`), and the folder is written by
 //! `convert` with the high layers named in the config's `quantization`.
 //!
-//! The same first-order terms predict the quantized model's perplexity: the
-//! KL of the all-low model minus the gains of the layers moved up, added to
-//! the unquantized model's cross-entropy. The measured perplexity of the
-//! written model on the same text is reported beside it.
+//! The same gradients predict the quantized model's perplexity (see
+//! `predicted_kl`): the unquantized model's cross-entropy plus the predicted
+//! KL. The measured perplexity of the written model on the same text is
+//! reported beside it.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -111,6 +111,9 @@ pub struct Sensitivities {
     pub layers: Vec<(String, f64)>,
     /// Mean KL of the all-low-bit model to the original, per token.
     pub kl_low: Option<f64>,
+    /// Per layer, `g · (W_low − W)`: twice its share of the KL under a
+    /// quadratic model of the KL around the original weights.
+    pub kl_terms: BTreeMap<String, f64>,
     /// Mean next-token cross-entropy of the original model on the rows.
     pub original_loss: Option<f64>,
 }
@@ -428,17 +431,21 @@ pub fn estimate_sensitivities(
     }
     let n_batches = batches.len() as f32;
     let mut layers = Vec::with_capacity(names.len());
+    let mut kl_terms = BTreeMap::new();
     for (((name, g), wl), w) in names.iter().zip(&accum).zip(&low).zip(&original) {
         let g = g / n_batches;
         let high = qdq(w, opts.high)?;
         let param_size = (w.size() as f64 / 1e6) as f32;
         let alignment = (&g * &(wl - &high)).sum(None)?;
         let s = &alignment / param_size;
-        s.eval()?;
+        let term = (&g * &(wl - w)).sum(None)?;
+        eval([&s, &term])?;
         layers.push((name.clone(), s.item_cast::<f32>() as f64));
+        kl_terms.insert(name.clone(), term.item_cast::<f32>() as f64);
     }
     Ok(Sensitivities {
         layers,
+        kl_terms,
         kl_low: Some(kl_sum / rows.len() as f64),
         original_loss: Some(ce_sum / ce_n.max(1) as f64),
     })
@@ -465,6 +472,7 @@ pub fn read_sensitivities(path: &Path) -> Result<Sensitivities> {
     }
     Ok(Sensitivities {
         layers,
+        kl_terms: BTreeMap::new(),
         kl_low: None,
         original_loss: None,
     })
@@ -709,17 +717,9 @@ pub fn run(
         None => mean_loss(&model, &rows, "perplexity (original)", on_event)?,
     };
     drop(model);
-    // The first-order prediction: the all-low KL less the gains of the
-    // layers moved up (sensitivity × millions of weights), never below 0.
-    let predicted_perplexity = sens.kl_low.map(|kl_low| {
-        let gain: f64 = inv
-            .layers
-            .iter()
-            .filter(|(n, _, _)| overrides.contains_key(n))
-            .map(|(n, (r, c), _)| map[n] * (r * c) as f64 / 1e6)
-            .sum();
-        (original_loss + (kl_low - gain).max(0.0)).exp()
-    });
+    let predicted_perplexity = sens
+        .kl_low
+        .map(|kl_low| (original_loss + predicted_kl(&sens, kl_low, &overrides, opts)).exp());
 
     let convert = hf::convert_with_overrides(
         dir,
@@ -759,6 +759,31 @@ pub fn run(
         seconds: started.elapsed().as_secs_f64(),
         convert,
     })
+}
+
+/// The KL of the written model to the original, predicted from the
+/// estimate: under a quadratic model of the KL around the original weights
+/// (`KL ≈ ½ δᵀHδ`, `g = Hδ` at the all-low point), layer `l` holds a share
+/// proportional to `g_l · δ_l`; quantization noise shrinks about 2× per
+/// extra bit, so a layer moved up keeps `4^-(high − low)` of its share. The
+/// shares are scaled to the measured all-low KL.
+fn predicted_kl(
+    sens: &Sensitivities,
+    kl_low: f64,
+    high: &LayerOverrides,
+    opts: &DynamicOptions,
+) -> f64 {
+    let shrink = 0.25f64.powi(opts.high.bits - opts.low.bits);
+    let total: f64 = sens.kl_terms.values().map(|t| t.max(0.0)).sum();
+    if total <= 0.0 {
+        return kl_low;
+    }
+    let kept: f64 = sens
+        .kl_terms
+        .iter()
+        .map(|(n, t)| t.max(0.0) * if high.contains_key(n) { shrink } else { 1.0 })
+        .sum();
+    kl_low * kept / total
 }
 
 /// Mean next-token loss of `model` on `rows` (mlx-lm's `eval_ppl`, batches of 8).
