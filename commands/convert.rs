@@ -273,6 +273,9 @@ fn run_dynamic(args: &Args, spec: &str, dtype: Option<mlx_rs::Dtype>) -> Result<
     let summary = dynamic::run(&dir, &opts, &mut |e| {
         match e {
             Event::Phase { name, total } => {
+                if tensors.length().unwrap_or(0) > 0 && !tensors.is_finished() {
+                    tensors.finish_and_clear();
+                }
                 if let Some(old) = phase.replace(phase_bar(name, total)) {
                     old.finish_and_clear();
                 }
