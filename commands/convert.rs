@@ -54,6 +54,56 @@ pub struct Args {
     /// Upload the result to this Hub repo (user/name) once converted.
     #[arg(long)]
     upload_repo: Option<String>,
+    #[command(flatten)]
+    dynamic: DynamicArgs,
+}
+
+/// Dynamic quantization (as `mlx_lm.dynamic_quant`): per-layer bit widths
+/// chosen from sensitivities on calibration text to meet --target-bpw.
+#[derive(clap::Args)]
+struct DynamicArgs {
+    /// Quantize each layer to --low-bits or --high-bits, by its sensitivity on
+    /// calibration text, so that the model averages at most this many bits per weight.
+    #[arg(long, conflicts_with_all = ["quantize", "dequantize", "gguf", "quant_predicate", "q_bits", "q_group_size"])]
+    target_bpw: Option<f64>,
+    /// Bits of the less sensitive layers (--target-bpw).
+    #[arg(long, default_value_t = 4, requires = "target_bpw")]
+    low_bits: i32,
+    /// Group size of the less sensitive layers (--target-bpw).
+    #[arg(long, default_value_t = 64, requires = "target_bpw")]
+    low_group_size: i32,
+    /// Bits of the more sensitive layers (--target-bpw).
+    #[arg(long, default_value_t = 5, requires = "target_bpw")]
+    high_bits: i32,
+    /// Group size of the more sensitive layers (--target-bpw).
+    #[arg(long, default_value_t = 64, requires = "target_bpw")]
+    high_group_size: i32,
+    /// Calibration text for --target-bpw: a text or JSONL file, or a folder of them
+    /// (default: mlx-lm's ~/.cache/mlx-lm/calibration_v5.txt when present).
+    #[arg(long, requires = "target_bpw")]
+    data: Option<String>,
+    /// Read pre-computed sensitivities (mlx-lm's JSON list) instead of estimating them.
+    #[arg(long, requires = "target_bpw")]
+    sensitivities: Option<PathBuf>,
+    /// Where estimated sensitivities are saved (default: <model>_sensitivities.json
+    /// in the current folder, as mlx-lm names it).
+    #[arg(long, requires = "target_bpw", conflicts_with = "sensitivities")]
+    save_sensitivities: Option<PathBuf>,
+    /// Seed of the calibration rows' shuffle.
+    #[arg(long, default_value_t = 123, requires = "target_bpw")]
+    seed: u64,
+    /// Tokens per calibration row.
+    #[arg(long, default_value_t = 512, requires = "target_bpw")]
+    sequence_length: usize,
+    /// Calibration rows to use (default: all of the text).
+    #[arg(long, requires = "target_bpw")]
+    num_samples: Option<usize>,
+    /// Calibration rows per gradient batch.
+    #[arg(long, default_value_t = 4, requires = "target_bpw")]
+    batch_size: usize,
+    /// Dtype the sensitivity gradients are summed in.
+    #[arg(long, default_value = "float32", value_parser = ["float32", "bfloat16"], requires = "target_bpw")]
+    accumulation_dtype: String,
 }
 
 fn parse_dtype_flag(name: &str) -> Result<mlx_rs::Dtype> {
@@ -68,6 +118,7 @@ pub fn run(args: Args) -> Result<()> {
         mlx_bun::upload::validate_repo_id(repo)?;
     }
     let output = match (&args.gguf, &args.hf_path) {
+        (None, Some(spec)) if args.dynamic.target_bpw.is_some() => run_dynamic(&args, spec, dtype)?,
         (Some(gguf), _) => run_gguf(&args, gguf, dtype)?,
         (None, Some(spec)) => run_hf(&args, spec, dtype)?,
         (None, None) => bail!("give --hf-path MODEL or --gguf FILE"),
@@ -179,4 +230,131 @@ fn run_hf(args: &Args, spec: &str, dtype: Option<mlx_rs::Dtype>) -> Result<PathB
         quantization
     );
     Ok(summary.output)
+}
+
+fn run_dynamic(args: &Args, spec: &str, dtype: Option<mlx_rs::Dtype>) -> Result<PathBuf> {
+    use mlx_bun::convert::dynamic::{self, DynamicOptions, Event};
+    let d = &args.dynamic;
+    convert::output::require_absent(&args.mlx_path)?;
+    let (dir, base_model) = mlx_bun::hub::resolve_source(spec)?;
+    let save_sensitivities = match (&d.sensitivities, &d.save_sensitivities) {
+        (Some(_), _) => None,
+        (None, Some(p)) => Some(p.clone()),
+        (None, None) => Some(PathBuf::from(format!(
+            "{}_sensitivities.json",
+            spec.replace('/', "_")
+        ))),
+    };
+    let opts = DynamicOptions {
+        output: args.mlx_path.clone(),
+        target_bpw: d.target_bpw.expect("checked by the caller"),
+        low: QuantSpec {
+            group_size: d.low_group_size,
+            bits: d.low_bits,
+        },
+        high: QuantSpec {
+            group_size: d.high_group_size,
+            bits: d.high_bits,
+        },
+        data: d.data.clone(),
+        sequence_length: d.sequence_length,
+        num_samples: d.num_samples,
+        batch_size: d.batch_size,
+        seed: d.seed,
+        sensitivities: d.sensitivities.clone(),
+        save_sensitivities: save_sensitivities.clone(),
+        accumulation_dtype: parse_dtype_flag(&d.accumulation_dtype)?,
+        dtype,
+        base_model,
+    };
+    opts.validate()?;
+    let mut phase: Option<indicatif::ProgressBar> = None;
+    let tensors = crate::progress::tensor_bar("writing");
+    let summary = dynamic::run(&dir, &opts, &mut |e| {
+        match e {
+            Event::Phase { name, total } => {
+                if tensors.length().unwrap_or(0) > 0 && !tensors.is_finished() {
+                    tensors.finish_and_clear();
+                }
+                if let Some(old) = phase.replace(phase_bar(name, total)) {
+                    old.finish_and_clear();
+                }
+            }
+            Event::Progress { done } => {
+                if let Some(bar) = &phase {
+                    bar.set_position(done as u64);
+                }
+            }
+            Event::Convert(e) => {
+                if let Some(old) = phase.take() {
+                    old.finish_and_clear();
+                }
+                crate::progress::advance(&tensors, e);
+            }
+        }
+        Ok(())
+    });
+    if let Some(bar) = phase {
+        bar.finish_and_clear();
+    }
+    tensors.finish_and_clear();
+    let summary = summary?;
+    if let (None, Some(p)) = (&d.sensitivities, &save_sensitivities) {
+        eprintln!(
+            "sensitivities of {} rows x {} tokens saved to {} ({:.1} s)",
+            summary.rows,
+            summary.sequence_length,
+            p.display(),
+            summary.sensitivity_seconds
+        );
+    }
+    if summary.threshold_raised {
+        eprintln!(
+            "note: mlx-lm's threshold would exceed the target; raised to the next layer's sensitivity"
+        );
+    }
+    eprintln!(
+        "threshold {:.6}: {} layers at {} bits (group {}), {} at {} bits (group {})",
+        summary.threshold,
+        summary.high_layers.len(),
+        d.high_bits,
+        d.high_group_size,
+        summary.low_layers,
+        d.low_bits,
+        d.low_group_size
+    );
+    eprintln!(
+        "bits per weight: {:.4} (target {})",
+        summary.bits_per_weight, summary.target_bpw
+    );
+    let predicted = summary
+        .predicted_perplexity
+        .map_or("n/a (sensitivities from a file)".to_string(), |p| {
+            format!("{p:.3}")
+        });
+    eprintln!(
+        "perplexity on the calibration rows: original {:.3}, predicted {predicted}, quantized {:.3}",
+        summary.original_perplexity, summary.quantized_perplexity
+    );
+    eprintln!(
+        "wrote {}: {} tensors in {} file(s), {:.1} MB ({:.1} s)",
+        summary.output.display(),
+        summary.convert.tensors,
+        summary.convert.shards,
+        summary.convert.bytes as f64 / 1e6,
+        summary.seconds
+    );
+    Ok(summary.output)
+}
+
+/// A counting bar for one phase of dynamic quantization.
+fn phase_bar(name: &str, total: usize) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new(total as u64);
+    if let Ok(style) =
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} ({elapsed})")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_prefix(name.to_string());
+    bar
 }

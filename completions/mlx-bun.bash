@@ -594,7 +594,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__convert)
-            opts="-m -o -d -q -h --model --hf-path --gguf --output --mlx-path --dtype --dequantize --quantize --q-bits --q-group-size --q-mode --quant-predicate --upload-repo --help"
+            opts="-m -o -d -q -h --model --hf-path --gguf --output --mlx-path --dtype --dequantize --quantize --q-bits --q-group-size --q-mode --quant-predicate --upload-repo --target-bpw --low-bits --low-group-size --high-bits --high-group-size --data --sensitivities --save-sensitivities --seed --sequence-length --num-samples --batch-size --accumulation-dtype --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -650,6 +650,58 @@ _mlx__bun() {
                     ;;
                 --upload-repo)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --target-bpw)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --low-bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --low-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --high-bits)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --high-group-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --data)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sensitivities)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --save-sensitivities)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --sequence-length)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-samples)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --accumulation-dtype)
+                    COMPREPLY=($(compgen -W "float32 bfloat16" -- "${cur}"))
                     return 0
                     ;;
                 *)

@@ -157,6 +157,20 @@ mixed_3_4\t''
 mixed_3_6\t''
 mixed_4_6\t''"
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l upload-repo -d 'Upload the result to this Hub repo (user/name) once converted' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l target-bpw -d 'Quantize each layer to --low-bits or --high-bits, by its sensitivity on calibration text, so that the model averages at most this many bits per weight' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l low-bits -d 'Bits of the less sensitive layers (--target-bpw)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l low-group-size -d 'Group size of the less sensitive layers (--target-bpw)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l high-bits -d 'Bits of the more sensitive layers (--target-bpw)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l high-group-size -d 'Group size of the more sensitive layers (--target-bpw)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l data -d 'Calibration text for --target-bpw: a text or JSONL file, or a folder of them (default: mlx-lm\'s ~/.cache/mlx-lm/calibration_v5.txt when present)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l sensitivities -d 'Read pre-computed sensitivities (mlx-lm\'s JSON list) instead of estimating them' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l save-sensitivities -d 'Where estimated sensitivities are saved (default: <model>_sensitivities.json in the current folder, as mlx-lm names it)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l seed -d 'Seed of the calibration rows\' shuffle' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l sequence-length -d 'Tokens per calibration row' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l num-samples -d 'Calibration rows to use (default: all of the text)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l batch-size -d 'Calibration rows per gradient batch' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -l accumulation-dtype -d 'Dtype the sensitivity gradients are summed in' -r -f -a "float32\t''
+bfloat16\t''"
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s d -l dequantize -d 'Store every quantized layer as a dense weight'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s q -l quantize -d 'Quantize every linear layer and the embedding'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s h -l help -d 'Print help'

@@ -412,7 +412,7 @@ struct Plan {
     quantization: Option<Map<String, Value>>,
 }
 
-fn plan(source: &Source, opts: &HfOptions) -> Result<Plan> {
+fn plan(source: &Source, opts: &HfOptions, overrides: &LayerOverrides) -> Result<Plan> {
     let tied = source.family.tied(&Value::Object(source.config.clone()))?;
     let mut names: Vec<String> = source
         .tensors
@@ -446,9 +446,27 @@ fn plan(source: &Source, opts: &HfOptions) -> Result<Plan> {
                 });
             match layer {
                 Some((prefix, (q, named))) => {
-                    if named {
-                        entry.insert(prefix.clone(), q.json());
-                    }
+                    // mlx-lm records a layer its predicate gave parameters
+                    // as exactly those parameters (no mode).
+                    let q = match overrides.get(&prefix) {
+                        Some(&(group_size, bits)) => {
+                            entry.insert(
+                                prefix.clone(),
+                                json!({"bits": bits, "group_size": group_size}),
+                            );
+                            LayerQuant {
+                                mode: QuantMode::Affine,
+                                group_size,
+                                bits,
+                            }
+                        }
+                        None => {
+                            if named {
+                                entry.insert(prefix.clone(), q.json());
+                            }
+                            q
+                        }
+                    };
                     units.push(Unit::Quantize(prefix, q));
                 }
                 None => units.push(Unit::Plain(name)),
@@ -567,8 +585,22 @@ fn unit_outputs(
     })
 }
 
+/// Affine `(group_size, bits)` by layer prefix, overriding the recipe for
+/// those layers (dynamic quantization's high-precision layers).
+pub type LayerOverrides = BTreeMap<String, (i32, i32)>;
+
 /// Converts the model folder `dir` into `opts.output`.
 pub fn convert(dir: &Path, opts: &HfOptions, report: &mut dyn FnMut(Event)) -> Result<HfSummary> {
+    convert_with_overrides(dir, opts, &LayerOverrides::new(), report)
+}
+
+/// `convert`, with some layers quantized as `overrides` says.
+pub(crate) fn convert_with_overrides(
+    dir: &Path,
+    opts: &HfOptions,
+    overrides: &LayerOverrides,
+    report: &mut dyn FnMut(Event),
+) -> Result<HfSummary> {
     if opts.dequantize && opts.quantize.is_some() {
         bail!("-d/--dequantize and -q/--quantize exclude each other");
     }
@@ -578,7 +610,7 @@ pub fn convert(dir: &Path, opts: &HfOptions, report: &mut dyn FnMut(Event)) -> R
     output::require_absent(&opts.output)?;
     let mut source = Source::open(dir)?;
     let dtype = source.target_dtype(opts.dtype);
-    let plan = plan(&source, opts)?;
+    let plan = plan(&source, opts, overrides)?;
 
     // Shapes and dtypes first (lazy graphs, nothing computed), for the headers.
     let mut infos = Vec::with_capacity(plan.units.len());

@@ -3,6 +3,7 @@
 //! a quantized, dequantized or re-typed mlx-lm copy (`hf`).
 
 pub mod card;
+pub mod dynamic;
 pub mod family;
 pub mod gguf;
 pub mod gguf_llama;
