@@ -248,14 +248,8 @@ fn run_dynamic(args: &Args, spec: &str, dtype: Option<mlx_rs::Dtype>) -> Result<
     let opts = DynamicOptions {
         output: args.mlx_path.clone(),
         target_bpw: d.target_bpw.expect("checked by the caller"),
-        low: QuantSpec {
-            group_size: d.low_group_size,
-            bits: d.low_bits,
-        },
-        high: QuantSpec {
-            group_size: d.high_group_size,
-            bits: d.high_bits,
-        },
+        low: QuantSpec::affine(d.low_group_size, d.low_bits),
+        high: QuantSpec::affine(d.high_group_size, d.high_bits),
         data: d.data.clone(),
         sequence_length: d.sequence_length,
         num_samples: d.num_samples,

@@ -71,14 +71,8 @@ impl Default for DynamicOptions {
         Self {
             output: PathBuf::from("mlx_model"),
             target_bpw: 5.0,
-            low: QuantSpec {
-                group_size: 64,
-                bits: 4,
-            },
-            high: QuantSpec {
-                group_size: 64,
-                bits: 5,
-            },
+            low: QuantSpec::affine(64, 4),
+            high: QuantSpec::affine(64, 5),
             data: None,
             sequence_length: 512,
             num_samples: None,
