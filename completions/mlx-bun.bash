@@ -870,7 +870,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__evaluate)
-            opts="-m -h --model --tasks --task-dir --num-shots --limit --max-tokens --batch-size --json --db --no-db --help"
+            opts="-m -h --model --tasks --task-dir --num-shots --seed --limit --max-tokens --batch-size --json --db --no-db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -893,6 +893,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 --num-shots)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --seed)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

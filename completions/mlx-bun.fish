@@ -139,7 +139,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-group-size 
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache -d 'Folder of the prompt cache\'s tier on disk: finished requests\' KV caches are written there and restored after a restart' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache-max -d 'Size cap of --ssd-cache in GiB (least recently used entries go first)' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l pipeline -d 'Pipeline parallel under `mlx-bun launch` (sharded serving is not supported yet: see docs/distributed.md)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l pipeline -d 'Under `mlx-bun launch` with several ranks: split the layers across ranks (pipeline parallel) instead of the heads and MLP columns'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allow-any-model -d 'Requests may name any local model folder or cached Hub repo id'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l hf-path -l model -d 'A Hugging Face model: a local folder (Hugging Face or mlx-lm layout) or a Hub repo id' -r
@@ -197,7 +197,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_se
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-scale -d 'LoRA scale (the update is scale·x·A·B). Default 20' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-alpha -d 'LoRA alpha; sets scale = alpha / rank' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-dropout -d 'Dropout on the adapter input' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-keys -d 'Linear layers to adapt, comma-separated (e.g. self_attn.q_proj,self_attn.v_proj). Default: every linear layer of the block' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l lora-keys -d 'Layers to adapt, comma-separated, by mlx-lm\'s names (e.g. self_attn.q_proj,self_attn.v_proj; Phi-3: self_attn.qkv_proj; MoE experts: mlp.switch_mlp.gate_proj). Default: every linear layer of the block and every expert projection, as mlx-lm' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l batch-size -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l iters -d 'Training iterations' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l learning-rate -r
@@ -328,7 +328,8 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Pr
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l tasks -d 'Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu (multiple choice), wikitext (rolling log-likelihood), gsm8k (generation); each read from <task-dir>/<task>.jsonl, or TASK=FILE' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l task-dir -d 'Folder of the task files' -r -F
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l num-shots -d 'Solved examples before each question (the first other items of the file)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l num-shots -d 'Solved examples before each question, drawn from the task file as lm-evaluation-harness draws them (MMLU: the first others of its subject)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l seed -d 'Seed of the few-shot sampler (Python\'s `random.Random`, as mlx_lm.evaluate)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l limit -d 'Score at most this many items per task' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l max-tokens -d 'Most tokens generated per answer in generation tasks (gsm8k)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l batch-size -d 'Accepted for mlx-lm compatibility; log-likelihood requests are scored one continuation at a time on the shared context\'s cache' -r
