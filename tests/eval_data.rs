@@ -195,6 +195,22 @@ fn perplexity_of_a_hub_parquet_dataset_equals_the_local_text() {
             assert_eq!(got[key], want[key], "{repo}: {key}");
         }
     }
+    // A chat dataset on the Hub gives what the same local file gives.
+    let chat = repo_root().join("tests/data/eval/ppl_chat.jsonl");
+    served.lock().unwrap().insert(
+        hub::dataset_key("org/ppl-chat"),
+        files(&[("data/train.jsonl", std::fs::read(&chat).unwrap())]),
+    );
+    let want = json_of(&perplexity(chat.to_str().unwrap(), &base, &home));
+    let got = json_of(&perplexity("org/ppl-chat", &base, &home));
+    eprintln!(
+        "org/ppl-chat: perplexity {} (local file {})",
+        got["perplexity"], want["perplexity"]
+    );
+    assert_eq!(got["rows"], 4);
+    for key in ["perplexity", "standard_error", "mean_loss", "tokens"] {
+        assert_eq!(got[key], want[key], "org/ppl-chat: {key}");
+    }
     let log = log.lock().unwrap().clone();
     assert!(
         log.iter()
@@ -251,7 +267,7 @@ fn hub_dataset_errors_are_clear() {
         ),
         (
             "org/chat",
-            "train.parquet row 0: no field \"messages\" holding a list",
+            "train.parquet row 1: no field \"messages\" holding a list",
         ),
         (
             "org/test-only",
