@@ -14,8 +14,9 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded model).
     #[arg(long, short)]
     model: Option<String>,
-    /// Text to score: a plain-text file (one document), a JSONL file (its
-    /// `text` fields), a folder of such files, or a Hugging Face dataset id.
+    /// Data to score: a plain-text file (one document), a JSONL or parquet
+    /// file (text, chat `messages` or `prompt`/`completion` rows), a folder
+    /// of such files, or a Hugging Face dataset id.
     #[arg(long, visible_alias = "data")]
     data_path: String,
     /// Tokens per row.
@@ -27,9 +28,9 @@ pub struct Args {
     /// Rows per forward pass.
     #[arg(long, default_value_t = 8, value_parser = crate::validate::at_least_one)]
     batch_size: usize,
-    /// Seed of the document order.
+    /// Seed of the document order (numpy's, as mlx_lm.perplexity).
     #[arg(long, default_value_t = 123)]
-    seed: u64,
+    seed: u32,
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
@@ -49,14 +50,14 @@ pub fn run(a: Args) -> Result<()> {
     };
     let model_dir = crate::model_arg::resolve(a.model.as_deref())?;
     let tok = Tokenizer::load(&model_dir)?;
-    let docs = mlx_bun::eval::data::load_documents(&a.data_path)?;
+    let records = mlx_bun::eval::data::load_records(&a.data_path)?;
     let rows = token_rows(
         &tok,
-        &docs,
+        &records,
         &RowOptions {
             sequence_length: a.sequence_length,
             num_samples,
-            seed: a.seed,
+            seed: a.seed.into(),
         },
     )?;
     let model = Model::load(&model_dir)?;

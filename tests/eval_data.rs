@@ -3,7 +3,7 @@
 //!   Hub's download protocol, serving parquet datasets this test writes:
 //!   the same perplexity as the same text read from a local file, the
 //!   `train` split only, and clear errors for a missing repo, an unknown
-//!   format or a chat dataset;
+//!   format or a chat column that holds no message list;
 //! - Python's `random.Random` (src/eval/pyrandom.rs) against the oracle's
 //!   Python, and `evaluate --num-shots` picking the examples
 //!   lm-evaluation-harness picks (scripts/oracle/fewshot_reference.py).
@@ -16,7 +16,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::{bin, hub, oracle_python, repo_root};
-use mlx_bun::eval::pyrandom::PyRandom;
+use mlx_bun::eval::pyrandom::{NumpyRandomState, PyRandom};
 use mlx_bun::eval::tasks::load_task_seeded;
 use parquet::basic::Compression;
 use parquet::data_type::{ByteArray, ByteArrayType, Int64Type};
@@ -195,6 +195,22 @@ fn perplexity_of_a_hub_parquet_dataset_equals_the_local_text() {
             assert_eq!(got[key], want[key], "{repo}: {key}");
         }
     }
+    // A chat dataset on the Hub gives what the same local file gives.
+    let chat = repo_root().join("tests/data/eval/ppl_chat.jsonl");
+    served.lock().unwrap().insert(
+        hub::dataset_key("org/ppl-chat"),
+        files(&[("data/train.jsonl", std::fs::read(&chat).unwrap())]),
+    );
+    let want = json_of(&perplexity(chat.to_str().unwrap(), &base, &home));
+    let got = json_of(&perplexity("org/ppl-chat", &base, &home));
+    eprintln!(
+        "org/ppl-chat: perplexity {} (local file {})",
+        got["perplexity"], want["perplexity"]
+    );
+    assert_eq!(got["rows"], 4);
+    for key in ["perplexity", "standard_error", "mean_loss", "tokens"] {
+        assert_eq!(got[key], want[key], "org/ppl-chat: {key}");
+    }
     let log = log.lock().unwrap().clone();
     assert!(
         log.iter()
@@ -241,10 +257,22 @@ fn hub_dataset_errors_are_clear() {
     }
     let home = tmp.path().join("hf-home");
     let cases = [
-        ("org/missing", "\"org/missing\" is neither a local path nor reachable on the Hub"),
-        ("org/csv-only", "no parquet, JSONL or text files in its train split (train.csv)"),
-        ("org/chat", "no column \"text\" (a chat dataset: only text datasets are read); its columns: id, messages"),
-        ("org/test-only", "dataset org/test-only has no train split (files: test.parquet)"),
+        (
+            "org/missing",
+            "\"org/missing\" is neither a local path nor reachable on the Hub",
+        ),
+        (
+            "org/csv-only",
+            "no parquet, JSONL or text files in its train split (train.csv)",
+        ),
+        (
+            "org/chat",
+            "train.parquet row 1: no field \"messages\" holding a list",
+        ),
+        (
+            "org/test-only",
+            "dataset org/test-only has no train split (files: test.parquet)",
+        ),
         ("org/broken", "train.parquet: not a parquet file"),
     ];
     for (repo, want) in cases {
@@ -253,6 +281,32 @@ fn hub_dataset_errors_are_clear() {
         assert!(!out.status.success(), "{repo} was accepted");
         assert!(err.contains(want), "{repo}: {err}");
         assert!(!err.contains("panicked"), "{repo}: {err}");
+    }
+}
+
+#[test]
+fn numpy_permutation_equals_numpy() {
+    let cases = json!([
+        [123, 10],
+        [0, 1],
+        [0, 7],
+        [1, 2],
+        [42, 1000],
+        [123, 100000],
+        [4294967295u64, 33],
+        [7, 65537]
+    ]);
+    let want = python("numpy_permutation_reference.py", &[&cases.to_string()]);
+    for (case, want) in cases
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(want.as_array().unwrap())
+    {
+        let (seed, n) = (case[0].as_u64().unwrap(), case[1].as_u64().unwrap());
+        let got = NumpyRandomState::new(seed as u32).permutation(n as usize);
+        let want: Vec<usize> = serde_json::from_value(want.clone()).unwrap();
+        assert_eq!(got, want, "seed {seed}, n {n}");
     }
 }
 

@@ -16,9 +16,7 @@ fn ppl_json(args: &[&str]) -> serde_json::Value {
 
 #[test]
 fn perplexity_matches_mlx_lm_on_the_same_rows() {
-    let Some(py) = oracle_python() else {
-        return;
-    };
+    let py = oracle_python().expect("the oracle's Python is required");
     let dir = model_dir();
     let data = repo_root().join("tests/data/eval/ppl.txt");
     let out = Command::new(py)
@@ -47,10 +45,10 @@ fn perplexity_matches_mlx_lm_on_the_same_rows() {
 
     // The same rows, token for token.
     let tok = Tokenizer::load(&dir).unwrap();
-    let docs = mlx_bun::eval::data::load_documents(data.to_str().unwrap()).unwrap();
+    let records = mlx_bun::eval::data::load_records(data.to_str().unwrap()).unwrap();
     let rows = token_rows(
         &tok,
-        &docs,
+        &records,
         &RowOptions {
             sequence_length: 32,
             num_samples: Some(4),
@@ -87,6 +85,99 @@ fn perplexity_matches_mlx_lm_on_the_same_rows() {
     }
     assert_eq!(ours["rows"], 4);
     assert_eq!(ours["tokens"], 4 * 31);
+}
+
+/// Chat (`messages`, one row with `tools`, one with a system turn),
+/// prompt/completion and text JSONL datasets: the rows mlx-lm's own
+/// `load_data` builds (its dataset classes, its numpy-seeded document
+/// order; scripts/oracle/perplexity_data_reference.py) token for token, and
+/// its `eval_ppl` perplexity to 1e-3 relative.
+#[test]
+fn dataset_rows_and_perplexity_match_mlx_lm_load_data() {
+    let py = oracle_python().expect("the oracle's Python is required");
+    let dir = model_dir();
+    let files: Vec<String> = ["ppl_chat.jsonl", "ppl_completions.jsonl", "ppl_text.jsonl"]
+        .iter()
+        .map(|f| {
+            repo_root()
+                .join("tests/data/eval")
+                .join(f)
+                .to_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let (seq, n, batch) = ("48", "3", "3");
+    let out = Command::new(py)
+        .arg(repo_root().join("scripts/oracle/perplexity_data_reference.py"))
+        .arg("--model")
+        .arg(&dir)
+        .args([
+            "--sequence-length",
+            seq,
+            "--num-samples",
+            n,
+            "--batch-size",
+            batch,
+            "--seed",
+            "123",
+        ])
+        .args(&files)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "perplexity_data_reference.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tok = Tokenizer::load(&dir).unwrap();
+    let mut seen = Vec::new();
+    for file in &files {
+        let want = &theirs[file.as_str()];
+        let records = mlx_bun::eval::data::load_records(file).unwrap();
+        let rows = token_rows(
+            &tok,
+            &records,
+            &RowOptions {
+                sequence_length: 48,
+                num_samples: Some(3),
+                seed: 123,
+            },
+        )
+        .unwrap();
+        let their_rows: Vec<Vec<i32>> = serde_json::from_value(want["rows"].clone()).unwrap();
+        assert_eq!(rows, their_rows, "{file}: rows");
+        seen.push(rows);
+        let ours = ppl_json(&[
+            "perplexity",
+            "--model",
+            dir.to_str().unwrap(),
+            "--data-path",
+            file,
+            "--sequence-length",
+            seq,
+            "--num-samples",
+            n,
+            "--batch-size",
+            batch,
+            "--json",
+            "--no-db",
+        ]);
+        for key in ["perplexity", "standard_error"] {
+            let (a, b) = (ours[key].as_f64().unwrap(), want[key].as_f64().unwrap());
+            eprintln!("{file}: {key}: ours {a}, mlx-lm {b}");
+            assert!(
+                (a - b).abs() <= 1e-3 * b.abs(),
+                "{file}: {key}: ours {a} vs mlx-lm {b}"
+            );
+        }
+    }
+    // The three datasets give three different row sets (the order and the
+    // row kinds matter).
+    assert_ne!(seen[0], seen[1]);
+    assert_ne!(seen[0], seen[2]);
 }
 
 #[test]

@@ -1,30 +1,122 @@
-//! Text documents for evaluation and distillation: a local plain-text file
-//! (one document), a JSONL or parquet file (one document per row, its
-//! `text` field or column), a folder of such files, or a Hugging Face
-//! dataset repo holding them (its `train` split, found as `datasets` finds it).
+//! Evaluation and distillation data: a local plain-text file (one
+//! document), a JSONL or parquet file (one row per line or row), a folder of
+//! such files, or a Hugging Face dataset repo holding them (its `train`
+//! split, found as `datasets` finds it). Rows are read whole
+//! ([`load_records`]: text, chat or prompt/completion rows, as mlx-lm's
+//! datasets) or as their `text` field ([`load_documents`]).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use serde_json::Value;
 
-/// The documents at `spec`: a local file or folder, else a Hub dataset id.
-pub fn load_documents(spec: &str) -> Result<Vec<String>> {
+/// One dataset row (a JSON object) and where it was read (`FILE line N`,
+/// `FILE row N`, or the file for a whole plain-text document).
+#[derive(Clone, Debug)]
+pub struct Record {
+    pub value: Value,
+    pub at: String,
+}
+
+impl Record {
+    /// A plain-text document as a `{"text": ...}` row.
+    pub fn text(text: &str, at: &str) -> Self {
+        Self {
+            value: serde_json::json!({ "text": text }),
+            at: at.to_string(),
+        }
+    }
+}
+
+/// The data files at `spec`: a local file or folder, else a Hub dataset id.
+fn data_files(spec: &str) -> Result<Vec<PathBuf>> {
     let path = Path::new(spec);
-    let files = if path.exists() {
-        local_files(path)?
+    if path.exists() {
+        local_files(path)
     } else if looks_like_repo_id(spec) {
-        hub_files(spec)?
+        hub_files(spec)
     } else {
         bail!("data {spec:?} is neither a local file or folder nor a Hugging Face dataset id");
-    };
+    }
+}
+
+/// The documents at `spec` (the `text` field of each row).
+pub fn load_documents(spec: &str) -> Result<Vec<String>> {
     let mut docs = Vec::new();
-    for file in &files {
+    for file in &data_files(spec)? {
         docs.extend(read_file(file)?);
     }
     if docs.is_empty() {
         bail!("data {spec:?} holds no text");
     }
     Ok(docs)
+}
+
+/// Every row at `spec`, whole, in file order (files in the order
+/// `datasets` reads them). A plain-text file is one `{"text"}` row.
+pub fn load_records(spec: &str) -> Result<Vec<Record>> {
+    let mut rows = Vec::new();
+    for file in &data_files(spec)? {
+        rows.extend(read_records(file)?);
+    }
+    if rows.is_empty() {
+        bail!("data {spec:?} holds no rows");
+    }
+    Ok(rows)
+}
+
+/// The rows of one file: JSONL lines, parquet rows (every column), or the
+/// whole file as one text row.
+fn read_records(path: &Path) -> Result<Vec<Record>> {
+    let ext = path.extension().and_then(|e| e.to_str());
+    if ext == Some("parquet") {
+        return read_parquet_rows(path);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    if ext != Some("jsonl") {
+        return Ok(if text.is_empty() {
+            vec![]
+        } else {
+            vec![Record::text(&text, &path.display().to_string())]
+        });
+    }
+    let mut rows = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = format!("{} line {}", path.display(), i + 1);
+        let value: Value = serde_json::from_str(line).with_context(|| format!("{at}: not JSON"))?;
+        if !value.is_object() {
+            bail!("{at}: not a JSON object");
+        }
+        rows.push(Record { value, at });
+    }
+    Ok(rows)
+}
+
+/// Every row of a parquet file, each column a JSON field (lists and
+/// structs as JSON arrays and objects, as `datasets` gives them).
+fn read_parquet_rows(path: &Path) -> Result<Vec<Record>> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    let at = path.display();
+    let file = std::fs::File::open(path).with_context(|| format!("opening {at}"))?;
+    let reader =
+        SerializedFileReader::new(file).with_context(|| format!("{at}: not a parquet file"))?;
+    let rows = reader
+        .get_row_iter(None)
+        .with_context(|| format!("{at}: reading rows"))?;
+    let mut out = Vec::new();
+    for (i, row) in rows.enumerate() {
+        let row = row.with_context(|| format!("{at}: row {i}"))?;
+        out.push(Record {
+            value: row.to_json_value(),
+            at: format!("{at} row {i}"),
+        });
+    }
+    Ok(out)
 }
 
 fn looks_like_repo_id(s: &str) -> bool {

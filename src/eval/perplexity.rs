@@ -1,17 +1,23 @@
-//! Perplexity as `mlx_lm.perplexity` computes it: documents are encoded,
-//! EOS appended, concatenated and cut into rows of `sequence_length`
-//! tokens; each row is scored on its own (next-token cross-entropy over its
-//! `sequence_length - 1` targets); perplexity is `exp` of the mean token
-//! loss, with the delta-method standard error mlx-lm prints.
+//! Perplexity as `mlx_lm.perplexity` computes it. Its `load_data`: each
+//! row of the dataset is tokenized as mlx-lm's datasets do (chat
+//! `messages` through the chat template, `prompt`/`completion` as a user
+//! and an assistant turn, `text` encoded with EOS appended), rows are taken
+//! in the order of `np.random.permutation` under the seed and concatenated
+//! until `num_samples x sequence_length` tokens, then cut into rows of
+//! `sequence_length`. Each row is scored on its own (next-token
+//! cross-entropy over its `sequence_length - 1` targets); perplexity is
+//! `exp` of the mean token loss, with the delta-method standard error
+//! mlx-lm prints.
 
 use anyhow::{bail, Context, Result};
 use mlx_rs::ops::expand_dims;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype};
-use rand::seq::SliceRandom;
-use rand::SeedableRng;
+use serde_json::{json, Value};
 
+use crate::eval::data::Record;
+use crate::eval::pyrandom::NumpyRandomState;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
@@ -21,8 +27,80 @@ pub struct RowOptions {
     pub sequence_length: usize,
     /// Rows to keep; `None` keeps every complete row.
     pub num_samples: Option<usize>,
-    /// Shuffles the document order (a single document is unaffected).
+    /// `np.random.seed` of the document order (0 ..= 2^32 - 1).
     pub seed: u64,
+}
+
+/// The kind of a dataset, told by its first row as mlx-lm's
+/// `create_dataset` tells it: `prompt` and `completion`, else `messages`,
+/// else `text`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowFormat {
+    Completions,
+    Chat,
+    Text,
+}
+
+impl RowFormat {
+    pub fn of(first: &Record) -> Result<Self> {
+        let has = |k: &str| first.value.get(k).is_some();
+        if has("prompt") && has("completion") {
+            Ok(Self::Completions)
+        } else if has("messages") {
+            Ok(Self::Chat)
+        } else if has("text") {
+            Ok(Self::Text)
+        } else {
+            let keys: Vec<&str> = first
+                .value
+                .as_object()
+                .map(|o| o.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            bail!(
+                "{}: unsupported row (fields: {}); expected \"messages\", \"prompt\" and \"completion\", or \"text\"",
+                first.at,
+                keys.join(", ")
+            )
+        }
+    }
+}
+
+/// The tokens of one row of a `format` dataset (mlx-lm's `process` of its
+/// `TextDataset`, `ChatDataset` or `CompletionsDataset`, no prompt mask).
+pub fn record_tokens(
+    tok: &Tokenizer,
+    eos: u32,
+    format: RowFormat,
+    rec: &Record,
+) -> Result<Vec<i32>> {
+    let at = &rec.at;
+    let field = |k: &str| rec.value.get(k).filter(|v| !v.is_null());
+    let tools = field("tools").cloned().unwrap_or(Value::Null);
+    let row = match format {
+        RowFormat::Text => {
+            let text = field("text")
+                .and_then(Value::as_str)
+                .with_context(|| format!("{at}: no string field \"text\""))?;
+            return encode_document(tok, eos, text);
+        }
+        RowFormat::Chat => {
+            let messages = field("messages")
+                .filter(|m| m.is_array())
+                .with_context(|| format!("{at}: no field \"messages\" holding a list"))?;
+            json!({ "messages": messages, "tools": tools })
+        }
+        RowFormat::Completions => {
+            let text = |k: &str| {
+                field(k)
+                    .and_then(Value::as_str)
+                    .with_context(|| format!("{at}: no string field \"{k}\""))
+            };
+            json!({ "prompt": text("prompt")?, "completion": text("completion")?, "tools": tools })
+        }
+    };
+    let ex = crate::train::data::sft_row(&row, tok, false)
+        .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
+    Ok(ex.tokens.into_iter().map(|t| t as i32).collect())
 }
 
 /// The end-of-sequence id the data pipeline appends (the tokenizer's
@@ -45,22 +123,28 @@ pub fn encode_document(tok: &Tokenizer, eos: u32, text: &str) -> Result<Vec<i32>
     Ok(ids.into_iter().map(|t| t as i32).collect())
 }
 
-/// Token rows `[n][sequence_length]` from `docs`.
-pub fn token_rows(tok: &Tokenizer, docs: &[String], opts: &RowOptions) -> Result<Vec<Vec<i32>>> {
+/// Token rows `[n][sequence_length]` from the dataset `records`, as
+/// `mlx_lm.perplexity`'s `load_data` builds them.
+pub fn token_rows(tok: &Tokenizer, records: &[Record], opts: &RowOptions) -> Result<Vec<Vec<i32>>> {
     let len = opts.sequence_length;
     if len < 2 {
         bail!("sequence length must be at least 2 (got {len})");
     }
+    let Some(first) = records.first() else {
+        bail!("the data holds no rows");
+    };
+    let seed = u32::try_from(opts.seed)
+        .with_context(|| format!("seed must be at most 2^32 - 1 (got {})", opts.seed))?;
+    let format = RowFormat::of(first)?;
     let eos = eos_id(tok)?;
-    let mut order: Vec<usize> = (0..docs.len()).collect();
-    order.shuffle(&mut rand::rngs::StdRng::seed_from_u64(opts.seed));
+    let order = NumpyRandomState::new(seed).permutation(records.len());
     let wanted = opts.num_samples.map(|n| n * len);
     let mut data: Vec<i32> = Vec::new();
     for i in order {
         if wanted.is_some_and(|w| data.len() >= w) {
             break;
         }
-        data.extend(encode_document(tok, eos, &docs[i])?);
+        data.extend(record_tokens(tok, eos, format, &records[i])?);
     }
     let mut rows: Vec<Vec<i32>> = data.chunks_exact(len).map(<[i32]>::to_vec).collect();
     if let Some(n) = opts.num_samples {

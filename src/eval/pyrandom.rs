@@ -161,6 +161,57 @@ impl PyRandom {
     }
 }
 
+/// numpy's legacy `np.random.RandomState` (what `np.random.seed` and
+/// `np.random.permutation` use) for the one call `mlx_lm.perplexity` makes:
+/// `permutation(n)` after `seed(s)`. Seeding from an integer fills the
+/// MT19937 state with `init_genrand(s)` directly (not `init_by_array`, as
+/// Python's `random` does); `permutation` shuffles `0..n` from the end,
+/// each swap index drawn below `i + 1` by masking 32-bit outputs to the
+/// bit width of `i` and rejecting values above it.
+#[derive(Clone)]
+pub struct NumpyRandomState {
+    mt: PyRandom,
+}
+
+impl NumpyRandomState {
+    /// `np.random.seed(seed)` (numpy accepts 0 ..= 2^32 - 1).
+    pub fn new(seed: u32) -> Self {
+        Self {
+            mt: PyRandom::from_genrand(seed),
+        }
+    }
+
+    /// A uniform integer in `0..=max` by masked rejection.
+    fn interval(&mut self, max: u64) -> u64 {
+        if max == 0 {
+            return 0;
+        }
+        let mask = u64::MAX >> max.leading_zeros();
+        loop {
+            let v = if max <= u32::MAX as u64 {
+                (self.mt.next_u32() as u64) & mask
+            } else {
+                let high = self.mt.next_u32() as u64;
+                let low = self.mt.next_u32() as u64;
+                ((high << 32) | low) & mask
+            };
+            if v <= max {
+                return v;
+            }
+        }
+    }
+
+    /// `permutation(n)`: `0..n` shuffled in place, last position first.
+    pub fn permutation(&mut self, n: usize) -> Vec<usize> {
+        let mut out: Vec<usize> = (0..n).collect();
+        for i in (1..n).rev() {
+            let j = self.interval(i as u64) as usize;
+            out.swap(i, j);
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::PyRandom;

@@ -164,18 +164,25 @@ impl std::fmt::Display for Location {
     }
 }
 
-fn sft_row(row: &Value, tok: &Tokenizer, mask_prompt: bool) -> Result<SftExample> {
-    if row.get("tools").is_some_and(|t| !t.is_null()) {
-        bail!("rows with \"tools\" are not supported");
-    }
+/// One SFT row tokenized as mlx-lm's datasets do (`tools`, when given,
+/// are passed to the chat template).
+pub(crate) fn sft_row(row: &Value, tok: &Tokenizer, mask_prompt: bool) -> Result<SftExample> {
+    let tools = match row.get("tools") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(t)) => Some(t.as_slice()),
+        Some(_) => bail!("\"tools\" must be a list of tool definitions"),
+    };
+    let render = |messages: &[Message], add_generation_prompt: bool| {
+        render_tools(tok, messages, add_generation_prompt, tools)
+    };
     if let (Some(prompt), Some(completion)) = (row.get("prompt"), row.get("completion")) {
         let messages = vec![
             Message::new("user", string_field(prompt, "prompt")?),
             Message::new("assistant", string_field(completion, "completion")?),
         ];
-        let tokens = render(tok, &messages, false)?;
+        let tokens = render(&messages, false)?;
         let offset = if mask_prompt {
-            render(tok, &messages[..1], true)?.len()
+            render(&messages[..1], true)?.len()
         } else {
             0
         };
@@ -183,13 +190,13 @@ fn sft_row(row: &Value, tok: &Tokenizer, mask_prompt: bool) -> Result<SftExample
     }
     if let Some(messages) = row.get("messages") {
         let messages = parse_messages(messages, "messages")?;
-        let tokens = render(tok, &messages, false)?;
+        let tokens = render(&messages, false)?;
         let offset = if mask_prompt {
             let last_is_assistant = messages.last().is_some_and(|m| m.role == "assistant");
             if messages.len() < 2 {
                 bail!("--mask-prompt needs at least two messages (a prompt and a reply)");
             }
-            render(tok, &messages[..messages.len() - 1], last_is_assistant)?.len()
+            render(&messages[..messages.len() - 1], last_is_assistant)?.len()
         } else {
             0
         };
@@ -331,8 +338,17 @@ fn render_text(
     template.render(messages, add_generation_prompt)
 }
 
-fn render(tok: &Tokenizer, messages: &[Message], add_generation_prompt: bool) -> Result<Vec<u32>> {
-    tok.encode(&render_text(tok, messages, add_generation_prompt)?)
+fn render_tools(
+    tok: &Tokenizer,
+    messages: &[Message],
+    add_generation_prompt: bool,
+    tools: Option<&[Value]>,
+) -> Result<Vec<u32>> {
+    let Some(template) = &tok.chat_template else {
+        bail!("the model has no chat template; use {{\"text\"}} rows");
+    };
+    let text = template.render_with(messages, add_generation_prompt, tools, &Default::default())?;
+    tok.encode(&text)
 }
 
 fn eos_id(tok: &Tokenizer) -> Option<u32> {
