@@ -338,11 +338,11 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l json -d 'Pr
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l no-db -d 'Do not record the run in the eval database'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l data-path -l data -d 'Text to score: a plain-text file (one document), a JSONL file (its `text` fields), a folder of such files, or a Hugging Face dataset id' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l data-path -l data -d 'Data to score: a plain-text file (one document), a JSONL or parquet file (text, chat `messages` or `prompt`/`completion` rows), a folder of such files, or a Hugging Face dataset id' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l sequence-length -d 'Tokens per row' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l num-samples -d 'Rows to score (-1: every complete row of the data)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l batch-size -d 'Rows per forward pass' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l seed -d 'Seed of the document order' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l seed -d 'Seed of the document order (numpy\'s, as mlx_lm.perplexity)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l json -d 'Print the result as one JSON object'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l no-db -d 'Do not record the run in the eval database'
