@@ -16,6 +16,15 @@ use serde_json::{json, Value};
 const PROMPT: &str = "Write a haiku about the sea";
 
 fn generate(model: &std::path::Path, launch: Option<&[&str]>, extra: &[&str]) -> Value {
+    generate_with_env(model, launch, extra, &[])
+}
+
+fn generate_with_env(
+    model: &std::path::Path,
+    launch: Option<&[&str]>,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Value {
     let mut cmd = bin();
     if let Some(extra) = launch {
         cmd.args(["launch", "-n", "2", "--backend", "ring", "--"]);
@@ -26,7 +35,8 @@ fn generate(model: &std::path::Path, launch: Option<&[&str]>, extra: &[&str]) ->
         cmd.args(extra);
     }
     cmd.args(["--model", model.to_str().unwrap(), "--prompt", PROMPT])
-        .args(["--max-tokens", "8", "--temp", "0", "--json"]);
+        .args(["--max-tokens", "8", "--temp", "0", "--json"])
+        .envs(env.iter().copied());
     let out = cmd.output().expect("running mlx-bun");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{cmd:?} failed: {stderr}");
@@ -68,6 +78,18 @@ fn tensor_parallel_float32_matches_single_process() {
 #[test]
 fn pipeline_parallel_float32_matches_single_process() {
     check_sharded(&float32_model(), &["--pipeline"]);
+}
+
+#[test]
+fn pipeline_parallel_by_all_sum_matches_single_process() {
+    // The hand-over GPUs use (MLX's CUDA backend has no send/recv), forced
+    // on the CPU ring; the ranks inherit the launcher's environment.
+    let model = model_dir();
+    let single = generate(&model, None, &[]);
+    let env = [("MLX_BUN_PIPELINE_ALL_SUM", "1")];
+    let sharded = generate_with_env(&model, Some(&["--pipeline"]), &[], &env);
+    assert_eq!(single["generation_tokens"], 8);
+    assert_eq!(sharded["token_ids"], single["token_ids"]);
 }
 
 #[test]
