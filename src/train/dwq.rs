@@ -486,7 +486,11 @@ pub fn loss_and_grads(
 
 /// A validation pass: token-weighted KL over the valid batches and the
 /// perplexity of the valid rows.
+/// KL to the teacher and perplexity on the validation data after `iter`
+/// training steps, reported as an [`Event::Validation`].
+#[allow(clippy::too_many_arguments)]
 fn validate(
+    iter: usize,
     student: &Model,
     sites: &[String],
     params: &[Array],
@@ -520,10 +524,16 @@ fn validate(
             done: valid.len() + j + 1,
         })?;
     }
-    Ok(Quality {
+    let quality = Quality {
         kl: kl_sum / n_sum.max(1.0),
         perplexity: (ce_sum / ce_n.max(1) as f64).exp(),
-    })
+    };
+    on_event(Event::Validation {
+        iter,
+        kl: quality.kl,
+        perplexity: quality.perplexity,
+    })?;
+    Ok(quality)
 }
 
 /// Copies the files of model folder `src` into a new folder `dst`.
@@ -642,6 +652,7 @@ pub fn run(
     let trainable_params = params.iter().map(|p| p.size()).sum();
 
     let before = validate(
+        0,
         &student,
         &sites,
         &params,
@@ -650,11 +661,6 @@ pub fn run(
         &target_dir,
         on_event,
     )?;
-    on_event(Event::Validation {
-        iter: 0,
-        kl: before.kl,
-        perplexity: before.perplexity,
-    })?;
     let mut opt = Optimizer::new(
         OptimizerKind::Adam,
         &OptimizerSettings {
@@ -687,7 +693,8 @@ pub fn run(
             tokens: n,
         })?;
         if (it + 1) % opts.steps_per_eval.max(1) == 0 && it + 1 < train.len() {
-            let q = validate(
+            validate(
+                it + 1,
                 &student,
                 &sites,
                 &params,
@@ -696,11 +703,6 @@ pub fn run(
                 &target_dir,
                 on_event,
             )?;
-            on_event(Event::Validation {
-                iter: it + 1,
-                kl: q.kl,
-                perplexity: q.perplexity,
-            })?;
             on_event(Event::Phase {
                 name: "train",
                 total: train.len(),
@@ -709,6 +711,7 @@ pub fn run(
         }
     }
     let after = validate(
+        train.len(),
         &student,
         &sites,
         &params,
@@ -717,11 +720,6 @@ pub fn run(
         &target_dir,
         on_event,
     )?;
-    on_event(Event::Validation {
-        iter: train.len(),
-        kl: after.kl,
-        perplexity: after.perplexity,
-    })?;
     save_params(&opts.mlx_path, &sites, &params)?;
     if temporary {
         let _ = std::fs::remove_dir_all(&target_dir);
