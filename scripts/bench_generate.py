@@ -53,6 +53,10 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--prompt", required=True)
+    p.add_argument(
+        "--also", action="append", default=[], metavar="NAME:VAR=VALUE[,VAR=VALUE]",
+        help="an extra mlx-bun run with these environment settings (repeatable)",
+    )
     args = p.parse_args()
 
     env = dict(os.environ, HF_HUB_OFFLINE="1")
@@ -68,10 +72,18 @@ def main() -> None:
             "--max-tokens", str(args.max_tokens), "--verbose",
         ],
     }
+    envs = {name: env for name in commands}
+    for extra in args.also:
+        name, _, settings = extra.partition(":")
+        pairs = [kv.split("=", 1) for kv in settings.split(",") if kv]
+        if not name or any(len(kv) != 2 for kv in pairs):
+            sys.exit(f"--also {extra!r}: expected NAME:VAR=VALUE[,VAR=VALUE]")
+        commands[name] = commands["mlx-bun"]
+        envs[name] = dict(env, **dict(pairs))
     results = {name: [] for name in commands}
     for run in range(1, args.runs + 1):
         for name, argv in commands.items():  # A B A B: drift hits both sides alike
-            stats = run_once(name, argv, env)
+            stats = run_once(name, argv, envs[name])
             results[name].append(stats)
             print(
                 f"run {run} {name:8s} prompt {stats['prompt_tps']:7.2f} tok/s  "
@@ -92,14 +104,18 @@ def main() -> None:
     ]
     print()
     print(f"medians of {args.runs} runs, {args.max_tokens} max tokens")
-    print("| metric | mlx-lm | mlx-bun | mlx-bun / mlx-lm |")
-    print("|---|---|---|---|")
+    ours = [name for name in commands if name != "mlx-lm"]
+    print("| metric | mlx-lm | " + " | ".join(ours) + " | "
+          + " | ".join(f"{n} / mlx-lm" for n in ours) + " |")
+    print("|---" * (1 + 2 * len(ours) + 1) + "|")
     for label, key, fmt in rows:
-        a, b = median("mlx-lm", key), median("mlx-bun", key)
-        ratio = f"{b / a:.2f}" if a else "n/a"
-        print(f"| {label} | {fmt.format(a)} | {fmt.format(b)} | {ratio} |")
+        a = median("mlx-lm", key)
+        values = [median(n, key) for n in ours]
+        ratios = [f"{b / a:.2f}" if a else "n/a" for b in values]
+        print(f"| {label} | {fmt.format(a)} | " + " | ".join(fmt.format(b) for b in values)
+              + " | " + " | ".join(ratios) + " |")
     tokens = {name: {s["gen_tokens"] for s in results[name]} for name in results}
-    if tokens["mlx-lm"] != tokens["mlx-bun"]:
+    if len({frozenset(t) for t in tokens.values()}) > 1:
         print(f"note: generated token counts differ: {tokens}")
 
 

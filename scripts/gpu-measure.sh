@@ -70,6 +70,38 @@ kill $spid 2>/dev/null; wait $spid 2>/dev/null
 data="$(dirname "$0")/../tests/data/sft"
 step train-lora "$RUN" train --model "$MODEL" --data "$data" --iters 10 --batch-size 2 \
   --adapter-path "$OUT/adapter"
+step train-orpo "$RUN" train --method orpo --model "$MODEL" \
+  --data "$(dirname "$0")/../tests/data/orpo" --iters 10 --batch-size 2 --adapter-path "$OUT/orpo"
+
+# 6. Structured output and speculative decoding: the schema is met, and the
+# speculative tokens equal the plain greedy tokens.
+schema='{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"]}'
+step json-schema "$RUN" generate --model "$MODEL" --prompt "Invent a person; answer in JSON." \
+  --json-schema "$schema" --max-tokens 64 --temp 0
+python3 - "$OUT/json-schema.log" <<'PY' | tee -a "$summary"
+import json, sys
+text = open(sys.argv[1]).read()
+start = text.find("{")
+try:
+    obj, _ = json.JSONDecoder().raw_decode(text[start:])
+    ok = isinstance(obj.get("name"), str) and isinstance(obj.get("age"), int)
+    print(f"json-schema output valid: {ok} {json.dumps(obj)}")
+except Exception as e:
+    print(f"json-schema output valid: False ({e})")
+PY
+spec_prompt="Explain recursion in one sentence."
+"$RUN" generate --model "$MODEL" --prompt "$spec_prompt" --max-tokens 48 --temp 0 >"$OUT/spec-plain.txt" 2>"$OUT/spec-plain.log"
+for draft in "$MODEL" ngram; do
+  tag=$(basename "$draft")
+  "$RUN" generate --model "$MODEL" --draft-model "$draft" --prompt "$spec_prompt" --max-tokens 48 --temp 0 \
+    >"$OUT/spec-$tag.txt" 2>"$OUT/spec-$tag.log"
+  if cmp -s "$OUT/spec-plain.txt" "$OUT/spec-$tag.txt"; then
+    note "speculative ($tag draft) equals plain greedy: yes"
+  else
+    note "speculative ($tag draft) equals plain greedy: NO"
+  fi
+done
+
 step convert-q8 "$RUN" convert --model "$MODEL" -d -o /tmp/mlx-bun-dense
 step convert-requant "$RUN" convert --model /tmp/mlx-bun-dense -q --q-bits 4 --q-group-size 64 -o /tmp/mlx-bun-q4
 step generate-requant "$RUN" generate --model /tmp/mlx-bun-q4 --prompt "Hi" --max-tokens 16 --temp 0

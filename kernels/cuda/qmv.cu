@@ -6,57 +6,105 @@
 // adds the signature
 //   (const T* x, const uint32_t* w, const S* scales, const S* biases, T* y)
 // with x of any rank (rows = every axis but the last, K the last), and the
-// compile-time constants T, S,
-// MB (a bound on the rows of x: 1, 2, 4 or 8), GS (group size), BITS (4 or
-// 8), WARPS (warps per block) and R (output columns per warp; N is a multiple
-// of R). Shapes are read at run time, so one compiled kernel serves every
-// layer of a model.
+// compile-time constants T (bfloat16 or float16), S, MB (a bound on the rows
+// of x: 1, 2 or 4), GS (group size), BITS (4 or 8), WARPS (warps per block),
+// R (output columns per warp; N is a multiple of R) and KCAP (0, or a bound on
+// K for which x fits in shared memory). Shapes are read at run time, so one
+// compiled kernel serves every layer of a model.
 //
 // One warp computes R consecutive output columns for all M rows of x. Lane l
 // reads 16-byte chunks l, l + 32, ... of each of those weight rows, so a warp
-// streams 512 contiguous bytes per row and step, with R loads in flight; the
-// chunk of x is loaded, converted and summed once for the R rows. A chunk never straddles a quantization group
-// (GS is a multiple of the values in a chunk). Each quantized value q is
-// turned into the float 1 + q / 16 (4 bits) or 1 + q / 256 (8 bits) by
-// placing its bits in the mantissa of 1.0f: two integer instructions instead
-// of a quarter-rate integer-to-float conversion. Then
-//   sum_k x_k q_k = D * (sum_k x_k f_k - sum_k x_k),  D = 16 or 256.
+// streams 512 contiguous bytes per row and step, with 8 chunks in flight per
+// lane. A chunk never straddles a quantization group (GS is a multiple of the
+// values in a chunk).
+//
+// Decode streams weights faster than an SM can unpack them one value at a
+// time with 32-bit integer instructions (half-rate on Hopper), so values are
+// unpacked two at a time into half2 lanes: OR-ing a 4-bit value q into the
+// mantissa of the half 1024.0 gives 1024 + q exactly, one LOP3 for two values
+// (8-bit: one byte permute), and one half2 FMA turns that exactly into q / D
+// with D = 256 (4 bits) or 4096 (8 bits). x is converted once into half2
+// pairs laid out to match (into shared memory for the whole block when KCAP
+// > 0, else per chunk by each warp) together with each chunk's sum. A chunk's
+// products are summed in half precision (at most 16 terms of size below
+// |x| * 15/256, so no overflow for any x a half can hold), then in float:
+//   sum_k x_k w_k = scale * D * sum_k x_k (q_k / D) + bias * sum_k x_k.
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 namespace mlx_bun_qmv {
 
-template <typename T>
-__device__ __forceinline__ float to_f(T v) {
-  return static_cast<float>(v);
+__device__ __forceinline__ __half2 as_half2(uint32_t u) {
+  return *reinterpret_cast<__half2*>(&u);
 }
 
-// Eight consecutive values of x starting at p (16-byte aligned for 16-bit
-// types, 32-byte aligned for float).
-template <typename T>
-__device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
-  if constexpr (sizeof(T) == 2) {
-    uint4 v = *reinterpret_cast<const uint4*>(p);
-    const T* h = reinterpret_cast<const T*>(&v);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      out[i] = to_f(h[i]);
-    }
+__device__ __forceinline__ uint32_t as_bits(__half2 h) {
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+__device__ __forceinline__ __half2 half2_bits(unsigned short bits) {
+  __half h = __ushort_as_half(bits);
+  return __halves2half2(h, h);
+}
+
+__device__ __forceinline__ uint32_t component(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The values of one packed word as half2 pairs (value p, value p + PAIRS),
+// each q / D. 4 bits: 4 pairs, D = 256; 8 bits: 2 pairs, D = 4096.
+template <int BITS>
+__device__ __forceinline__ void unpack(uint32_t word, __half2 (&q)[16 / BITS]) {
+  const __half2 mul_hi = half2_bits(0x0C00);   // 2^-12
+  const __half2 add_hi = half2_bits(0xB400);   // -1/4
+  if constexpr (BITS == 4) {
+    const __half2 mul_lo = half2_bits(0x1C00); // 2^-8
+    const __half2 add_lo = half2_bits(0xC400); // -4
+    const uint32_t up = word >> 8;
+    q[0] = __hfma2(as_half2((word & 0x000F000Fu) | 0x64006400u), mul_lo, add_lo);
+    q[1] = __hfma2(as_half2((word & 0x00F000F0u) | 0x64006400u), mul_hi, add_hi);
+    q[2] = __hfma2(as_half2((up & 0x000F000Fu) | 0x64006400u), mul_lo, add_lo);
+    q[3] = __hfma2(as_half2((up & 0x00F000F0u) | 0x64006400u), mul_hi, add_hi);
   } else {
-    float4 a = *reinterpret_cast<const float4*>(p);
-    float4 b = *reinterpret_cast<const float4*>(p + 4);
-    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
-    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+    q[0] = __hfma2(as_half2(__byte_perm(word, 0x64646464u, 0x4240)), mul_hi, add_hi);
+    q[1] = __hfma2(as_half2(__byte_perm(word, 0x64646464u, 0x4341)), mul_hi, add_hi);
   }
 }
 
-// The float 1 + q / 2^BITS for value j of a packed word.
-template <int BITS>
-__device__ __forceinline__ float unit_plus(uint32_t word, int j) {
-  constexpr uint32_t mask = (1u << BITS) - 1u;
-  uint32_t q = (word >> (BITS * j)) & mask;
-  return __uint_as_float(0x3F800000u | (q << (23 - BITS)));
+// One chunk of x (the values matching 16 bytes of weights, 16-byte aligned)
+// as the half2 pairs unpack() produces, four to a uint4; returns their sum.
+template <typename T, int BITS>
+__device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BITS]) {
+  constexpr int PER_WORD = 32 / BITS;
+  constexpr int PAIRS = PER_WORD / 2;
+  constexpr int PER_CHUNK = 4 * PER_WORD;
+  float xs[PER_CHUNK];
+  float sum = 0.0f;
+#pragma unroll
+  for (int v = 0; v < PER_CHUNK; v += 8) {
+    uint4 raw = *reinterpret_cast<const uint4*>(xc + v);
+    const T* h = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      xs[v + i] = static_cast<float>(h[i]);
+      sum += xs[v + i];
+    }
+  }
+  uint32_t pairs[4 * PAIRS];
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+#pragma unroll
+    for (int p = 0; p < PAIRS; ++p) {
+      pairs[u * PAIRS + p] =
+          as_bits(__floats2half2_rn(xs[u * PER_WORD + p], xs[u * PER_WORD + p + PAIRS]));
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < PAIRS; ++i) {
+    out[i] = make_uint4(pairs[4 * i], pairs[4 * i + 1], pairs[4 * i + 2], pairs[4 * i + 3]);
+  }
+  return sum;
 }
 
 }  // namespace mlx_bun_qmv
@@ -64,7 +112,11 @@ __device__ __forceinline__ float unit_plus(uint32_t word, int j) {
 // BODY
   using namespace mlx_bun_qmv;
   constexpr int PER_WORD = 32 / BITS;
+  constexpr int PAIRS = PER_WORD / 2;
   constexpr int PER_CHUNK = 4 * PER_WORD;  // values in 16 bytes of weights
+  constexpr float D = BITS == 4 ? 256.0f : 4096.0f;
+  constexpr int UNROLL = R >= 8 ? 1 : 8 / R;
+  constexpr int KCH = KCAP / PER_CHUNK;    // chunks of x held in shared memory
   const int N = w_shape[0];
   const int K = w_shape[1] * PER_WORD;
   int M = 1;
@@ -73,68 +125,104 @@ __device__ __forceinline__ float unit_plus(uint32_t word, int j) {
   }
   const int CHUNKS = K / PER_CHUNK;
   const int GROUPS = K / GS;
-  constexpr float D = static_cast<float>(1 << BITS);
+  __shared__ uint4 x_pairs[KCAP > 0 ? MB * PAIRS * KCH : 1];
+  __shared__ float x_sums[KCAP > 0 ? MB * KCH : 1];
+  if constexpr (KCAP > 0) {
+    for (int i = threadIdx.x; i < M * CHUNKS; i += blockDim.x) {
+      const int m = i / CHUNKS;
+      const int c = i - m * CHUNKS;
+      uint4 t[PAIRS];
+      x_sums[m * KCH + c] = convert_chunk<T, BITS>(x + static_cast<size_t>(m) * K + c * PER_CHUNK, t);
+#pragma unroll
+      for (int j = 0; j < PAIRS; ++j) {
+        x_pairs[(m * PAIRS + j) * KCH + c] = t[j];
+      }
+    }
+    __syncthreads();
+  }
   const int lane = threadIdx.x & 31;
   const int n0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
   if (n0 >= N) {
     return;
   }
-  const uint4* rows = reinterpret_cast<const uint4*>(w) + static_cast<size_t>(n0) * CHUNKS;
-  const S* srows = scales + static_cast<size_t>(n0) * GROUPS;
-  const S* brows = biases + static_cast<size_t>(n0) * GROUPS;
+  const uint4* wrow[R];
+  const S* srow[R];
+  const S* brow[R];
   float acc[R][MB];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
+    wrow[r] = reinterpret_cast<const uint4*>(w) + static_cast<size_t>(n0 + r) * CHUNKS;
+    srow[r] = scales + static_cast<size_t>(n0 + r) * GROUPS;
+    brow[r] = biases + static_cast<size_t>(n0 + r) * GROUPS;
 #pragma unroll
     for (int m = 0; m < MB; ++m) {
       acc[r][m] = 0.0f;
     }
   }
-#pragma unroll 2
-  for (int c = lane; c < CHUNKS; c += 32) {
-    uint4 packed[R];
+  for (int c0 = lane; c0 < CHUNKS; c0 += 32 * UNROLL) {
+    // Every load of this step is issued before any of its arithmetic.
+    uint4 packed[UNROLL][R];
+    float s[UNROLL][R];
+    float b[UNROLL][R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      packed[r] = __ldg(rows + static_cast<size_t>(r) * CHUNKS + c);
-    }
-    const int g = (c * PER_CHUNK) / GS;
-    float s[R];
-    float b[R];
+    for (int i = 0; i < UNROLL; ++i) {
+      const int c = c0 + 32 * i;
+      if (c < CHUNKS) {
+        const int g = (c * PER_CHUNK) / GS;
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      s[r] = to_f(srows[r * GROUPS + g]);
-      b[r] = to_f(brows[r * GROUPS + g]);
-    }
-#pragma unroll
-    for (int m = 0; m < MB; ++m) {
-      if (m >= M) {
-        break;
-      }
-      const T* xc = x + static_cast<size_t>(m) * K + c * PER_CHUNK;
-      float xs[PER_CHUNK];
-#pragma unroll
-      for (int v = 0; v < PER_CHUNK; v += 8) {
-        float part[8];
-        load8(xc + v, part);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          xs[v + i] = part[i];
+        for (int r = 0; r < R; ++r) {
+          packed[i][r] = __ldg(wrow[r] + c);
+          s[i][r] = D * static_cast<float>(srow[r][g]);
+          b[i][r] = static_cast<float>(brow[r][g]);
         }
       }
-      float sx = 0.0f;
+    }
 #pragma unroll
-      for (int i = 0; i < PER_CHUNK; ++i) {
-        sx += xs[i];
+    for (int i = 0; i < UNROLL; ++i) {
+      const int c = c0 + 32 * i;
+      if (c >= CHUNKS) {
+        break;
+      }
+      uint4 xq[MB][PAIRS];
+      float sx[MB];
+#pragma unroll
+      for (int m = 0; m < MB; ++m) {
+        if constexpr (KCAP > 0) {
+#pragma unroll
+          for (int j = 0; j < PAIRS; ++j) {
+            xq[m][j] = x_pairs[(m * PAIRS + j) * KCH + c];
+          }
+          sx[m] = x_sums[m * KCH + c];
+        } else {
+          sx[m] = m < M ? convert_chunk<T, BITS>(x + static_cast<size_t>(m) * K + c * PER_CHUNK, xq[m]) : 0.0f;
+        }
       }
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const uint32_t words[4] = {packed[r].x, packed[r].y, packed[r].z, packed[r].w};
-        float fx = 0.0f;
+        const uint32_t words[4] = {packed[i][r].x, packed[i][r].y, packed[i][r].z, packed[i][r].w};
+        __half2 dot[MB];
 #pragma unroll
-        for (int i = 0; i < PER_CHUNK; ++i) {
-          fx = fmaf(xs[i], unit_plus<BITS>(words[i / PER_WORD], i % PER_WORD), fx);
+        for (int m = 0; m < MB; ++m) {
+          dot[m] = half2_bits(0);
         }
-        acc[r][m] += s[r] * (D * (fx - sx)) + b[r] * sx;
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+          __half2 q[PAIRS];
+          unpack<BITS>(words[u], q);
+#pragma unroll
+          for (int m = 0; m < MB; ++m) {
+#pragma unroll
+            for (int p = 0; p < PAIRS; ++p) {
+              const int j = u * PAIRS + p;
+              dot[m] = __hfma2(as_half2(component(xq[m][j / 4], j % 4)), q[p], dot[m]);
+            }
+          }
+        }
+#pragma unroll
+        for (int m = 0; m < MB; ++m) {
+          const float2 f = __half22float2(dot[m]);
+          acc[r][m] += s[i][r] * (f.x + f.y) + b[i][r] * sx[m];
+        }
       }
     }
   }

@@ -7,9 +7,10 @@
 //! and single rows too. Design and numbers: `docs/gpu.md`.
 
 use std::ffi::CString;
+use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use anyhow::{anyhow, bail, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use mlx_rs::{Array, Dtype};
 
 use crate::model::layers::QuantSpec;
@@ -28,7 +29,9 @@ const MIN_ROWS: usize = 2;
 /// H200 it beats MLX's kernel on Llama-8B's MLP and output layers but not on
 /// its 4096 x 4096 attention projections. `MLX_BUN_CUDA_KERNEL=all` lifts it.
 const MIN_WEIGHTS: i64 = 16 << 20;
-const WARPS_PER_BLOCK: i32 = 4;
+const WARPS_PER_BLOCK: i32 = 8;
+/// Static shared memory a block may hold (CUDA's limit without opting in).
+const SHARED_BYTES: i64 = 48 << 10;
 
 const UNSET: u8 = 0;
 const ON: u8 = 1;
@@ -93,7 +96,7 @@ pub fn applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: Quant
         && rows >= min_rows
         && matches!(spec.bits, 4 | 8)
         && rows <= MAX_ROWS
-        && matches!(x.dtype(), Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16)
+        && matches!(x.dtype(), Dtype::Float16 | Dtype::Bfloat16)
         && matches!(
             scales.dtype(),
             Dtype::Float32 | Dtype::Float16 | Dtype::Bfloat16
@@ -133,7 +136,15 @@ pub fn quantized_matvec(
         .columns
         .filter(|r| n % r == 0)
         .unwrap_or_else(|| columns_per_warp(n, tuning.warps));
-    let template_ints = [bound, spec.group_size, spec.bits, tuning.warps, per_warp];
+    let x_cap = shared_x_cap(k, bound, 128 / spec.bits);
+    let template_ints = [
+        bound,
+        spec.group_size,
+        spec.bits,
+        tuning.warps,
+        per_warp,
+        x_cap,
+    ];
     let warps = n / per_warp;
     let grid = (warps + tuning.warps - 1) / tuning.warps * tuning.warps * 32;
     run_kernel(
@@ -179,9 +190,23 @@ fn columns_per_warp(n: i32, warps_per_block: i32) -> i32 {
         .unwrap_or(1)
 }
 
+/// The kernel's `KCAP`: the smallest power of two at least `k` for which
+/// `rows` rows of x, as halves plus one float per chunk of `per_chunk`
+/// values, fit in a block's shared memory; 0 (each warp converts x itself)
+/// when none does.
+fn shared_x_cap(k: i32, rows: i32, per_chunk: i32) -> i32 {
+    let cap = (k.max(1) as u32).next_power_of_two() as i64;
+    let bytes = rows as i64 * (cap * 2 + cap / per_chunk as i64 * 4);
+    if bytes <= SHARED_BYTES {
+        cap as i32
+    } else {
+        0
+    }
+}
+
 const INPUT_NAMES: [&str; 4] = ["x", "w", "scales", "biases"];
 const OUTPUT_NAME: &str = "y";
-const INT_PARAMS: [&str; 5] = ["MB", "GS", "BITS", "WARPS", "R"];
+const INT_PARAMS: [&str; 6] = ["MB", "GS", "BITS", "WARPS", "R", "KCAP"];
 const TYPE_PARAMS: [&str; 2] = ["T", "S"];
 
 fn cstring(s: &str) -> Result<CString> {
@@ -225,9 +250,15 @@ fn kernel() -> Result<&'static Kernel> {
 }
 
 fn make_kernel() -> Result<Kernel> {
-    let (header, body) = SOURCE
+    let source = match std::env::var_os("MLX_BUN_QMV_SOURCE") {
+        Some(path) => std::fs::read_to_string(&path).with_context(|| {
+            format!("reading MLX_BUN_QMV_SOURCE {}", Path::new(&path).display())
+        })?,
+        None => SOURCE.to_string(),
+    };
+    let (header, body) = source
         .split_once(BODY_MARKER)
-        .ok_or_else(|| anyhow!("kernels/cuda/qmv.cu lacks its body marker"))?;
+        .ok_or_else(|| anyhow!("the kernel source lacks its body marker `{BODY_MARKER}`"))?;
     let name = cstring("mlx_bun_qmv")?;
     let header = cstring(&compact(header))?;
     let body = cstring(&compact(body))?;
@@ -280,7 +311,7 @@ fn make_kernel() -> Result<Kernel> {
 fn run_kernel(
     inputs: &[&Array; 4],
     output: (&[i32], Dtype),
-    ints: &[i32; 5],
+    ints: &[i32; 6],
     types: [Dtype; 2],
     grid: (i32, i32, i32),
     block: (i32, i32, i32),
@@ -366,5 +397,15 @@ mod tests {
         }
         assert_eq!(columns_per_warp(14336, 4), 4);
         assert_eq!(columns_per_warp(4096, 4), 1);
+    }
+
+    #[test]
+    fn x_is_staged_in_shared_memory_when_it_fits() {
+        assert_eq!(shared_x_cap(4096, 1, 32), 4096);
+        assert_eq!(shared_x_cap(14336, 1, 32), 16384);
+        assert_eq!(shared_x_cap(14336, 2, 32), 0);
+        assert_eq!(shared_x_cap(4096, 4, 32), 4096);
+        assert_eq!(shared_x_cap(2048, 2, 16), 2048);
+        assert_eq!(shared_x_cap(28672, 1, 32), 0);
     }
 }
