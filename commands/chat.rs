@@ -76,6 +76,7 @@ pub fn run(args: Args) -> Result<()> {
     let model_arg = crate::cache_prompt::model_arg(args.model.as_deref(), file.as_ref());
     let dir = crate::model_arg::resolve(model_arg.as_deref())?;
     let model = Model::load(&dir)?;
+    model.materialize()?;
     let tokenizer = Tokenizer::load(&dir)?;
     let kv = args.kv.settings(&model)?;
     mlx_rs::random::seed(args.seed)?;

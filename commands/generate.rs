@@ -267,6 +267,9 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(adapter) = &args.adapter_path {
         mlx_bun::adapters::apply(&mut model, adapter)?;
     }
+    if group.is_none() {
+        model.materialize()?;
+    }
     let kv = args.kv.settings(&model)?;
     let (prompt, mut caches) = match cache_file {
         Some(file) => crate::cache_prompt::continue_from(
@@ -341,6 +344,7 @@ pub fn run(args: Args) -> Result<()> {
                     eprintln!("warning: {warning}");
                 }
                 draft_model = Model::load(&draft_dir).context("loading the draft model")?;
+                draft_model.materialize()?;
                 Box::new(ModelDrafter::new(&draft_model, &opts.sampling)?)
             };
             generate_speculative(
@@ -402,6 +406,7 @@ fn run_batch_file(args: Args) -> Result<()> {
     if let Some(adapter) = &args.adapter_path {
         mlx_bun::adapters::apply(&mut model, adapter)?;
     }
+    model.materialize()?;
     let tokenizer = Tokenizer::load(&dir)?;
     if !model.supports_batching() {
         bail!(

@@ -27,10 +27,11 @@ step() {
 note "gpu: $(nvidia-smi -L 2>/dev/null | head -1)"
 
 # 1. Kernel correctness and speed against MLX's quantized_matmul, one process.
-step qmv4 "$RUN" bench qmv --check --rows 1,2,4,8 --bits 4 --group-size 64
+step qmv4 "$RUN" bench qmv --check --rows 1,2,3,4 --bits 4 --group-size 64
 step qmv4-g32 "$RUN" bench qmv --check --rows 1 --bits 4 --group-size 32 --shapes 4096x4096,14336x4096,4096x14336
 step qmv8 "$RUN" bench qmv --check --rows 1 --bits 8 --group-size 64
 step qmv4-f16 "$RUN" bench qmv --check --rows 1 --dtype float16
+step qmv4-glu "$RUN" bench qmv --check --glu --rows 1,2,4 --shapes 14336x4096,8192x2048
 
 # 2. Decode of a random Llama-3-8B-shape model, MLX's kernel vs ours.
 step decode-8b-q4 "$RUN" bench forward --synthetic llama-8b --q-bits 4 --lengths 1,4 \
@@ -43,7 +44,7 @@ prompts=("Write a haiku about the sea." "List three prime numbers." "What is the
 same=0
 for i in "${!prompts[@]}"; do
   p="${prompts[$i]}"
-  "$RUN" generate --model "$MODEL" --prompt "$p" --max-tokens 48 --temp 0 >"$OUT/greedy-on-$i.txt" 2>>"$OUT/greedy.log"
+  MLX_BUN_CUDA_KERNEL=all "$RUN" generate --model "$MODEL" --prompt "$p" --max-tokens 48 --temp 0 >"$OUT/greedy-on-$i.txt" 2>>"$OUT/greedy.log"
   MLX_BUN_CUDA_KERNEL=0 "$RUN" generate --model "$MODEL" --prompt "$p" --max-tokens 48 --temp 0 >"$OUT/greedy-off-$i.txt" 2>>"$OUT/greedy.log"
   cmp -s "$OUT/greedy-on-$i.txt" "$OUT/greedy-off-$i.txt" && same=$((same + 1))
 done

@@ -9,7 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use mlx_bun::kernels::cuda;
 use mlx_bun::model::layers::QuantSpec;
-use mlx_rs::ops::{quantize, quantized_matmul};
+use mlx_rs::ops::{quantize, quantized_matmul, sigmoid};
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 
@@ -42,6 +42,11 @@ pub struct Args {
     peak_gbps: f64,
     #[arg(long)]
     json: bool,
+    /// Time the gated MLP's first half, `silu(x @ gate.T) * (x @ up.T)` with
+    /// gate and up of each shape: one fused kernel against MLX's two
+    /// products and three elementwise ops.
+    #[arg(long)]
+    glu: bool,
     /// Exit with an error when the kernel's output differs from MLX's by more
     /// than float tolerance (relative to the largest output).
     #[arg(long)]
@@ -81,6 +86,11 @@ pub fn run(args: Args) -> Result<()> {
         eval([&wq, &scales, &biases])?;
         let weight_bytes = wq.nbytes() + scales.nbytes() + biases.nbytes();
         let copies = weight_copies(&wq, &scales, &biases, weight_bytes)?;
+        let weight_bytes = if args.glu {
+            2 * weight_bytes
+        } else {
+            weight_bytes
+        };
         for &rows in &args.rows {
             let x = mlx_rs::random::normal::<f32>(&[rows as i32, k][..], None, None, None)?
                 .as_dtype(dtype)?;
@@ -88,9 +98,32 @@ pub fn run(args: Args) -> Result<()> {
             if !cuda::applies(&x, &wq, &scales, &biases, spec) {
                 bail!("the kernel does not take shape {shape} with {rows} rows");
             }
-            let reference =
-                quantized_matmul(&x, &wq, &scales, &biases, true, spec.group_size, spec.bits)?;
-            let ours = cuda::quantized_matvec(&x, &wq, &scales, &biases, spec)?;
+            // Plain product i reads copy i; fused product i reads copies 2i
+            // (gate) and 2i + 1 (up), so no two products in a row share one.
+            let gate_copy = |i: usize| (if args.glu { 2 * i } else { i }) % copies.len();
+            let up_copy = |i: usize| (2 * i + 1) % copies.len();
+            let mlx_product = |i: usize| -> Result<Array> {
+                let (wq, scales, biases) = &copies[gate_copy(i)];
+                let gate =
+                    quantized_matmul(&x, wq, scales, biases, true, spec.group_size, spec.bits)?;
+                if !args.glu {
+                    return Ok(gate);
+                }
+                let (wu, su, bu) = &copies[up_copy(i)];
+                let up = quantized_matmul(&x, wu, su, bu, true, spec.group_size, spec.bits)?;
+                Ok(&(&gate * &sigmoid(&gate)?) * &up)
+            };
+            let our_product = |i: usize| -> Result<Array> {
+                let (wq, scales, biases) = &copies[gate_copy(i)];
+                if !args.glu {
+                    return cuda::quantized_matvec(&x, wq, scales, biases, spec);
+                }
+                let (wu, su, bu) = &copies[up_copy(i)];
+                cuda::quantized_silu_glu(&x, [wq, scales, biases], [wu, su, bu], spec)?
+                    .context("the fused kernel does not apply")
+            };
+            let reference = mlx_product(0)?;
+            let ours = our_product(0)?;
             eval([&reference, &ours])?;
             let diff = reference
                 .as_dtype(mlx_rs::Dtype::Float32)?
@@ -103,22 +136,8 @@ pub fn run(args: Args) -> Result<()> {
                 .abs()?
                 .max(None)?
                 .item_cast::<f32>();
-            let mlx = time_products(args.batch, args.runs, |i| {
-                let (wq, scales, biases) = &copies[i % copies.len()];
-                Ok(quantized_matmul(
-                    &x,
-                    wq,
-                    scales,
-                    biases,
-                    true,
-                    spec.group_size,
-                    spec.bits,
-                )?)
-            })?;
-            let ours = time_products(args.batch, args.runs, |i| {
-                let (wq, scales, biases) = &copies[i % copies.len()];
-                cuda::quantized_matvec(&x, wq, scales, biases, spec)
-            })?;
+            let mlx = time_products(args.batch, args.runs, mlx_product)?;
+            let ours = time_products(args.batch, args.runs, our_product)?;
             let (mlx_us, ours_us) = (mlx.run_us, ours.run_us);
             let bytes = (weight_bytes + x.nbytes() + x.nbytes() / k as usize * n as usize) as f64;
             let pct = |us: f64| bytes / (us * 1e-6) / (args.peak_gbps * 1e9) * 100.0;
@@ -133,7 +152,7 @@ pub fn run(args: Args) -> Result<()> {
                     out,
                     "{}",
                     serde_json::json!({
-                        "shape": shape, "rows": rows, "bits": spec.bits,
+                        "shape": shape, "rows": rows, "bits": spec.bits, "glu": args.glu,
                         "group_size": spec.group_size, "dtype": args.dtype,
                         "mlx_us": mlx_us, "ours_us": ours_us, "speedup": mlx_us / ours_us,
                         "mlx_pct_bw": pct(mlx_us), "ours_pct_bw": pct(ours_us),

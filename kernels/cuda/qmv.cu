@@ -1,16 +1,16 @@
 // mlx-bun's matrix-vector kernel for MLX's affine-quantized weights on
 // NVIDIA GPUs: y[m, n] = sum_k x[m, k] * (scale[n, g] * q[n, k] + bias[n, g]).
 //
-// Compiled at run time by MLX's custom-kernel API (NVRTC). The part above the
-// BODY marker is the header; the part below is the kernel body, to which MLX
-// adds the signature
-//   (const T* x, const uint32_t* w, const S* scales, const S* biases, T* y)
-// with x of any rank (rows = every axis but the last, K the last), and the
-// compile-time constants T (bfloat16 or float16), S, MB (a bound on the rows
-// of x: 1, 2 or 4), GS (group size), BITS (4 or 8), WARPS (warps per block),
-// R (output columns per warp; N is a multiple of R) and KCAP (0, or a bound on
-// K for which x fits in shared memory). Shapes are read at run time, so one
-// compiled kernel serves every layer of a model.
+// Compiled at run time by MLX's custom-kernel API (NVRTC): this file is the
+// kernel's header, and the body MLX wraps in a kernel signature is one call of
+// qmv() below (src/kernels/cuda.rs). x has any rank (rows = every axis but
+// the last, K the last). Compile-time constants: T (bfloat16 or float16), S
+// (scale type), MB (a bound on the rows of x: 1, 2 or 4), GS (group size),
+// BITS (4 or 8), WARPS (warps per block), R (output columns per warp; N is a
+// multiple of R), KCAP (0, or a bound on K for which x fits in shared memory)
+// and GLU (y = silu(x @ w.T) * (x @ w2.T), the gated MLP's first half, with
+// MLX's rounding of each step). Shapes are read at run time, so one compiled
+// kernel serves every layer of a model.
 //
 // One warp computes R consecutive output columns for all M rows of x. Lane l
 // reads 16-byte chunks l, l + 32, ... of each of those weight rows, so a warp
@@ -107,15 +107,31 @@ __device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BI
   return sum;
 }
 
-}  // namespace mlx_bun_qmv
+// silu(g) * u as MLX computes it on T: sigmoid by 1 / (1 + exp(|g|)), then
+// two products, each step rounded to T.
+template <typename T>
+__device__ __forceinline__ T silu_times(T g, T u) {
+  const float gf = static_cast<float>(g);
+  const T e = static_cast<T>(expf(fabsf(gf)));
+  const T d = static_cast<T>(1.0f + static_cast<float>(e));
+  const T inv = static_cast<T>(1.0f / static_cast<float>(d));
+  const T sig = gf < 0.0f ? inv : static_cast<T>(1.0f - static_cast<float>(inv));
+  const T silu = static_cast<T>(gf * static_cast<float>(sig));
+  return static_cast<T>(static_cast<float>(silu) * static_cast<float>(u));
+}
 
-// BODY
-  using namespace mlx_bun_qmv;
+template <typename T, typename S, int MB, int GS, int BITS, int WARPS, int R, int KCAP,
+          bool GLU, typename XShape, typename WShape>
+__device__ __forceinline__ void qmv(
+    const T* x, const XShape& x_shape, int x_ndim, const uint32_t* w, const WShape& w_shape,
+    const S* scales, const S* biases, const uint32_t* w2, const S* scales2, const S* biases2,
+    T* y) {
   constexpr int PER_WORD = 32 / BITS;
   constexpr int PAIRS = PER_WORD / 2;
   constexpr int PER_CHUNK = 4 * PER_WORD;  // values in 16 bytes of weights
   constexpr float D = BITS == 4 ? 256.0f : 4096.0f;
-  constexpr int UNROLL = R >= 8 ? 1 : 8 / R;
+  constexpr int RR = GLU ? 2 * R : R;        // weight rows per warp
+  constexpr int UNROLL = RR >= 8 ? 1 : 8 / RR;
   constexpr int KCH = KCAP / PER_CHUNK;    // chunks of x held in shared memory
   const int N = w_shape[0];
   const int K = w_shape[1] * PER_WORD;
@@ -145,15 +161,17 @@ __device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BI
   if (n0 >= N) {
     return;
   }
-  const uint4* wrow[R];
-  const S* srow[R];
-  const S* brow[R];
-  float acc[R][MB];
+  const uint4* wrow[RR];
+  const S* srow[RR];
+  const S* brow[RR];
+  float acc[RR][MB];
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    wrow[r] = reinterpret_cast<const uint4*>(w) + static_cast<size_t>(n0 + r) * CHUNKS;
-    srow[r] = scales + static_cast<size_t>(n0 + r) * GROUPS;
-    brow[r] = biases + static_cast<size_t>(n0 + r) * GROUPS;
+  for (int r = 0; r < RR; ++r) {
+    const bool second = GLU && r >= R;
+    const size_t n = n0 + (second ? r - R : r);
+    wrow[r] = reinterpret_cast<const uint4*>(second ? w2 : w) + n * CHUNKS;
+    srow[r] = (second ? scales2 : scales) + n * GROUPS;
+    brow[r] = (second ? biases2 : biases) + n * GROUPS;
 #pragma unroll
     for (int m = 0; m < MB; ++m) {
       acc[r][m] = 0.0f;
@@ -161,16 +179,16 @@ __device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BI
   }
   for (int c0 = lane; c0 < CHUNKS; c0 += 32 * UNROLL) {
     // Every load of this step is issued before any of its arithmetic.
-    uint4 packed[UNROLL][R];
-    float s[UNROLL][R];
-    float b[UNROLL][R];
+    uint4 packed[UNROLL][RR];
+    float s[UNROLL][RR];
+    float b[UNROLL][RR];
 #pragma unroll
     for (int i = 0; i < UNROLL; ++i) {
       const int c = c0 + 32 * i;
       if (c < CHUNKS) {
         const int g = (c * PER_CHUNK) / GS;
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+        for (int r = 0; r < RR; ++r) {
           packed[i][r] = __ldg(wrow[r] + c);
           s[i][r] = D * static_cast<float>(srow[r][g]);
           b[i][r] = static_cast<float>(brow[r][g]);
@@ -198,7 +216,7 @@ __device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BI
         }
       }
 #pragma unroll
-      for (int r = 0; r < R; ++r) {
+      for (int r = 0; r < RR; ++r) {
         const uint32_t words[4] = {packed[i][r].x, packed[i][r].y, packed[i][r].z, packed[i][r].w};
         __half2 dot[MB];
 #pragma unroll
@@ -227,19 +245,29 @@ __device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BI
     }
   }
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
+  for (int r = 0; r < RR; ++r) {
 #pragma unroll
     for (int m = 0; m < MB; ++m) {
-      if (m >= M) {
-        break;
-      }
-      float v = acc[r][m];
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) {
-        v += __shfl_xor_sync(0xffffffffu, v, off);
-      }
-      if (lane == 0) {
-        y[static_cast<size_t>(m) * N + n0 + r] = static_cast<T>(v);
+        acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
       }
     }
   }
+  if (lane != 0) {
+    return;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+#pragma unroll
+    for (int m = 0; m < MB; ++m) {
+      if (m < M) {
+        const T out = GLU ? silu_times(static_cast<T>(acc[r][m]), static_cast<T>(acc[R + r][m]))
+                          : static_cast<T>(acc[r][m]);
+        y[static_cast<size_t>(m) * N + n0 + r] = out;
+      }
+    }
+  }
+}
+
+}  // namespace mlx_bun_qmv

@@ -16,7 +16,6 @@ use mlx_rs::{Array, Dtype};
 use crate::model::layers::QuantSpec;
 
 const SOURCE: &str = include_str!("../../kernels/cuda/qmv.cu");
-const BODY_MARKER: &str = "// BODY\n";
 /// Rows of `x` the kernel takes; from 8 rows MLX's tiled kernel wins.
 pub(crate) const MAX_ROWS: usize = 4;
 /// Fewest rows it takes by default. At one row the kernel itself is about
@@ -29,7 +28,7 @@ const MIN_ROWS: usize = 2;
 /// H200 it beats MLX's kernel on Llama-8B's MLP and output layers but not on
 /// its 4096 x 4096 attention projections. `MLX_BUN_CUDA_KERNEL=all` lifts it.
 const MIN_WEIGHTS: i64 = 16 << 20;
-const WARPS_PER_BLOCK: i32 = 8;
+const WARPS_PER_BLOCK: i32 = 4;
 /// Static shared memory a block may hold (CUDA's limit without opting in).
 const SHARED_BYTES: i64 = 48 << 10;
 
@@ -122,6 +121,32 @@ pub fn quantized_matvec(
     if !applies(x, w, scales, biases, spec) {
         bail!("the CUDA kernel does not apply to these operands");
     }
+    launch(Variant::Plain, x, &[w, scales, biases], spec)
+}
+
+/// `silu(x @ gate.T) * (x @ up.T)` (each a quantized `(w, scales, biases)`)
+/// by one CUDA kernel, rounded step by step as MLX computes it; `None` where
+/// the kernel does not apply to both.
+pub fn quantized_silu_glu(
+    x: &Array,
+    gate: [&Array; 3],
+    up: [&Array; 3],
+    spec: QuantSpec,
+) -> Result<Option<Array>> {
+    let [gw, gs, gb] = gate;
+    let [uw, us, ub] = up;
+    let same = gw.shape() == uw.shape()
+        && gs.shape() == us.shape()
+        && gs.dtype() == us.dtype()
+        && ub.dtype() == gb.dtype();
+    if !same || !applies(x, gw, gs, gb, spec) || !applies(x, uw, us, ub, spec) {
+        return Ok(None);
+    }
+    launch(Variant::Glu, x, &[gw, gs, gb, uw, us, ub], spec).map(Some)
+}
+
+fn launch(variant: Variant, x: &Array, weights: &[&Array], spec: QuantSpec) -> Result<Array> {
+    let (w, scales) = (weights[0], weights[1]);
     let k = x.shape()[x.ndim() - 1];
     let n = w.shape()[0];
     let rows = (x.size() / k as usize) as i32;
@@ -135,20 +160,22 @@ pub fn quantized_matvec(
     let per_warp = tuning
         .columns
         .filter(|r| n % r == 0)
-        .unwrap_or_else(|| columns_per_warp(n, tuning.warps));
-    let x_cap = shared_x_cap(k, bound, 128 / spec.bits);
+        .unwrap_or_else(|| columns_per_warp(n));
     let template_ints = [
         bound,
         spec.group_size,
         spec.bits,
         tuning.warps,
         per_warp,
-        x_cap,
+        shared_x_cap(k, bound, 128 / spec.bits),
     ];
     let warps = n / per_warp;
     let grid = (warps + tuning.warps - 1) / tuning.warps * tuning.warps * 32;
+    let mut inputs = vec![x];
+    inputs.extend_from_slice(weights);
     run_kernel(
-        &[x, w, scales, biases],
+        variant,
+        &inputs,
         (&out_shape, x.dtype()),
         &template_ints,
         [x.dtype(), scales.dtype()],
@@ -179,15 +206,10 @@ fn tuning() -> Tuning {
     })
 }
 
-/// Output columns per warp: 4 while that still leaves about four blocks per
-/// streaming multiprocessor of a large GPU (132 on an H200), fewer for
-/// narrow layers; always a divisor of `n`.
-fn columns_per_warp(n: i32, warps_per_block: i32) -> i32 {
-    const TARGET_BLOCKS: i32 = 4 * 132;
-    [4, 2]
-        .into_iter()
-        .find(|&r| n % r == 0 && n / (r * warps_per_block) >= TARGET_BLOCKS)
-        .unwrap_or(1)
+/// Output columns per warp: 4 (the fastest on every Llama-8B layer shape on
+/// an H200, docs/gpu.md), else the largest divisor of `n` below it.
+fn columns_per_warp(n: i32) -> i32 {
+    [4, 2].into_iter().find(|&r| n % r == 0).unwrap_or(1)
 }
 
 /// The kernel's `KCAP`: the smallest power of two at least `k` for which
@@ -204,7 +226,44 @@ fn shared_x_cap(k: i32, rows: i32, per_chunk: i32) -> i32 {
     }
 }
 
-const INPUT_NAMES: [&str; 4] = ["x", "w", "scales", "biases"];
+/// The kernel's two entry points: a plain product, and the gated MLP's
+/// `silu(x @ gate.T) * (x @ up.T)` from two weights at once.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Variant {
+    Plain,
+    Glu,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Plain => "mlx_bun_qmv",
+            Variant::Glu => "mlx_bun_qmv_glu",
+        }
+    }
+
+    fn inputs(self) -> &'static [&'static str] {
+        match self {
+            Variant::Plain => &["x", "w", "scales", "biases"],
+            Variant::Glu => &["x", "w", "scales", "biases", "w2", "scales2", "biases2"],
+        }
+    }
+
+    /// The kernel body MLX wraps in a signature: one call of `qmv()`.
+    fn body(self) -> &'static str {
+        match self {
+            Variant::Plain => {
+                "mlx_bun_qmv::qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(\n\
+                 x, x_shape, x_ndim, w, w_shape, scales, biases, w, scales, biases, y);\n"
+            }
+            Variant::Glu => {
+                "mlx_bun_qmv::qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, true>(\n\
+                 x, x_shape, x_ndim, w, w_shape, scales, biases, w2, scales2, biases2, y);\n"
+            }
+        }
+    }
+}
+
 const OUTPUT_NAME: &str = "y";
 const INT_PARAMS: [&str; 6] = ["MB", "GS", "BITS", "WARPS", "R", "KCAP"];
 const TYPE_PARAMS: [&str; 2] = ["T", "S"];
@@ -213,9 +272,7 @@ fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| anyhow!("kernel text contains a NUL byte"))
 }
 
-/// The kernel source without comments: MLX copies and hashes the whole text
-/// each time the kernel is applied, so a shorter text is less host time per
-/// node.
+/// The kernel source without comments.
 fn compact(source: &str) -> String {
     source
         .lines()
@@ -229,8 +286,68 @@ fn compact(source: &str) -> String {
         + "\n"
 }
 
+/// The header handed to MLX with each application. MLX builds, copies and
+/// hashes the whole kernel text every time a kernel node is made and
+/// evaluated (about 12 us per node with the source inline, against 1 us for
+/// its own ops), so by default the source goes once into a header file in
+/// the include folder MLX gives NVRTC (`include/` beside `libmlx.so`, where
+/// the bundle keeps CCCL and CUTLASS) and the text per node is one
+/// `#include`. `MLX_BUN_QMV_INCLUDE=0`, or a folder that cannot be written,
+/// keeps the source inline.
+fn kernel_header(source: &str) -> String {
+    let inline = std::env::var("MLX_BUN_QMV_INCLUDE").is_ok_and(|v| v == "0");
+    if !inline {
+        match write_header(source) {
+            Ok(name) => return format!("#include \"{name}\"\n"),
+            Err(e) => {
+                tracing::warn!(
+                    "mlx-bun's CUDA kernel source stays inline (slower to schedule): {e:#}"
+                )
+            }
+        }
+    }
+    compact(source)
+}
+
+/// Writes `source` as `include/mlx_bun/qmv_<hash>.cuh` beside the loaded
+/// `libmlx.so` (unless it is there already) and returns the include name.
+fn write_header(source: &str) -> Result<String> {
+    let name = format!("mlx_bun/qmv_{:016x}.cuh", fnv1a(source.as_bytes()));
+    let maps = std::fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
+    let lib = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .find(|path| {
+            Path::new(path)
+                .file_name()
+                .is_some_and(|f| f.to_string_lossy().starts_with("libmlx.so"))
+        })
+        .ok_or_else(|| anyhow!("libmlx.so is not loaded from a file"))?;
+    let root = Path::new(lib)
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| anyhow!("{lib} has no parent folder"))?;
+    let path = root.join("include").join(&name);
+    if std::fs::read_to_string(&path).is_ok_and(|text| text == source) {
+        return Ok(name);
+    }
+    let dir = path.parent().expect("a file inside include/");
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let tmp = dir.join(format!(".qmv-{}.tmp", std::process::id()));
+    std::fs::write(&tmp, source).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(name)
+}
+
+/// 64-bit FNV-1a: a stable name for one version of the kernel source.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 /// The MLX custom-kernel object and the C strings each application passes,
-/// made once per process.
+/// made once per process and variant.
 struct Kernel {
     handle: mlx_sys::mlx_fast_cuda_kernel,
     int_params: Vec<CString>,
@@ -241,28 +358,50 @@ struct Kernel {
 unsafe impl Send for Kernel {}
 unsafe impl Sync for Kernel {}
 
-fn kernel() -> Result<&'static Kernel> {
-    static KERNEL: std::sync::OnceLock<Result<Kernel, String>> = std::sync::OnceLock::new();
-    KERNEL
-        .get_or_init(|| make_kernel().map_err(|e| format!("{e:#}")))
+fn kernel(variant: Variant) -> Result<&'static Kernel> {
+    type Slot = std::sync::OnceLock<Result<Kernel, String>>;
+    static PLAIN: Slot = std::sync::OnceLock::new();
+    static GLU: Slot = std::sync::OnceLock::new();
+    let slot = match variant {
+        Variant::Plain => &PLAIN,
+        Variant::Glu => &GLU,
+    };
+    slot.get_or_init(|| make_kernel(variant).map_err(|e| format!("{e:#}")))
         .as_ref()
         .map_err(|e| anyhow!("{e}"))
 }
 
-fn make_kernel() -> Result<Kernel> {
-    let source = match std::env::var_os("MLX_BUN_QMV_SOURCE") {
-        Some(path) => std::fs::read_to_string(&path).with_context(|| {
-            format!("reading MLX_BUN_QMV_SOURCE {}", Path::new(&path).display())
-        })?,
-        None => SOURCE.to_string(),
-    };
-    let (header, body) = source
-        .split_once(BODY_MARKER)
-        .ok_or_else(|| anyhow!("the kernel source lacks its body marker `{BODY_MARKER}`"))?;
-    let name = cstring("mlx_bun_qmv")?;
-    let header = cstring(&compact(header))?;
-    let body = cstring(&compact(body))?;
-    let input_names: Vec<CString> = INPUT_NAMES
+/// The kernel source: `kernels/cuda/qmv.cu`, or the file named by
+/// `MLX_BUN_QMV_SOURCE` (for trying a change on a GPU without a rebuild).
+fn source() -> Result<&'static str> {
+    static SOURCE_TEXT: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    SOURCE_TEXT
+        .get_or_init(|| match std::env::var_os("MLX_BUN_QMV_SOURCE") {
+            Some(path) => std::fs::read_to_string(&path).map_err(|e| {
+                format!(
+                    "reading MLX_BUN_QMV_SOURCE {}: {e}",
+                    Path::new(&path).display()
+                )
+            }),
+            None => Ok(SOURCE.to_string()),
+        })
+        .as_ref()
+        .map(String::as_str)
+        .map_err(|e| anyhow!("{e}"))
+}
+
+fn header() -> Result<&'static str> {
+    static HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let source = source()?;
+    Ok(HEADER.get_or_init(|| kernel_header(source)))
+}
+
+fn make_kernel(variant: Variant) -> Result<Kernel> {
+    let name = cstring(variant.name())?;
+    let header = cstring(header()?)?;
+    let body = cstring(variant.body())?;
+    let input_names: Vec<CString> = variant
+        .inputs()
         .iter()
         .map(|n| cstring(n))
         .collect::<Result<_>>()?;
@@ -290,7 +429,7 @@ fn make_kernel() -> Result<Kernel> {
         kernel
     };
     if handle.ctx.is_null() {
-        bail!("MLX could not create the CUDA kernel mlx_bun_qmv");
+        bail!("MLX could not create the CUDA kernel {}", variant.name());
     }
     Ok(Kernel {
         handle,
@@ -306,17 +445,18 @@ fn make_kernel() -> Result<Kernel> {
 }
 
 /// Applies the kernel (compiled by MLX on first use) to `inputs` in the order
-/// of [`INPUT_NAMES`]; `grid` counts threads in total per dimension (MLX
-/// divides by the block).
+/// of the variant's input names; `grid` counts threads in total per
+/// dimension (MLX divides by the block).
 fn run_kernel(
-    inputs: &[&Array; 4],
+    variant: Variant,
+    inputs: &[&Array],
     output: (&[i32], Dtype),
     ints: &[i32; 6],
     types: [Dtype; 2],
     grid: (i32, i32, i32),
     block: (i32, i32, i32),
 ) -> Result<Array> {
-    let kernel = kernel()?;
+    let kernel = kernel(variant)?;
     // SAFETY: every handle created here is freed before returning; the
     // C strings live as long as the process; on success the output array is
     // copied out of the vector (a new reference) before the vector is freed.
@@ -357,7 +497,8 @@ fn run_kernel(
             );
         }
         let mut result = Err(anyhow!(
-            "the CUDA kernel mlx_bun_qmv failed to build or run"
+            "the CUDA kernel {} failed to build or run",
+            variant.name()
         ));
         if rc == 0 && mlx_sys::mlx_vector_array_size(outputs) == 1 {
             let mut out = mlx_sys::mlx_array_new();
@@ -381,22 +522,42 @@ mod tests {
 
     #[test]
     fn compact_source_keeps_code_and_drops_comments() {
-        let (header, body) = SOURCE.split_once(BODY_MARKER).unwrap();
-        let (header, body) = (compact(header), compact(body));
-        assert!(!header.contains("//") && !body.contains("//"));
-        assert!(header.contains("#include <cuda_bf16.h>"));
-        assert!(body.contains("x_ndim") && body.contains("w_shape[0]"));
-        assert!(3 * (header.len() + body.len()) < 2 * SOURCE.len());
+        let text = compact(SOURCE);
+        assert!(!text.contains("//"));
+        assert!(text.contains("#include <cuda_bf16.h>"));
+        assert!(
+            text.contains("w_shape[0]") && text.contains("__device__ __forceinline__ void qmv(")
+        );
+        assert!(3 * text.len() < 2 * SOURCE.len());
+    }
+
+    #[test]
+    fn bodies_call_the_kernel_with_every_input() {
+        for variant in [Variant::Plain, Variant::Glu] {
+            let body = variant.body();
+            for input in variant.inputs() {
+                assert!(body.contains(&format!("{input},")), "{input} in {body}");
+            }
+            assert!(
+                body.contains("x_shape") && body.contains("w_shape") && body.contains("x_ndim")
+            );
+        }
     }
 
     #[test]
     fn columns_per_warp_divides_the_layer() {
-        for n in [1024, 4096, 14336, 128256, 151936, 3] {
-            let r = columns_per_warp(n, WARPS_PER_BLOCK);
+        for n in [1024, 4096, 14336, 128256, 151936, 3, 6] {
+            let r = columns_per_warp(n);
             assert_eq!(n % r, 0, "{n}");
         }
-        assert_eq!(columns_per_warp(14336, 4), 4);
-        assert_eq!(columns_per_warp(4096, 4), 1);
+        assert_eq!(columns_per_warp(14336), 4);
+        assert_eq!(columns_per_warp(6), 2);
+    }
+
+    #[test]
+    fn header_names_change_with_the_source() {
+        assert_ne!(fnv1a(b"a"), fnv1a(b"b"));
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
     }
 
     #[test]

@@ -176,6 +176,9 @@ impl Mlp {
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        if let Some(h) = self.fused_silu_glu(x)? {
+            return self.down_proj.forward(&h);
+        }
         let gate = self.gate_proj.forward(x)?;
         let up = self.up_proj.forward(x)?;
         let gate = match self.activation {
@@ -183,6 +186,26 @@ impl Mlp {
             Activation::GeluApprox => super::gemma2::gelu_approx(&gate)?,
         };
         self.down_proj.forward(&(&gate * &up))
+    }
+}
+
+impl Mlp {
+    /// `silu(gate(x)) * up(x)` in one CUDA kernel node (decode on a GPU), or
+    /// `None` where it does not apply.
+    fn fused_silu_glu(&self, x: &Array) -> Result<Option<Array>> {
+        if self.activation != Activation::Silu {
+            return Ok(None);
+        }
+        let (Some((gate, spec)), Some((up, up_spec))) = (
+            self.gate_proj.plain_quantized(),
+            self.up_proj.plain_quantized(),
+        ) else {
+            return Ok(None);
+        };
+        if spec != up_spec {
+            return Ok(None);
+        }
+        crate::kernels::cuda::quantized_silu_glu(x, gate, up, spec)
     }
 }
 

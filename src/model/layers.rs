@@ -95,6 +95,27 @@ impl Linear {
         })
     }
 
+    /// The packed weight, scales and biases of a plain affine-quantized
+    /// layer (no bias, adapter or cross-rank sum) outside training: what a
+    /// fused kernel may read in place of [`Linear::forward`].
+    pub(crate) fn plain_quantized(&self) -> Option<([&Array; 3], QuantSpec)> {
+        match &self.weight {
+            LinearWeight::Quantized {
+                weight,
+                scales,
+                biases: Some(biases),
+                spec,
+            } if self.bias.is_none()
+                && self.lora.is_none()
+                && self.all_sum.is_none()
+                && !differentiable_quantized() =>
+            {
+                Some(([weight, scales, biases], *spec))
+            }
+            _ => None,
+        }
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let mut y = match (&self.weight, &self.bias) {
             (LinearWeight::Dense(w), Some(b)) => addmm(b, x, w.t(), None, None)?,
