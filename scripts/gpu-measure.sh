@@ -33,10 +33,11 @@ step qmv8 "$RUN" bench qmv --check --rows 1 --bits 8 --group-size 64
 step qmv4-f16 "$RUN" bench qmv --check --rows 1 --dtype float16
 step qmv4-glu "$RUN" bench qmv --check --glu --rows 1,2,4 --shapes 14336x4096,8192x2048
 
-# 2. Decode of a random Llama-3-8B-shape model, MLX's kernel vs ours.
-step decode-8b-q4 "$RUN" bench forward --synthetic llama-8b --q-bits 4 --lengths 1,4 \
+# 2. Decode of a random Llama-3-8B-shape model, MLX's kernel vs ours
+# (SKIP_8B=1 skips it when scripts/bench_generate.py measures it instead).
+[ -n "${SKIP_8B:-}" ] || step decode-8b-q4 "$RUN" bench forward --synthetic llama-8b --q-bits 4 --lengths 1,4 \
   --context 128 --runs 20 --compare-kernel --no-db
-step decode-8b-bf16 "$RUN" bench forward --synthetic llama-8b --q-bits 0 --lengths 1 \
+[ -n "${SKIP_8B:-}" ] || step decode-8b-bf16 "$RUN" bench forward --synthetic llama-8b --q-bits 0 --lengths 1 \
   --context 128 --runs 20 --no-db
 
 # 3. Greedy tokens on the default model with the kernel on and off.

@@ -61,7 +61,10 @@ pub fn run(args: Args) -> Result<()> {
         .with_context(|| format!("unknown --dtype {:?}", args.dtype))?;
     let spec = QuantSpec::affine(args.group_size, args.bits);
     cuda::set_everywhere();
-    let tolerance = 1e-2;
+    // The fused MLP rounds gate, sigmoid, silu and product to the activation
+    // type as MLX does, so a last-bit difference in gate or up can grow to a
+    // few units in the last place of the output.
+    let tolerance = if args.glu { 2e-2 } else { 1e-2 };
     let mut failures = Vec::new();
     let mut out = std::io::stdout();
     if !args.json {

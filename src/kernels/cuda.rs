@@ -1,16 +1,17 @@
 //! mlx-bun's CUDA matrix-vector kernel for affine-quantized weights
 //! (`kernels/cuda/qmv.cu`), run through MLX's custom-kernel API: compiled by
 //! NVRTC on first use, scheduled in MLX's graph like any other op. It serves
-//! batched decode and speculative verification (2 to `MAX_ROWS` rows) of
-//! large layers on an NVIDIA GPU; MLX's `quantized_matmul` covers everything
-//! else. `MLX_BUN_CUDA_KERNEL=0` turns it off, `=all` uses it for every layer
-//! and single rows too. Design and numbers: `docs/gpu.md`.
+//! decode, batched decode and speculative verification (1 to `MAX_ROWS`
+//! rows) of large layers on an NVIDIA GPU, and the gated MLP's
+//! `silu(gate) * up` as one node; MLX's `quantized_matmul` covers everything
+//! else. `MLX_BUN_CUDA_KERNEL=0` turns it off, `=all` uses it for layers of
+//! any size. Design and numbers: `docs/gpu.md`.
 
 use std::ffi::CString;
 use std::path::Path;
 use std::sync::atomic::{AtomicU8, Ordering};
 
-use anyhow::{anyhow, bail, Context, Result};
+use anyhow::{anyhow, bail, Result};
 use mlx_rs::{Array, Dtype};
 
 use crate::model::layers::QuantSpec;
@@ -18,16 +19,11 @@ use crate::model::layers::QuantSpec;
 const SOURCE: &str = include_str!("../../kernels/cuda/qmv.cu");
 /// Rows of `x` the kernel takes; from 8 rows MLX's tiled kernel wins.
 pub(crate) const MAX_ROWS: usize = 4;
-/// Fewest rows it takes by default. At one row the kernel itself is about
-/// twice as fast as MLX's on large layers, but building each custom-kernel
-/// node costs more host time than that saves in a single-sequence decode
-/// step (measured on an H200, docs/gpu.md); from two rows it wins end to end.
-/// `MLX_BUN_CUDA_KERNEL=all` takes single rows too.
-const MIN_ROWS: usize = 2;
 /// Smallest layer (out x in features) the kernel takes by default: on an
-/// H200 it beats MLX's kernel on Llama-8B's MLP and output layers but not on
-/// its 4096 x 4096 attention projections. `MLX_BUN_CUDA_KERNEL=all` lifts it.
-const MIN_WEIGHTS: i64 = 16 << 20;
+/// H200 it beats MLX's kernel on every Llama-8B layer, the smallest being
+/// 1024 x 4096 (docs/gpu.md); smaller layers were not measured.
+/// `MLX_BUN_CUDA_KERNEL=all` lifts it.
+const MIN_WEIGHTS: i64 = 4 << 20;
 const WARPS_PER_BLOCK: i32 = 4;
 /// Static shared memory a block may hold (CUDA's limit without opting in).
 const SHARED_BYTES: i64 = 48 << 10;
@@ -90,9 +86,8 @@ pub fn applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: Quant
     let per_chunk = 128 / spec.bits.max(1);
     let all = state() == ALL;
     let large_enough = all || w.shape()[0] as i64 * k as i64 >= MIN_WEIGHTS;
-    let min_rows = if all { 1 } else { MIN_ROWS };
     large_enough
-        && rows >= min_rows
+        && rows >= 1
         && matches!(spec.bits, 4 | 8)
         && rows <= MAX_ROWS
         && matches!(x.dtype(), Dtype::Float16 | Dtype::Bfloat16)
@@ -286,66 +281,6 @@ fn compact(source: &str) -> String {
         + "\n"
 }
 
-/// The header handed to MLX with each application. MLX builds, copies and
-/// hashes the whole kernel text every time a kernel node is made and
-/// evaluated (about 12 us per node with the source inline, against 1 us for
-/// its own ops), so by default the source goes once into a header file in
-/// the include folder MLX gives NVRTC (`include/` beside `libmlx.so`, where
-/// the bundle keeps CCCL and CUTLASS) and the text per node is one
-/// `#include`. `MLX_BUN_QMV_INCLUDE=0`, or a folder that cannot be written,
-/// keeps the source inline.
-fn kernel_header(source: &str) -> String {
-    let inline = std::env::var("MLX_BUN_QMV_INCLUDE").is_ok_and(|v| v == "0");
-    if !inline {
-        match write_header(source) {
-            Ok(name) => return format!("#include \"{name}\"\n"),
-            Err(e) => {
-                tracing::warn!(
-                    "mlx-bun's CUDA kernel source stays inline (slower to schedule): {e:#}"
-                )
-            }
-        }
-    }
-    compact(source)
-}
-
-/// Writes `source` as `include/mlx_bun/qmv_<hash>.cuh` beside the loaded
-/// `libmlx.so` (unless it is there already) and returns the include name.
-fn write_header(source: &str) -> Result<String> {
-    let name = format!("mlx_bun/qmv_{:016x}.cuh", fnv1a(source.as_bytes()));
-    let maps = std::fs::read_to_string("/proc/self/maps").context("reading /proc/self/maps")?;
-    let lib = maps
-        .lines()
-        .filter_map(|line| line.split_whitespace().nth(5))
-        .find(|path| {
-            Path::new(path)
-                .file_name()
-                .is_some_and(|f| f.to_string_lossy().starts_with("libmlx.so"))
-        })
-        .ok_or_else(|| anyhow!("libmlx.so is not loaded from a file"))?;
-    let root = Path::new(lib)
-        .parent()
-        .and_then(Path::parent)
-        .ok_or_else(|| anyhow!("{lib} has no parent folder"))?;
-    let path = root.join("include").join(&name);
-    if std::fs::read_to_string(&path).is_ok_and(|text| text == source) {
-        return Ok(name);
-    }
-    let dir = path.parent().expect("a file inside include/");
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let tmp = dir.join(format!(".qmv-{}.tmp", std::process::id()));
-    std::fs::write(&tmp, source).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, &path).with_context(|| format!("writing {}", path.display()))?;
-    Ok(name)
-}
-
-/// 64-bit FNV-1a: a stable name for one version of the kernel source.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
 /// The MLX custom-kernel object and the C strings each application passes,
 /// made once per process and variant.
 struct Kernel {
@@ -390,10 +325,12 @@ fn source() -> Result<&'static str> {
         .map_err(|e| anyhow!("{e}"))
 }
 
+/// The header handed to MLX: the kernel source without comments (MLX
+/// copies the whole text into each kernel node it makes).
 fn header() -> Result<&'static str> {
     static HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let source = source()?;
-    Ok(HEADER.get_or_init(|| kernel_header(source)))
+    Ok(HEADER.get_or_init(|| compact(source)))
 }
 
 fn make_kernel(variant: Variant) -> Result<Kernel> {
@@ -444,6 +381,74 @@ fn make_kernel(variant: Variant) -> Result<Kernel> {
     })
 }
 
+/// One launch configuration: output shape and dtype, template arguments,
+/// grid and block.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct LaunchKey {
+    variant: Variant,
+    shape: Vec<i32>,
+    dtype: Dtype,
+    ints: [i32; 6],
+    types: [Dtype; 2],
+    grid: (i32, i32, i32),
+    block: (i32, i32, i32),
+}
+
+/// An MLX kernel configuration, made once per distinct launch and reused
+/// (a decode step repeats the same few dozen launches).
+struct Config(mlx_sys::mlx_fast_cuda_kernel_config);
+// SAFETY: never mutated after it is made, never freed; MLX only copies it.
+unsafe impl Send for Config {}
+unsafe impl Sync for Config {}
+
+fn config(kernel: &Kernel, key: &LaunchKey) -> Result<mlx_sys::mlx_fast_cuda_kernel_config> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    static CONFIGS: std::sync::OnceLock<Mutex<HashMap<LaunchKey, Config>>> =
+        std::sync::OnceLock::new();
+    let configs = CONFIGS.get_or_init(Default::default);
+    let mut configs = configs.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(c) = configs.get(key) {
+        return Ok(c.0);
+    }
+    // SAFETY: the config is freed if filling it fails; the C strings live as
+    // long as the process.
+    let made = unsafe {
+        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
+        let mut rc = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+            config,
+            key.shape.as_ptr(),
+            key.shape.len(),
+            key.dtype as mlx_sys::mlx_dtype,
+        );
+        let (grid, block) = (key.grid, key.block);
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, grid.0, grid.1, grid.2);
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(
+            config, block.0, block.1, block.2,
+        );
+        for (n, d) in kernel.type_params.iter().zip(key.types) {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
+                config,
+                n.as_ptr(),
+                d as mlx_sys::mlx_dtype,
+            );
+        }
+        for (n, v) in kernel.int_params.iter().zip(key.ints) {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, n.as_ptr(), v);
+        }
+        if rc != 0 {
+            mlx_sys::mlx_fast_cuda_kernel_config_free(config);
+            bail!(
+                "MLX refused the launch configuration of {}",
+                key.variant.name()
+            );
+        }
+        config
+    };
+    configs.insert(key.clone(), Config(made));
+    Ok(made)
+}
+
 /// Applies the kernel (compiled by MLX on first use) to `inputs` in the order
 /// of the variant's input names; `grid` counts threads in total per
 /// dimension (MLX divides by the block).
@@ -457,45 +462,31 @@ fn run_kernel(
     block: (i32, i32, i32),
 ) -> Result<Array> {
     let kernel = kernel(variant)?;
-    // SAFETY: every handle created here is freed before returning; the
-    // C strings live as long as the process; on success the output array is
-    // copied out of the vector (a new reference) before the vector is freed.
+    let key = LaunchKey {
+        variant,
+        shape: output.0.to_vec(),
+        dtype: output.1,
+        ints: *ints,
+        types,
+        grid,
+        block,
+    };
+    let config = config(kernel, &key)?;
+    // SAFETY: every handle created here is freed before returning; on
+    // success the output array is copied out of the vector (a new reference)
+    // before the vector is freed.
     unsafe {
-        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
-        let (shape, dtype) = output;
-        let mut rc = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
-            config,
-            shape.as_ptr(),
-            shape.len(),
-            dtype as mlx_sys::mlx_dtype,
-        );
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, grid.0, grid.1, grid.2);
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(
-            config, block.0, block.1, block.2,
-        );
-        for (n, d) in kernel.type_params.iter().zip(types) {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
-                config,
-                n.as_ptr(),
-                d as mlx_sys::mlx_dtype,
-            );
-        }
-        for (n, v) in kernel.int_params.iter().zip(ints) {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, n.as_ptr(), *v);
-        }
         let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
         let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
         let stream = mlx_sys::mlx_default_gpu_stream_new();
         let mut outputs = mlx_sys::mlx_vector_array_new();
-        if rc == 0 {
-            rc = mlx_sys::mlx_fast_cuda_kernel_apply(
-                &mut outputs,
-                kernel.handle,
-                inputs,
-                config,
-                stream,
-            );
-        }
+        let rc = mlx_sys::mlx_fast_cuda_kernel_apply(
+            &mut outputs,
+            kernel.handle,
+            inputs,
+            config,
+            stream,
+        );
         let mut result = Err(anyhow!(
             "the CUDA kernel {} failed to build or run",
             variant.name()
@@ -511,7 +502,6 @@ fn run_kernel(
         mlx_sys::mlx_vector_array_free(outputs);
         mlx_sys::mlx_stream_free(stream);
         mlx_sys::mlx_vector_array_free(inputs);
-        mlx_sys::mlx_fast_cuda_kernel_config_free(config);
         result
     }
 }
@@ -552,12 +542,6 @@ mod tests {
         }
         assert_eq!(columns_per_warp(14336), 4);
         assert_eq!(columns_per_warp(6), 2);
-    }
-
-    #[test]
-    fn header_names_change_with_the_source() {
-        assert_ne!(fnv1a(b"a"), fnv1a(b"b"));
-        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
     }
 
     #[test]
