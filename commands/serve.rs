@@ -328,6 +328,8 @@ fn gateway_config(
 
 pub fn run(args: Args) -> Result<()> {
     check(&args)?;
+    // The warm-up compiles it before /health reports ready.
+    mlx_bun::kernels::cuda::use_by_default();
     let dispatch = log_dispatch(&args.log_level)?;
     let _log = tracing::dispatcher::set_default(&dispatch);
     if let Some(rank) = join_ranks(&args)? {

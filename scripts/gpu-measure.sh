@@ -77,9 +77,9 @@ step train-orpo "$RUN" train --method orpo --model "$MODEL" \
 
 # 6. Structured output and speculative decoding: the schema is met, and the
 # speculative tokens equal the plain greedy tokens.
-schema='{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"]}'
+schema='{"type":"object","properties":{"name":{"type":"string","maxLength":40},"age":{"type":"integer"}},"required":["name","age"],"additionalProperties":false}'
 step json-schema "$RUN" generate --model "$MODEL" --prompt "Invent a person; answer in JSON." \
-  --json-schema "$schema" --max-tokens 64 --temp 0
+  --json-schema "$schema" --max-tokens 96 --temp 0
 python3 - "$OUT/json-schema.log" <<'PY' | tee -a "$summary"
 import json, sys
 text = open(sys.argv[1]).read()

@@ -1,15 +1,17 @@
 //! mlx-bun's CUDA matrix-vector kernel for affine-quantized weights
 //! (`kernels/cuda/qmv.cu`), run through MLX's custom-kernel API: compiled by
 //! NVRTC on first use, scheduled in MLX's graph like any other op. It serves
-//! decode, batched decode and speculative verification (1 to `MAX_ROWS`
+//! batched decode and speculative verification (2 to `MAX_ROWS`
 //! rows) of large layers on an NVIDIA GPU, and the gated MLP's
 //! `silu(gate) * up` as one node; MLX's `quantized_matmul` covers everything
-//! else. `MLX_BUN_CUDA_KERNEL=0` turns it off, `=all` uses it for layers of
-//! any size. Design and numbers: `docs/gpu.md`.
+//! else. `serve` uses it by default (its warm-up compiles it);
+//! `MLX_BUN_CUDA_KERNEL=1` turns it on elsewhere, `=0` off everywhere, `=all`
+//! takes single rows and layers of any size. Design and numbers:
+//! `docs/gpu.md`.
 
 use std::ffi::CString;
 use std::path::Path;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use anyhow::{anyhow, bail, Result};
 use mlx_rs::{Array, Dtype};
@@ -19,11 +21,15 @@ use crate::model::layers::QuantSpec;
 const SOURCE: &str = include_str!("../../kernels/cuda/qmv.cu");
 /// Rows of `x` the kernel takes; from 8 rows MLX's tiled kernel wins.
 pub(crate) const MAX_ROWS: usize = 4;
-/// Smallest layer (out x in features) the kernel takes by default: on an
-/// H200 it beats MLX's kernel on every Llama-8B layer, the smallest being
-/// 1024 x 4096 (docs/gpu.md); smaller layers were not measured.
-/// `MLX_BUN_CUDA_KERNEL=all` lifts it.
-const MIN_WEIGHTS: i64 = 4 << 20;
+/// Fewest rows it takes unless `MLX_BUN_CUDA_KERNEL=all`. At one row the
+/// kernel itself is 2.6-3.4 times as fast as MLX's on large layers, but MLX
+/// spends about 10 us more host time making each custom-kernel node than its
+/// own, and a single-sequence step of an 8B model is already bound by the
+/// host: no faster end to end (docs/gpu.md). From two rows it wins.
+const MIN_ROWS: usize = 2;
+/// Smallest layer (out x in features) it takes unless `all`: Llama-8B's
+/// 4096 x 4096 and larger; at 1024 x 4096 it was no faster than MLX's.
+const MIN_WEIGHTS: i64 = 16 << 20;
 const WARPS_PER_BLOCK: i32 = 4;
 /// Static shared memory a block may hold (CUDA's limit without opting in).
 const SHARED_BYTES: i64 = 48 << 10;
@@ -34,7 +40,21 @@ const OFF: u8 = 2;
 const ALL: u8 = 3;
 static STATE: AtomicU8 = AtomicU8::new(UNSET);
 
-/// Whether the kernel is used where it applies (GPU only; default on).
+/// Whether a process that did not choose (no `MLX_BUN_CUDA_KERNEL`) uses
+/// the kernel: see [`use_by_default`].
+static BY_DEFAULT: AtomicBool = AtomicBool::new(false);
+
+/// Makes the kernel this process's default. MLX compiles custom kernels
+/// anew in every process (its disk cache of compiled kernels leaves them
+/// out), about a second per launch shape, which a one-shot `generate` pays
+/// in its decode; a server compiles them in its warm-up before it reports
+/// ready, so `serve` calls this before loading a model. Elsewhere
+/// `MLX_BUN_CUDA_KERNEL=1` (or `all`) turns it on.
+pub fn use_by_default() {
+    BY_DEFAULT.store(true, Ordering::Relaxed);
+}
+
+/// Whether the kernel is used where it applies (GPU only).
 pub fn enabled() -> bool {
     state() != OFF
 }
@@ -43,12 +63,15 @@ fn state() -> u8 {
     match STATE.load(Ordering::Relaxed) {
         UNSET => {
             let setting = std::env::var("MLX_BUN_CUDA_KERNEL").unwrap_or_default();
-            let state = if !crate::mlx_ext::on_gpu() || setting == "0" {
+            let state = if !crate::mlx_ext::on_gpu() {
                 OFF
-            } else if setting == "all" {
-                ALL
             } else {
-                ON
+                match setting.as_str() {
+                    "all" => ALL,
+                    "1" | "on" => ON,
+                    "" if BY_DEFAULT.load(Ordering::Relaxed) => ON,
+                    _ => OFF,
+                }
             };
             STATE.store(state, Ordering::Relaxed);
             state
@@ -86,8 +109,9 @@ pub fn applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: Quant
     let per_chunk = 128 / spec.bits.max(1);
     let all = state() == ALL;
     let large_enough = all || w.shape()[0] as i64 * k as i64 >= MIN_WEIGHTS;
+    let min_rows = if all { 1 } else { MIN_ROWS };
     large_enough
-        && rows >= 1
+        && rows >= min_rows
         && matches!(spec.bits, 4 | 8)
         && rows <= MAX_ROWS
         && matches!(x.dtype(), Dtype::Float16 | Dtype::Bfloat16)
@@ -381,74 +405,6 @@ fn make_kernel(variant: Variant) -> Result<Kernel> {
     })
 }
 
-/// One launch configuration: output shape and dtype, template arguments,
-/// grid and block.
-#[derive(Clone, PartialEq, Eq, Hash)]
-struct LaunchKey {
-    variant: Variant,
-    shape: Vec<i32>,
-    dtype: Dtype,
-    ints: [i32; 6],
-    types: [Dtype; 2],
-    grid: (i32, i32, i32),
-    block: (i32, i32, i32),
-}
-
-/// An MLX kernel configuration, made once per distinct launch and reused
-/// (a decode step repeats the same few dozen launches).
-struct Config(mlx_sys::mlx_fast_cuda_kernel_config);
-// SAFETY: never mutated after it is made, never freed; MLX only copies it.
-unsafe impl Send for Config {}
-unsafe impl Sync for Config {}
-
-fn config(kernel: &Kernel, key: &LaunchKey) -> Result<mlx_sys::mlx_fast_cuda_kernel_config> {
-    use std::collections::HashMap;
-    use std::sync::Mutex;
-    static CONFIGS: std::sync::OnceLock<Mutex<HashMap<LaunchKey, Config>>> =
-        std::sync::OnceLock::new();
-    let configs = CONFIGS.get_or_init(Default::default);
-    let mut configs = configs.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(c) = configs.get(key) {
-        return Ok(c.0);
-    }
-    // SAFETY: the config is freed if filling it fails; the C strings live as
-    // long as the process.
-    let made = unsafe {
-        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
-        let mut rc = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
-            config,
-            key.shape.as_ptr(),
-            key.shape.len(),
-            key.dtype as mlx_sys::mlx_dtype,
-        );
-        let (grid, block) = (key.grid, key.block);
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, grid.0, grid.1, grid.2);
-        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(
-            config, block.0, block.1, block.2,
-        );
-        for (n, d) in kernel.type_params.iter().zip(key.types) {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
-                config,
-                n.as_ptr(),
-                d as mlx_sys::mlx_dtype,
-            );
-        }
-        for (n, v) in kernel.int_params.iter().zip(key.ints) {
-            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, n.as_ptr(), v);
-        }
-        if rc != 0 {
-            mlx_sys::mlx_fast_cuda_kernel_config_free(config);
-            bail!(
-                "MLX refused the launch configuration of {}",
-                key.variant.name()
-            );
-        }
-        config
-    };
-    configs.insert(key.clone(), Config(made));
-    Ok(made)
-}
-
 /// Applies the kernel (compiled by MLX on first use) to `inputs` in the order
 /// of the variant's input names; `grid` counts threads in total per
 /// dimension (MLX divides by the block).
@@ -462,31 +418,45 @@ fn run_kernel(
     block: (i32, i32, i32),
 ) -> Result<Array> {
     let kernel = kernel(variant)?;
-    let key = LaunchKey {
-        variant,
-        shape: output.0.to_vec(),
-        dtype: output.1,
-        ints: *ints,
-        types,
-        grid,
-        block,
-    };
-    let config = config(kernel, &key)?;
-    // SAFETY: every handle created here is freed before returning; on
-    // success the output array is copied out of the vector (a new reference)
-    // before the vector is freed.
+    // SAFETY: every handle created here is freed before returning; the
+    // C strings live as long as the process; on success the output array is
+    // copied out of the vector (a new reference) before the vector is freed.
     unsafe {
+        let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
+        let (shape, dtype) = output;
+        let mut rc = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+            config,
+            shape.as_ptr(),
+            shape.len(),
+            dtype as mlx_sys::mlx_dtype,
+        );
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, grid.0, grid.1, grid.2);
+        rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(
+            config, block.0, block.1, block.2,
+        );
+        for (n, d) in kernel.type_params.iter().zip(types) {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
+                config,
+                n.as_ptr(),
+                d as mlx_sys::mlx_dtype,
+            );
+        }
+        for (n, v) in kernel.int_params.iter().zip(ints) {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_int(config, n.as_ptr(), *v);
+        }
         let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
         let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
         let stream = mlx_sys::mlx_default_gpu_stream_new();
         let mut outputs = mlx_sys::mlx_vector_array_new();
-        let rc = mlx_sys::mlx_fast_cuda_kernel_apply(
-            &mut outputs,
-            kernel.handle,
-            inputs,
-            config,
-            stream,
-        );
+        if rc == 0 {
+            rc = mlx_sys::mlx_fast_cuda_kernel_apply(
+                &mut outputs,
+                kernel.handle,
+                inputs,
+                config,
+                stream,
+            );
+        }
         let mut result = Err(anyhow!(
             "the CUDA kernel {} failed to build or run",
             variant.name()
@@ -502,6 +472,7 @@ fn run_kernel(
         mlx_sys::mlx_vector_array_free(outputs);
         mlx_sys::mlx_stream_free(stream);
         mlx_sys::mlx_vector_array_free(inputs);
+        mlx_sys::mlx_fast_cuda_kernel_config_free(config);
         result
     }
 }
