@@ -390,7 +390,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__qmv)
-            opts="-h --shapes --rows --bits --group-size --dtype --batch --runs --peak-gbps --json --check --help"
+            opts="-h --shapes --rows --bits --group-size --dtype --batch --runs --peak-gbps --json --glu --check --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
