@@ -141,23 +141,32 @@ fn write_data(dir: &Path) {
     }
 }
 
-fn check_family(case: &str) {
-    let Some(py) = common::oracle_python() else {
-        return;
-    };
+/// What both checks start from: a copy of the checkpoint, training data,
+/// an adapter mlx-lm made for it (whose tensor names and shapes must be
+/// ours), and our adapter trained for two steps from mlx-lm's.
+struct Trained {
+    work: tempfile::TempDir,
+    dir: PathBuf,
+    base: Model,
+    layout: AdapterLayout,
+    /// mlx-lm's adapter folder (also holds its gradients).
+    init: PathBuf,
+    /// Our trained adapter folder.
+    ours: PathBuf,
+}
+
+fn train_from_mlx_lm_adapter(py: &Path, case: &str) -> Trained {
     let work = tempfile::tempdir().unwrap();
     let dir = with_tokenizer(case, work.path());
     let d = dir.to_str().unwrap();
     let init = work.path().join("init");
     let ours = work.path().join("ours");
-    let fused_theirs = work.path().join("fused-theirs");
-    let fused_ours = work.path().join("fused-ours");
     let data = work.path().join("data");
     write_data(&data);
 
     // mlx-lm builds its adapter layers and writes a random adapter for them.
     let made = oracle(
-        &py,
+        py,
         &[
             "init",
             "--model",
@@ -216,6 +225,32 @@ fn check_family(case: &str) {
         "--json",
         "--no-db",
     ]);
+    Trained {
+        work,
+        dir,
+        base,
+        layout,
+        init,
+        ours,
+    }
+}
+
+fn check_family(case: &str) {
+    let Some(py) = common::oracle_python() else {
+        return;
+    };
+    let Trained {
+        work,
+        dir,
+        base,
+        layout,
+        init,
+        ours,
+    } = train_from_mlx_lm_adapter(&py, case);
+    let d = dir.to_str().unwrap();
+    let init_file = init.join("adapters.safetensors");
+    let fused_theirs = work.path().join("fused-theirs");
+    let fused_ours = work.path().join("fused-ours");
     common::run_ok(&[
         "train",
         "fuse",
@@ -401,71 +436,10 @@ fn check_quantized_fuse(case: &str) {
     let Some(py) = common::oracle_python() else {
         return;
     };
-    let work = tempfile::tempdir().unwrap();
-    let dir = with_tokenizer(case, work.path());
+    let Trained {
+        work, dir, ours, ..
+    } = train_from_mlx_lm_adapter(&py, case);
     let d = dir.to_str().unwrap();
-    let init = work.path().join("init");
-    let ours = work.path().join("ours");
-    let data = work.path().join("data");
-    write_data(&data);
-    let made = oracle(
-        &py,
-        &[
-            "init",
-            "--model",
-            d,
-            "--adapter-path",
-            init.to_str().unwrap(),
-            "--num-layers",
-            "2",
-            "--rank",
-            "4",
-            "--scale",
-            "2",
-        ],
-    );
-    let theirs: BTreeMap<String, Vec<i32>> =
-        serde_json::from_value(made["shapes"].clone()).unwrap();
-    let base = Model::load(&dir).unwrap();
-    let params = LoraParameters {
-        rank: 4,
-        scale: 2.0,
-        dropout: 0.0,
-        keys: None,
-    };
-    let layout = AdapterLayout::new(&base, 2, &params).unwrap();
-    let mine: BTreeMap<String, Vec<i32>> = layout
-        .names()
-        .into_iter()
-        .zip(layout.shapes(&base))
-        .collect();
-    assert_eq!(mine, theirs, "{case}: adapter tensors (name → shape)");
-    let init_file = init.join("adapters.safetensors");
-    common::run_ok(&[
-        "train",
-        "--model",
-        d,
-        "--data",
-        data.to_str().unwrap(),
-        "--iters",
-        "2",
-        "--batch-size",
-        "1",
-        "--num-layers",
-        "2",
-        "--lora-rank",
-        "4",
-        "--lora-scale",
-        "2",
-        "--learning-rate",
-        "0.01",
-        "--resume-adapter-file",
-        init_file.to_str().unwrap(),
-        "--adapter-path",
-        ours.to_str().unwrap(),
-        "--json",
-        "--no-db",
-    ]);
     let (fused_ours, fused_theirs) = (
         work.path().join("fused-ours"),
         work.path().join("fused-theirs"),
