@@ -330,31 +330,27 @@ fn kernel(variant: Variant) -> Result<&'static Kernel> {
         .map_err(|e| anyhow!("{e}"))
 }
 
-/// The kernel source: `kernels/cuda/qmv.cu`, or the file named by
-/// `MLX_BUN_QMV_SOURCE` (for trying a change on a GPU without a rebuild).
-fn source() -> Result<&'static str> {
-    static SOURCE_TEXT: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
-    SOURCE_TEXT
-        .get_or_init(|| match std::env::var_os("MLX_BUN_QMV_SOURCE") {
-            Some(path) => std::fs::read_to_string(&path).map_err(|e| {
-                format!(
-                    "reading MLX_BUN_QMV_SOURCE {}: {e}",
-                    Path::new(&path).display()
-                )
-            }),
-            None => Ok(SOURCE.to_string()),
+/// The header handed to MLX: `kernels/cuda/qmv.cu`, or the file named by
+/// `MLX_BUN_QMV_SOURCE` (for trying a change on a GPU without a rebuild),
+/// without comments (MLX copies the whole text into each kernel node).
+fn header() -> Result<&'static str> {
+    static HEADER: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
+    HEADER
+        .get_or_init(|| {
+            let source = match std::env::var_os("MLX_BUN_QMV_SOURCE") {
+                Some(path) => std::fs::read_to_string(&path).map_err(|e| {
+                    format!(
+                        "reading MLX_BUN_QMV_SOURCE {}: {e}",
+                        Path::new(&path).display()
+                    )
+                })?,
+                None => SOURCE.to_string(),
+            };
+            Ok(compact(&source))
         })
         .as_ref()
         .map(String::as_str)
         .map_err(|e| anyhow!("{e}"))
-}
-
-/// The header handed to MLX: the kernel source without comments (MLX
-/// copies the whole text into each kernel node it makes).
-fn header() -> Result<&'static str> {
-    static HEADER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
-    let source = source()?;
-    Ok(HEADER.get_or_init(|| compact(source)))
 }
 
 fn make_kernel(variant: Variant) -> Result<Kernel> {
