@@ -187,9 +187,7 @@ impl Mlp {
         };
         self.down_proj.forward(&(&gate * &up))
     }
-}
 
-impl Mlp {
     /// `silu(gate(x)) * up(x)` in one CUDA kernel node (decode on a GPU), or
     /// `None` where it does not apply.
     fn fused_silu_glu(&self, x: &Array) -> Result<Option<Array>> {
