@@ -225,7 +225,7 @@ pub fn run(args: Args) -> Result<()> {
     // Only rank 0 writes the output; the other ranks compute alongside it.
     let rank0 = group.as_ref().is_none_or(|g| g.rank() == 0);
     let input = prompt_input(&args)?;
-    let sampling = sampling(&args)?;
+    let mut sampling = sampling(&args)?;
     let constraint_spec = args.constraint.spec()?;
     let cache_file = crate::cache_prompt::open_file(args.prompt_cache_file.as_deref())?;
     let model_arg = crate::cache_prompt::model_arg(args.model.as_deref(), cache_file.as_ref());
@@ -291,13 +291,12 @@ pub fn run(args: Args) -> Result<()> {
         None => None,
     };
     // Ranks sample alike only from the same seed: they agree on rank 0's.
-    let seed = match &group {
-        Some(group) => Some(group.agree_seed(args.seed)?),
-        None => args.seed,
-    };
-    if let Some(seed) = seed {
-        mlx_rs::random::seed(seed)?;
+    if let Some(group) = &group {
+        sampling.seed = Some(group.agree_seed(args.seed)?);
     }
+    // mlx_lm.generate seeds before it builds the model, whose random
+    // initialisation draws from the same stream first.
+    sampling.seed_skip = model.init_draws;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
         sampling,

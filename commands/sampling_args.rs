@@ -18,6 +18,15 @@ pub struct SamplingArgs {
     /// Drop tokens below this fraction of the most likely one's probability.
     #[arg(long, default_value_t = 0.0, value_parser = crate::validate::fraction)]
     pub min_p: f32,
+    /// With --min-p: tokens that always survive the filter.
+    #[arg(long, default_value_t = 1, value_parser = crate::validate::at_least_one)]
+    pub min_tokens_to_keep: usize,
+    /// XTC: the chance that a step removes its top choices (0 is off).
+    #[arg(long, default_value_t = 0.0, value_parser = crate::validate::fraction)]
+    pub xtc_probability: f32,
+    /// XTC: the probability a token needs to count as a top choice.
+    #[arg(long, default_value_t = 0.1, value_parser = crate::validate::fraction)]
+    pub xtc_threshold: f32,
 }
 
 impl SamplingArgs {
@@ -28,6 +37,9 @@ impl SamplingArgs {
             top_p: self.top_p,
             top_k: self.top_k,
             min_p: self.min_p,
+            min_tokens_to_keep: self.min_tokens_to_keep,
+            xtc_probability: self.xtc_probability,
+            xtc_threshold: self.xtc_threshold,
             ..SamplingParams::default()
         }
     }

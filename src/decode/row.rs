@@ -33,6 +33,14 @@ impl ConstraintSlot<'_> {
     }
 }
 
+/// The tokens XTC never removes, as mlx-lm picks them: the newline's ids
+/// and the end-of-sequence ids.
+fn xtc_special_tokens(tokenizer: &Tokenizer) -> Result<Vec<u32>> {
+    let mut ids = tokenizer.encode("\n")?;
+    ids.extend(tokenizer.eos_ids.iter().copied());
+    Ok(ids)
+}
+
 pub struct Row<'a> {
     prompt: Vec<u32>,
     cached: usize,
@@ -61,8 +69,12 @@ impl<'a> Row<'a> {
         on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,
     ) -> Result<Self> {
         let fed = prompt[..prompt.len().saturating_sub(1)].to_vec();
+        let mut sampler = Sampler::new(opts.sampling.clone())?;
+        if opts.sampling.xtc_probability > 0.0 {
+            sampler = sampler.with_xtc_special(xtc_special_tokens(tokenizer)?);
+        }
         Ok(Self {
-            sampler: Sampler::new(opts.sampling.clone())?,
+            sampler,
             constraint,
             logprobs_k: opts.logprobs,
             max_tokens: opts.max_tokens,

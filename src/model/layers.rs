@@ -87,6 +87,7 @@ impl Linear {
     pub fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
         let weight = load_weight(w, prefix)?;
         let bias = w.take_opt(&format!("{prefix}.bias"))?;
+        w.count_init_draws(usize::from(bias.is_some()));
         Ok(Self {
             weight,
             bias,
@@ -244,6 +245,7 @@ fn dense_path_for(x: &Array) -> bool {
 fn load_weight(w: &mut Weights, prefix: &str) -> Result<LinearWeight> {
     let spec = w.quant_spec(prefix)?;
     let weight = w.take(&format!("{prefix}.weight"))?;
+    w.count_init_draws(1 + usize::from(spec.is_some()));
     match spec {
         Some(spec) => {
             let (scales, biases) = w.take_quant_params(prefix, spec)?;

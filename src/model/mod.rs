@@ -38,6 +38,10 @@ pub struct Model {
     pub path: PathBuf,
     /// Bytes of all weights as loaded.
     pub weight_bytes: usize,
+    /// Random draws mlx-lm's model class makes while it is built: a seed
+    /// set before loading (`mlx_lm.generate --seed`) has advanced this far
+    /// when the first token is sampled.
+    pub init_draws: usize,
 }
 
 /// Every `model_type` this crate loads.
@@ -145,6 +149,7 @@ impl Model {
             tracing::warn!("{} unused tensors, e.g. {}", left.len(), left[0]);
         }
         let model = Self {
+            init_draws: w.init_draws(),
             dtype: w.compute_dtype(),
             args,
             decoder,

@@ -46,6 +46,7 @@ impl SwitchLinear {
         let name = format!("{prefix}.weight");
         let spec = w.quant_spec(prefix)?;
         let weight = w.take(&name)?;
+        w.count_init_draws(1 + usize::from(spec.is_some()));
         if weight.ndim() != 3 || weight.shape()[0] != experts {
             bail!(
                 "tensor {name:?} has shape {:?}; the experts' weights are stacked [{experts}, out, in]",

@@ -18,6 +18,8 @@ pub struct Weights {
     tensors: HashMap<String, Array>,
     quantization: Option<Quantization>,
     compute_dtype: Dtype,
+    /// Random draws mlx-lm makes building the layers loaded so far.
+    init_draws: usize,
 }
 
 impl Weights {
@@ -52,11 +54,24 @@ impl Weights {
             tensors,
             quantization,
             compute_dtype,
+            init_draws: 0,
         })
     }
 
     pub(crate) fn compute_dtype(&self) -> Dtype {
         self.compute_dtype
+    }
+
+    /// Counts random draws that mlx-lm's constructor makes for a loaded
+    /// layer: one per `nn.Linear`/`nn.Embedding` weight and `Linear` bias,
+    /// one more per layer it quantizes (`to_quantized` builds a fresh,
+    /// randomly initialised layer).
+    pub(crate) fn count_init_draws(&mut self, draws: usize) {
+        self.init_draws += draws;
+    }
+
+    pub(crate) fn init_draws(&self) -> usize {
+        self.init_draws
     }
 
     pub fn total_bytes(&self) -> usize {

@@ -199,9 +199,24 @@ fn parse_sampling(
             .map_or(defaults.min_p, |x| x as f32),
         presence_penalty: f.number("presence_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
         frequency_penalty: f.number("frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0) as f32,
+        xtc_probability: f
+            .number("xtc_probability", 0.0, 1.0)?
+            .map_or(defaults.xtc_probability, |x| x as f32),
+        xtc_threshold: f
+            .number("xtc_threshold", 0.0, 0.5)?
+            .map_or(defaults.xtc_threshold, |x| x as f32),
+        min_tokens_to_keep: defaults.min_tokens_to_keep,
         logit_bias: parse_logit_bias(f, vocab)?,
         ..SamplingParams::default()
     };
+    for (name, size) in [
+        ("presence_context_size", &mut p.presence_context_size),
+        ("frequency_context_size", &mut p.frequency_context_size),
+    ] {
+        if let Some(n) = f.integer(name, 0, 1 << 20)? {
+            *size = n as usize;
+        }
+    }
     if p.top_p == 0.0 {
         return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
     }

@@ -1,0 +1,334 @@
+//! Seeded sampling equal to mlx-lm's, token for token: the goldens that
+//! `scripts/oracle/make_sampling_goldens.py` recorded with mlx-lm 0.32.2 on
+//! the default model (4 prompts x 3 seeds x 7 sampler settings) against
+//! the library and the CLI (`mlx_lm.generate --seed` semantics), and the
+//! server one request at a time and under batching (`mlx_lm.server`'s
+//! `seed` semantics), with the log-probabilities it reports.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use mlx_bun::generate::{generate, GenerateOptions};
+use mlx_bun::model::Model;
+use mlx_bun::prompt::{build_prompt, PromptInput};
+use mlx_bun::sampling::SamplingParams;
+use mlx_bun::tokenizer::Tokenizer;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use common::server::Server;
+
+/// Log-probabilities may differ from mlx-lm's by this much: the same MLX
+/// kernels, but the binary's BLAS sums the attention products in another
+/// order (docs/parity.md).
+const LOGPROB_TOL: f32 = 1e-4;
+
+#[derive(Deserialize)]
+struct Goldens {
+    max_tokens: usize,
+    top_logprobs: usize,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    setting: serde_json::Map<String, Value>,
+    prompt: String,
+    prompt_ids: Vec<u32>,
+    seed: u64,
+    generate: Stream,
+    server: Stream,
+}
+
+#[derive(Deserialize)]
+struct Stream {
+    tokens: Vec<u32>,
+    #[serde(default)]
+    logprobs: Vec<f32>,
+    #[serde(default)]
+    top_logprobs: Vec<Vec<(u32, f32)>>,
+}
+
+impl Case {
+    fn label(&self) -> String {
+        format!(
+            "{} seed {} {:?}",
+            self.setting["name"].as_str().unwrap(),
+            self.seed,
+            self.prompt
+        )
+    }
+
+    fn number(&self, name: &str) -> Option<f32> {
+        self.setting
+            .get(name)
+            .and_then(Value::as_f64)
+            .map(|x| x as f32)
+    }
+
+    fn sampling(&self) -> SamplingParams {
+        let d = SamplingParams::default();
+        SamplingParams {
+            temperature: self.number("temperature").unwrap(),
+            top_p: self.number("top_p").unwrap_or(d.top_p),
+            top_k: self.number("top_k").map_or(0, |k| k as usize),
+            min_p: self.number("min_p").unwrap_or(0.0),
+            xtc_probability: self.number("xtc_probability").unwrap_or(0.0),
+            xtc_threshold: self.number("xtc_threshold").unwrap_or(d.xtc_threshold),
+            repetition_penalty: self.number("repetition_penalty"),
+            presence_penalty: self.number("presence_penalty").unwrap_or(0.0),
+            frequency_penalty: self.number("frequency_penalty").unwrap_or(0.0),
+            logit_bias: self
+                .setting
+                .get("logit_bias")
+                .and_then(Value::as_object)
+                .map(|m| {
+                    m.iter()
+                        .map(|(k, v)| (k.parse().unwrap(), v.as_f64().unwrap() as f32))
+                        .collect::<HashMap<u32, f32>>()
+                })
+                .unwrap_or_default(),
+            seed: Some(self.seed),
+            ..d
+        }
+    }
+
+    /// The chat request mlx-lm's server answered, as a body for ours.
+    fn request(&self, max_tokens: usize, top: usize) -> Value {
+        let mut body = json!({
+            "messages": [{"role": "user", "content": self.prompt}],
+            "max_tokens": max_tokens,
+            "seed": self.seed,
+            "logprobs": true,
+            "top_logprobs": top,
+            "return_token_ids": true,
+        });
+        for (k, v) in &self.setting {
+            if k != "name" {
+                body[k] = v.clone();
+            }
+        }
+        body
+    }
+}
+
+fn goldens() -> Goldens {
+    let path = common::repo_root().join("goldens/sampling.json");
+    let text = std::fs::read_to_string(&path).expect("reading goldens/sampling.json");
+    serde_json::from_str(&text).expect("parsing goldens/sampling.json")
+}
+
+/// The first index where `ours` leaves `want`, if any.
+fn divergence(ours: &[u32], want: &[u32]) -> Option<usize> {
+    let same = ours.iter().zip(want).take_while(|(a, b)| a == b).count();
+    (ours.len() != want.len() || same < want.len()).then_some(same)
+}
+
+fn report(what: &str, failures: &[String], total: usize) {
+    eprintln!(
+        "{what}: {} of {total} cases token-identical",
+        total - failures.len()
+    );
+    assert!(
+        failures.is_empty(),
+        "{what}: {} of {total} cases differ from mlx-lm:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn library_reproduces_mlx_lm_generate_streams() {
+    let g = goldens();
+    let dir = common::model_dir();
+    let model = Model::load(&dir).unwrap();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    assert!(model.init_draws > 0, "mlx-lm's layers draw while built");
+    let mut failures = Vec::new();
+    for case in &g.cases {
+        let input = PromptInput::Messages(vec![serde_json::from_value(
+            json!({"role": "user", "content": case.prompt}),
+        )
+        .unwrap()]);
+        let (_, prompt) = build_prompt(&tokenizer, &input).unwrap();
+        assert_eq!(prompt, case.prompt_ids, "prompt of {}", case.label());
+        let opts = GenerateOptions {
+            max_tokens: g.max_tokens,
+            sampling: SamplingParams {
+                seed_skip: model.init_draws,
+                ..case.sampling()
+            },
+            ..GenerateOptions::default()
+        };
+        let mut caches = model.make_caches();
+        let result = generate(
+            &model,
+            &tokenizer,
+            &mut caches,
+            &prompt,
+            0,
+            &opts,
+            None,
+            &mut |_| true,
+        )
+        .unwrap();
+        if let Some(at) = divergence(&result.token_ids, &case.generate.tokens) {
+            failures.push(format!("{}: diverges at token {at}", case.label()));
+        }
+    }
+    report("mlx_lm.generate streams", &failures, g.cases.len());
+}
+
+#[test]
+fn cli_seed_reproduces_mlx_lm_generate() {
+    let g = goldens();
+    let picks = ["temperature", "top_p", "top_k", "min_p", "xtc"];
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for name in picks {
+        let case = g
+            .cases
+            .iter()
+            .find(|c| c.setting["name"] == name && c.seed == 42)
+            .unwrap();
+        total += 1;
+        let mut args = vec![
+            "generate".to_string(),
+            "--prompt".into(),
+            case.prompt.clone(),
+            "-n".into(),
+            g.max_tokens.to_string(),
+            "--seed".into(),
+            case.seed.to_string(),
+            "--json".into(),
+        ];
+        for (flag, field) in [
+            ("--temp", "temperature"),
+            ("--top-p", "top_p"),
+            ("--top-k", "top_k"),
+            ("--min-p", "min_p"),
+            ("--xtc-probability", "xtc_probability"),
+            ("--xtc-threshold", "xtc_threshold"),
+        ] {
+            if let Some(v) = case.setting.get(field) {
+                args.push(flag.into());
+                args.push(v.to_string());
+            }
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = common::run_ok(&args);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let ids: Vec<u32> = serde_json::from_value(v["token_ids"].clone()).unwrap();
+        if let Some(at) = divergence(&ids, &case.generate.tokens) {
+            failures.push(format!("{}: diverges at token {at}", case.label()));
+        }
+    }
+    report("mlx-bun generate --seed", &failures, total);
+}
+
+fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(600))
+        .build()
+        .unwrap()
+}
+
+/// Token ids and per-token log-probability entries of one chat answer.
+fn ask(server: &Server, body: &Value) -> (Vec<u32>, Vec<Value>) {
+    let r = client()
+        .post(server.url("/v1/chat/completions"))
+        .json(body)
+        .send()
+        .expect("request failed");
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().unwrap();
+    let choice = &v["choices"][0];
+    let ids = serde_json::from_value(choice["token_ids"].clone()).expect("token_ids");
+    let content = choice["logprobs"]["content"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    (ids, content)
+}
+
+/// Compares the reported log-probabilities with mlx-lm's server; returns
+/// the largest difference seen.
+fn logprob_gap(
+    tokenizer: &Tokenizer,
+    case: &Case,
+    content: &[Value],
+    failures: &mut Vec<String>,
+) -> f32 {
+    let mut worst = 0f32;
+    for (i, entry) in content.iter().enumerate().take(case.server.logprobs.len()) {
+        let lp = entry["logprob"].as_f64().unwrap() as f32;
+        worst = worst.max((lp - case.server.logprobs[i]).abs());
+        let theirs: HashMap<String, f32> = case.server.top_logprobs[i]
+            .iter()
+            .map(|&(id, l)| (tokenizer.decode(&[id]).unwrap(), l))
+            .collect();
+        for top in entry["top_logprobs"].as_array().unwrap() {
+            let token = top["token"].as_str().unwrap();
+            let l = top["logprob"].as_f64().unwrap() as f32;
+            match theirs.get(token) {
+                Some(t) => worst = worst.max((l - t).abs()),
+                None => failures.push(format!(
+                    "{}: top-{} at token {i} has {token:?}, not in mlx-lm's",
+                    case.label(),
+                    theirs.len()
+                )),
+            }
+        }
+    }
+    worst
+}
+
+#[test]
+fn server_reproduces_mlx_lm_server_alone_and_batched() {
+    let g = goldens();
+    let dir = common::model_dir();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    let server = Server::start(&dir, &[]);
+    let mut failures = Vec::new();
+    let mut worst = 0f32;
+    for case in &g.cases {
+        let (ids, content) = ask(&server, &case.request(g.max_tokens, g.top_logprobs));
+        if let Some(at) = divergence(&ids, &case.server.tokens) {
+            failures.push(format!("{}: diverges at token {at}", case.label()));
+        } else {
+            worst = worst.max(logprob_gap(&tokenizer, case, &content, &mut failures));
+        }
+    }
+    eprintln!("largest log-probability difference from mlx-lm's server: {worst:.2e}");
+    assert!(
+        worst <= LOGPROB_TOL,
+        "log-probabilities differ by {worst:.2e} (tolerance {LOGPROB_TOL:.0e})"
+    );
+    report("serve, one request at a time", &failures, g.cases.len());
+
+    // All at once: the server batches them; each row keeps its own key stream.
+    let answers: Vec<Vec<u32>> = std::thread::scope(|s| {
+        let handles: Vec<_> = g
+            .cases
+            .iter()
+            .map(|case| {
+                let body = case.request(g.max_tokens, g.top_logprobs);
+                let server = &server;
+                s.spawn(move || ask(server, &body).0)
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let failures: Vec<String> = g
+        .cases
+        .iter()
+        .zip(&answers)
+        .filter_map(|(case, ids)| {
+            divergence(ids, &case.server.tokens)
+                .map(|at| format!("{}: diverges at token {at} in a batch", case.label()))
+        })
+        .collect();
+    report("serve, all requests at once", &failures, g.cases.len());
+}
