@@ -332,3 +332,37 @@ fn server_reproduces_mlx_lm_server_alone_and_batched() {
         .collect();
     report("serve, all requests at once", &failures, g.cases.len());
 }
+
+/// `generate --seed` skips the draws mlx-lm's model class makes while it is
+/// built; the count must be mlx-lm's for every family, dense and quantized.
+#[test]
+fn init_draws_equal_mlx_lm_for_every_family() {
+    let arch = common::repo_root().join("goldens/arch");
+    let mut dirs: Vec<_> = std::fs::read_dir(&arch)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    dirs.sort();
+    dirs.push(common::model_dir());
+    let out = std::process::Command::new(common::oracle_python().expect("the oracle is required"))
+        .arg(common::repo_root().join("scripts/oracle/init_draws.py"))
+        .args(&dirs)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "init_draws.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: HashMap<String, usize> = serde_json::from_slice(&out.stdout).unwrap();
+    let mut failures = Vec::new();
+    for dir in &dirs {
+        let ours = Model::load(dir).unwrap().init_draws;
+        let want = theirs[dir.to_str().unwrap()];
+        if ours != want {
+            failures.push(format!("{}: ours {ours}, mlx-lm {want}", dir.display()));
+        }
+    }
+    report("model construction draws", &failures, dirs.len());
+}
