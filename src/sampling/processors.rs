@@ -76,13 +76,13 @@ fn repetition(logits: &Array, window: &[u32], penalty: f32, vocab: usize) -> Res
     let penalty = weak_scalar(penalty as f64, logits)?;
     let negative = lt(logits, weak_scalar(0.0, logits)?)?;
     let penalized = select(&negative, &(logits * &penalty), &(logits / &penalty))?;
-    Ok(select(&membership(window, vocab), &penalized, logits)?)
+    Ok(select(membership(window, vocab), &penalized, logits)?)
 }
 
 /// `logits[:, window] -= penalty`: once per distinct token.
 fn presence(logits: &Array, window: &[u32], penalty: f32, vocab: usize) -> Result<Array> {
     let lowered = logits - weak_scalar(penalty as f64, logits)?;
-    Ok(select(&membership(window, vocab), &lowered, logits)?)
+    Ok(select(membership(window, vocab), &lowered, logits)?)
 }
 
 /// `logits.at[:, window].subtract(penalty)`: once per occurrence, in order.
