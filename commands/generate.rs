@@ -53,6 +53,8 @@ pub struct Args {
     max_tokens: usize,
     #[command(flatten)]
     sampling: crate::sampling_args::SamplingArgs,
+    #[command(flatten)]
+    compute: crate::model_arg::ComputeArgs,
     #[arg(long, value_parser = crate::validate::positive)]
     repetition_penalty: Option<f32>,
     #[arg(long, default_value_t = 20, value_parser = crate::validate::at_least_one)]
@@ -250,7 +252,7 @@ pub fn run(args: Args) -> Result<()> {
             Some(prompt)
         }
     };
-    let mut model = Model::load(&dir)?;
+    let mut model = Model::load_as(&dir, args.compute.dtype)?;
     if let Some(group) = &group {
         crate::launch::shard(&mut model, group, args.pipeline)?;
     }
@@ -342,7 +344,8 @@ pub fn run(args: Args) -> Result<()> {
                 if let Some(warning) = check_draft_tokenizer(&tokenizer, &draft_tok)? {
                     eprintln!("warning: {warning}");
                 }
-                draft_model = Model::load(&draft_dir).context("loading the draft model")?;
+                draft_model = Model::load_as(&draft_dir, args.compute.dtype)
+                    .context("loading the draft model")?;
                 draft_model.materialize()?;
                 Box::new(ModelDrafter::new(&draft_model, &opts.sampling)?)
             };
@@ -401,7 +404,7 @@ fn run_batch_file(args: Args) -> Result<()> {
     let sampling = sampling(&args)?;
     let constraint = args.constraint.spec()?;
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let mut model = Model::load(&dir)?;
+    let mut model = Model::load_as(&dir, args.compute.dtype)?;
     if let Some(adapter) = &args.adapter_path {
         mlx_bun::adapters::apply(&mut model, adapter)?;
     }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use mlx_bun::default_model::Progress;
+use mlx_bun::model::ComputeDtype;
 
 /// The model directory for `--model`, or the default model when absent
 /// (prepared on first use, with a progress bar).
@@ -25,4 +26,15 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
             dir
         }
     }
+}
+
+/// `--compute-dtype`, shared by every command that runs a model.
+#[derive(clap::Args, Clone, Copy, Debug)]
+pub struct ComputeArgs {
+    /// The dtype the model computes in: auto (float32 on the CPU, where
+    /// MLX is fast only in float32; the model's own dtype on a GPU), model
+    /// (the dtype its weights are stored in, on every device, as mlx-lm
+    /// computes) or float32.
+    #[arg(long = "compute-dtype", default_value = "auto", value_parser = clap::value_parser!(ComputeDtype))]
+    pub dtype: ComputeDtype,
 }

@@ -7,11 +7,62 @@ use mlx_rs::{Array, Dtype};
 /// float32, so on CPU every floating tensor is promoted; on an accelerator the
 /// model's own dtype is kept.
 pub(crate) fn compute_dtype(stored: Dtype) -> Dtype {
-    if on_gpu() {
-        stored
-    } else {
-        Dtype::Float32
+    ComputeDtype::Auto.resolve(stored)
+}
+
+/// How a model's floating tensors are computed (`--compute-dtype`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ComputeDtype {
+    /// float32 on the CPU (the only fast float dtype of MLX's CPU backend),
+    /// the model's own dtype on a GPU.
+    #[default]
+    Auto,
+    /// The dtype the weights are stored in, on every device: what mlx-lm does.
+    Model,
+    /// float32 everywhere.
+    Float32,
+}
+
+impl ComputeDtype {
+    /// The dtype for a model whose floating tensors are stored as `stored`.
+    pub fn resolve(self, stored: Dtype) -> Dtype {
+        match self {
+            ComputeDtype::Auto if on_gpu() => stored,
+            ComputeDtype::Model => stored,
+            ComputeDtype::Auto | ComputeDtype::Float32 => Dtype::Float32,
+        }
     }
+}
+
+impl std::str::FromStr for ComputeDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "model" => Ok(Self::Model),
+            "float32" | "f32" => Ok(Self::Float32),
+            other => Err(format!(
+                "unknown compute dtype {other:?} (auto, model or float32)"
+            )),
+        }
+    }
+}
+
+/// The dtype most floating tensors of a checkpoint are stored in (float32
+/// when it has none).
+pub(crate) fn stored_float_dtype(dtypes: impl IntoIterator<Item = Dtype>) -> Dtype {
+    let mut counts: Vec<(Dtype, usize)> = Vec::new();
+    for d in dtypes.into_iter().filter(|&d| is_float(d)) {
+        match counts.iter_mut().find(|(k, _)| *k == d) {
+            Some((_, n)) => *n += 1,
+            None => counts.push((d, 1)),
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|&(_, n)| n)
+        .map_or(Dtype::Float32, |(d, _)| d)
 }
 
 /// True when MLX has a GPU (the CUDA or Metal build on a machine with one).

@@ -25,6 +25,7 @@ use anyhow::{bail, Context, Result};
 use mlx_rs::{Array, Dtype};
 
 use crate::cache::KvCache;
+pub use crate::mlx_ext::ComputeDtype;
 use config::ModelArgs;
 use decoder::Decoder;
 use weights::Weights;
@@ -110,8 +111,14 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
 }
 
 impl Model {
-    /// Loads an mlx-lm model directory.
+    /// Loads an mlx-lm model directory, computing as `--compute-dtype auto`.
     pub fn load(dir: &Path) -> Result<Self> {
+        Self::load_as(dir, ComputeDtype::Auto)
+    }
+
+    /// Loads an mlx-lm model directory, computing in the dtype `compute`
+    /// picks for the dtype its weights are stored in.
+    pub fn load_as(dir: &Path, compute: ComputeDtype) -> Result<Self> {
         crate::mlx_ext::init_runtime();
         if !dir.is_dir() {
             bail!("model directory {} does not exist", dir.display());
@@ -120,13 +127,7 @@ impl Model {
         if !SUPPORTED.contains(&args.model_type.as_str()) {
             return Err(unsupported(&args.model_type));
         }
-        let stored = args
-            .torch_dtype
-            .as_deref()
-            .and_then(crate::mlx_ext::parse_dtype)
-            .unwrap_or(Dtype::Float32);
-        let dtype = crate::mlx_ext::compute_dtype(stored);
-        let mut weights = Weights::load_dir(dir, args.quantization.clone(), dtype)?;
+        let mut weights = Weights::load_dir(dir, args.quantization.clone(), compute)?;
         Self::from_weights(&mut weights, args, &raw, dir)
     }
 

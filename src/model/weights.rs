@@ -24,11 +24,11 @@ pub struct Weights {
 
 impl Weights {
     /// Loads every `*.safetensors` file of `dir`, casting floating tensors to
-    /// `compute_dtype`.
+    /// the dtype `compute` picks for the dtype they are stored in.
     pub(crate) fn load_dir(
         dir: &Path,
         quantization: Option<Quantization>,
-        compute_dtype: Dtype,
+        compute: crate::mlx_ext::ComputeDtype,
     ) -> Result<Self> {
         let files = weight_files(dir)?;
         let mut tensors = HashMap::new();
@@ -38,7 +38,8 @@ impl Weights {
                 .map_err(|e| anyhow!("loading {}: {e}", file.display()))?;
             tensors.extend(loaded);
         }
-        Self::from_map(tensors, quantization, compute_dtype)
+        let stored = crate::mlx_ext::stored_float_dtype(tensors.values().map(Array::dtype));
+        Self::from_map(tensors, quantization, compute.resolve(stored))
     }
 
     pub(crate) fn from_map(
