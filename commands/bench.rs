@@ -33,6 +33,8 @@ enum What {
     Forward {
         #[arg(long, short)]
         model: Option<String>,
+        #[command(flatten)]
+        compute: crate::model_arg::ComputeArgs,
         /// Random weights of a known shape instead of a model folder:
         /// llama-8b, llama-1b or smollm2-135m.
         #[arg(long, conflicts_with = "model")]
@@ -81,6 +83,7 @@ pub fn run(args: Args) -> Result<()> {
             runs,
             json,
             no_db,
+            compute,
         } => {
             let source = match synthetic {
                 Some(shape) => {
@@ -102,6 +105,7 @@ pub fn run(args: Args) -> Result<()> {
                 json,
                 no_db,
                 compare_kernel,
+                compute: compute.dtype,
             };
             forward(source, &plan)
         }
@@ -124,6 +128,7 @@ struct Plan<'a> {
     json: bool,
     no_db: bool,
     compare_kernel: bool,
+    compute: mlx_bun::model::ComputeDtype,
 }
 
 fn forward(source: Source, plan: &Plan<'_>) -> Result<()> {
@@ -136,7 +141,10 @@ fn forward(source: Source, plan: &Plan<'_>) -> Result<()> {
     let (model, label) = match &source {
         Source::Folder(model) => {
             let dir = crate::model_arg::resolve(model.as_deref())?;
-            (Model::load(&dir)?, dir.display().to_string())
+            (
+                Model::load_as(&dir, plan.compute)?,
+                dir.display().to_string(),
+            )
         }
         Source::Synthetic {
             shape,
@@ -145,7 +153,7 @@ fn forward(source: Source, plan: &Plan<'_>) -> Result<()> {
         } => {
             let config = mlx_bun::model::synthetic::shape_config(shape)?;
             eprintln!("building a random {shape} model...");
-            let model = Model::synthetic(config, *quant, *dtype)?;
+            let model = Model::synthetic(config, *quant, *dtype, plan.compute)?;
             let bits = quant.map_or("dense".to_string(), |q| {
                 format!("q{}g{}", q.bits, q.group_size)
             });

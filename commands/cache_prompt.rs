@@ -19,6 +19,8 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct).
     #[arg(long, short)]
     model: Option<String>,
+    #[command(flatten)]
+    compute: crate::model_arg::ComputeArgs,
     /// The text to cache; `-` reads standard input.
     #[arg(long, short, conflicts_with_all = ["prompt_file", "messages_file"])]
     prompt: Option<String>,
@@ -101,7 +103,7 @@ fn messages(args: &Args) -> Result<Vec<Message>> {
 pub fn run(args: Args) -> Result<()> {
     let messages = messages(&args)?;
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let model = Model::load(&dir)?;
+    let model = Model::load_as(&dir, args.compute.dtype)?;
     let tokenizer = Tokenizer::load(&dir)?;
     let kv = args.kv.settings(&model)?;
     let text = kv_file::cache_prompt_text(&tokenizer, &messages)?;

@@ -19,6 +19,8 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct).
     #[arg(long, short)]
     model: Option<String>,
+    #[command(flatten)]
+    compute: crate::model_arg::ComputeArgs,
     /// System message for every turn.
     #[arg(long, alias = "system-prompt")]
     system: Option<String>,
@@ -75,7 +77,7 @@ pub fn run(args: Args) -> Result<()> {
     let file = crate::cache_prompt::open_file(args.prompt_cache_file.as_deref())?;
     let model_arg = crate::cache_prompt::model_arg(args.model.as_deref(), file.as_ref());
     let dir = crate::model_arg::resolve(model_arg.as_deref())?;
-    let model = Model::load(&dir)?;
+    let model = Model::load_as(&dir, args.compute.dtype)?;
     model.materialize()?;
     let tokenizer = Tokenizer::load(&dir)?;
     let kv = args.kv.settings(&model)?;

@@ -16,6 +16,8 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded model).
     #[arg(long, short)]
     model: Option<String>,
+    #[command(flatten)]
+    compute: crate::model_arg::ComputeArgs,
     /// Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu
     /// (multiple choice), wikitext (rolling log-likelihood), gsm8k
     /// (generation); each read from <task-dir>/<task>.jsonl, or TASK=FILE.
@@ -181,7 +183,7 @@ pub fn run(a: Args) -> Result<()> {
         loaded.push((name, task));
     }
     let tok = Tokenizer::load(&model_dir)?;
-    let model = Model::load(&model_dir)?;
+    let model = Model::load_as(&model_dir, a.compute.dtype)?;
     let db = if a.no_db {
         None
     } else {

@@ -14,6 +14,8 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded model).
     #[arg(long, short)]
     model: Option<String>,
+    #[command(flatten)]
+    compute: crate::model_arg::ComputeArgs,
     /// Data to score: a plain-text file (one document), a JSONL or parquet
     /// file (text, chat `messages` or `prompt`/`completion` rows), a folder
     /// of such files, or a Hugging Face dataset id.
@@ -60,7 +62,7 @@ pub fn run(a: Args) -> Result<()> {
             seed: a.seed.into(),
         },
     )?;
-    let model = Model::load(&model_dir)?;
+    let model = Model::load_as(&model_dir, a.compute.dtype)?;
     let flags = serde_json::json!({
         "data_path": a.data_path,
         "sequence_length": a.sequence_length,

@@ -18,6 +18,8 @@ pub struct Args {
     /// Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct).
     #[arg(long, short)]
     model: Option<String>,
+    #[command(flatten)]
+    compute: crate::model_arg::ComputeArgs,
     /// Under `mlx-bun launch` with several ranks: split the layers across
     /// ranks (pipeline parallel) instead of the heads and MLP columns.
     #[arg(long)]
@@ -291,9 +293,10 @@ fn follow(args: &Args, rank: usize) -> Result<()> {
     }
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     let tokenizer = Arc::new(mlx_bun::tokenizer::Tokenizer::load(&dir)?);
+    let compute = args.compute.dtype;
     let load = move || {
         Ok(mlx_bun::gateway::LoadedModels {
-            model: mlx_bun::model::Model::load(&dir)?,
+            model: mlx_bun::model::Model::load_as(&dir, compute)?,
             draft: None,
         })
     };
@@ -394,6 +397,7 @@ pub fn run(args: Args) -> Result<()> {
         // Refuse a model that cannot hold a default-length exchange in memory.
         min_context: args.max_tokens_default + 512,
         chat_template,
+        compute: args.compute.dtype,
         gateway: gateway_config(&args, kv, ssd),
     });
     // The default model loads before the port opens, so that a model that

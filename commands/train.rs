@@ -66,6 +66,8 @@ struct TrainArgs {
     /// Model directory or Hugging Face repo id (default: the embedded model).
     #[arg(long, short)]
     model: Option<String>,
+    #[command(flatten)]
+    compute: crate::model_arg::ComputeArgs,
     /// Directory with train.jsonl, valid.jsonl and optionally test.jsonl.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -333,7 +335,7 @@ fn run_training(a: TrainArgs) -> Result<()> {
     if !a.json {
         eprintln!("loading {}", model_dir.display());
     }
-    let model = Model::load(&model_dir)?;
+    let model = Model::load_as(&model_dir, a.compute.dtype)?;
     if splits.valid.is_none() && !a.json {
         eprintln!("warning: no valid.jsonl: training without validation");
     }

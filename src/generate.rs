@@ -300,8 +300,10 @@ pub(crate) fn eval_caches(caches: &[Box<dyn KvCache>]) -> Result<()> {
     Ok(())
 }
 
+/// The log-probability of `token` and the `k` most likely tokens, from
+/// `logprobs` `[1, vocab]` in the model's dtype, read as float32.
 pub(crate) fn token_logprob(logprobs: &Array, token: u32, k: usize) -> Result<TokenLogprob> {
-    let row = logprobs.index((0, ..));
+    let row = logprobs.index((0, ..)).as_dtype(mlx_rs::Dtype::Float32)?;
     let logprob = row.index(token as i32).item_cast::<f32>();
     let mut top = Vec::new();
     if k > 0 {

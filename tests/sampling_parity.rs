@@ -20,10 +20,17 @@ use serde_json::{json, Value};
 
 use common::server::Server;
 
-/// Log-probabilities may differ from mlx-lm's by this much: the same MLX
-/// kernels, but the binary's BLAS sums the attention products in another
-/// order (docs/parity.md).
+/// Log-probabilities may differ from mlx-lm's by this much, plus one float32
+/// ulp of the values compared (a log-probability of -8 is only resolved to
+/// 1e-6): the same MLX kernels, but the binary's BLAS sums the attention
+/// products in another order (docs/parity.md).
 const LOGPROB_TOL: f32 = 1e-4;
+
+/// How far `ours` is beyond the tolerance from `theirs` (<= 0 within it).
+fn excess(ours: f32, theirs: f32) -> f32 {
+    let ulp = f32::EPSILON * ours.abs().max(theirs.abs());
+    (ours - theirs).abs() - (LOGPROB_TOL + ulp)
+}
 
 #[derive(Deserialize)]
 struct Goldens {
@@ -45,6 +52,9 @@ struct Case {
 #[derive(Deserialize)]
 struct Stream {
     tokens: Vec<u32>,
+    /// Per draw: how far the drawn token's score could drop before the
+    /// same key draws another (None where the oracle does not replay it).
+    margins: Vec<Option<f32>>,
     #[serde(default)]
     logprobs: Vec<f32>,
     #[serde(default)]
@@ -120,10 +130,30 @@ fn goldens() -> Goldens {
     serde_json::from_str(&text).expect("parsing goldens/sampling.json")
 }
 
+/// A draw whose margin is below this may fall either way between two
+/// computations whose logits are ~1e-4 apart (scores are log-probabilities
+/// over the temperature): a divergence there is noise, not a bug.
+const NEAR_TIE: f32 = 1e-3;
+
 /// The first index where `ours` leaves `want`, if any.
 fn divergence(ours: &[u32], want: &[u32]) -> Option<usize> {
     let same = ours.iter().zip(want).take_while(|(a, b)| a == b).count();
     (ours.len() != want.len() || same < want.len()).then_some(same)
+}
+
+/// Token-identical, or diverging only at a draw mlx-lm itself made by a
+/// near-tie (reported, with its margin); otherwise the failure.
+fn judge(label: &str, ours: &[u32], want: &Stream) -> Result<(), String> {
+    let Some(at) = divergence(ours, &want.tokens) else {
+        return Ok(());
+    };
+    match want.margins.get(at).copied().flatten() {
+        Some(m) if m < NEAR_TIE => {
+            eprintln!("{label}: diverges at token {at}, a near-tie (margin {m:.2e})");
+            Ok(())
+        }
+        m => Err(format!("{label}: diverges at token {at} (margin {m:?})")),
+    }
 }
 
 fn report(what: &str, failures: &[String], total: usize) {
@@ -174,8 +204,8 @@ fn library_reproduces_mlx_lm_generate_streams() {
             &mut |_| true,
         )
         .unwrap();
-        if let Some(at) = divergence(&result.token_ids, &case.generate.tokens) {
-            failures.push(format!("{}: diverges at token {at}", case.label()));
+        if let Err(e) = judge(&case.label(), &result.token_ids, &case.generate) {
+            failures.push(e);
         }
     }
     report("mlx_lm.generate streams", &failures, g.cases.len());
@@ -221,8 +251,8 @@ fn cli_seed_reproduces_mlx_lm_generate() {
         let out = common::run_ok(&args);
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         let ids: Vec<u32> = serde_json::from_value(v["token_ids"].clone()).unwrap();
-        if let Some(at) = divergence(&ids, &case.generate.tokens) {
-            failures.push(format!("{}: diverges at token {at}", case.label()));
+        if let Err(e) = judge(&case.label(), &ids, &case.generate) {
+            failures.push(e);
         }
     }
     report("mlx-bun generate --seed", &failures, total);
@@ -253,8 +283,10 @@ fn ask(server: &Server, body: &Value) -> (Vec<u32>, Vec<Value>) {
     (ids, content)
 }
 
-/// Compares the reported log-probabilities with mlx-lm's server; returns
-/// the largest difference seen.
+/// Compares the reported log-probabilities with mlx-lm's server (the chosen
+/// token's, and the top ones by rank: their texts as a multiset, their
+/// values in order); returns the largest difference seen and notes every
+/// value beyond the tolerance.
 fn logprob_gap(
     tokenizer: &Tokenizer,
     case: &Case,
@@ -262,24 +294,38 @@ fn logprob_gap(
     failures: &mut Vec<String>,
 ) -> f32 {
     let mut worst = 0f32;
+    let mut check = |ours: f32, theirs: f32, i: usize, failures: &mut Vec<String>| {
+        worst = worst.max((ours - theirs).abs());
+        if excess(ours, theirs) > 0.0 {
+            failures.push(format!(
+                "{}: log-probability {ours} at token {i}, mlx-lm {theirs}",
+                case.label()
+            ));
+        }
+    };
     for (i, entry) in content.iter().enumerate().take(case.server.logprobs.len()) {
         let lp = entry["logprob"].as_f64().unwrap() as f32;
-        worst = worst.max((lp - case.server.logprobs[i]).abs());
-        let theirs: HashMap<String, f32> = case.server.top_logprobs[i]
+        check(lp, case.server.logprobs[i], i, failures);
+        let theirs = &case.server.top_logprobs[i];
+        let ours = entry["top_logprobs"].as_array().unwrap();
+        let mut their_texts: Vec<String> = theirs
             .iter()
-            .map(|&(id, l)| (tokenizer.decode(&[id]).unwrap(), l))
+            .map(|&(id, _)| tokenizer.decode(&[id]).unwrap())
             .collect();
-        for top in entry["top_logprobs"].as_array().unwrap() {
-            let token = top["token"].as_str().unwrap();
-            let l = top["logprob"].as_f64().unwrap() as f32;
-            match theirs.get(token) {
-                Some(t) => worst = worst.max((l - t).abs()),
-                None => failures.push(format!(
-                    "{}: top-{} at token {i} has {token:?}, not in mlx-lm's",
-                    case.label(),
-                    theirs.len()
-                )),
-            }
+        let mut our_texts: Vec<String> = ours
+            .iter()
+            .map(|t| t["token"].as_str().unwrap().to_string())
+            .collect();
+        their_texts.sort();
+        our_texts.sort();
+        if their_texts != our_texts {
+            failures.push(format!(
+                "{}: top log-probabilities at token {i} are {our_texts:?}, mlx-lm's {their_texts:?}",
+                case.label()
+            ));
+        }
+        for (t, &(_, l)) in ours.iter().zip(theirs) {
+            check(t["logprob"].as_f64().unwrap() as f32, l, i, failures);
         }
     }
     worst
@@ -295,17 +341,15 @@ fn server_reproduces_mlx_lm_server_alone_and_batched() {
     let mut worst = 0f32;
     for case in &g.cases {
         let (ids, content) = ask(&server, &case.request(g.max_tokens, g.top_logprobs));
-        if let Some(at) = divergence(&ids, &case.server.tokens) {
-            failures.push(format!("{}: diverges at token {at}", case.label()));
-        } else {
+        let identical = divergence(&ids, &case.server.tokens).is_none();
+        if let Err(e) = judge(&case.label(), &ids, &case.server) {
+            failures.push(e);
+        }
+        if identical {
             worst = worst.max(logprob_gap(&tokenizer, case, &content, &mut failures));
         }
     }
-    eprintln!("largest log-probability difference from mlx-lm's server: {worst:.2e}");
-    assert!(
-        worst <= LOGPROB_TOL,
-        "log-probabilities differ by {worst:.2e} (tolerance {LOGPROB_TOL:.0e})"
-    );
+    eprintln!("largest log-probability difference from mlx-lm's server: {worst:.4e}");
     report("serve, one request at a time", &failures, g.cases.len());
 
     // All at once: the server batches them; each row keeps its own key stream.
@@ -326,8 +370,7 @@ fn server_reproduces_mlx_lm_server_alone_and_batched() {
         .iter()
         .zip(&answers)
         .filter_map(|(case, ids)| {
-            divergence(ids, &case.server.tokens)
-                .map(|at| format!("{}: diverges at token {at} in a batch", case.label()))
+            judge(&format!("{} in a batch", case.label()), ids, &case.server).err()
         })
         .collect();
     report("serve, all requests at once", &failures, g.cases.len());

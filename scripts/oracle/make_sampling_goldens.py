@@ -17,6 +17,8 @@ For every prompt x seed x sampler setting it records two streams:
             reports them) and the top 5 are recorded too.
 Both use mlx-lm's own make_sampler / make_logits_processors, with XTC's
 special tokens as mlx-lm's CLI and server pick them, and stop at an end token.
+Each step's draw margin is recorded too (see `recording`), so a test can
+tell a near-tie that numerical noise may flip from a real divergence.
 """
 
 import argparse
@@ -31,7 +33,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import mlx.core as mx  # noqa: E402
 from mlx_lm import load  # noqa: E402
 from mlx_lm.generate import generate_step  # noqa: E402
-from mlx_lm.sample_utils import make_logits_processors, make_sampler  # noqa: E402
+from mlx_lm.sample_utils import (  # noqa: E402
+    apply_min_p,
+    apply_top_k,
+    apply_top_p,
+    make_logits_processors,
+    make_sampler,
+)
 
 from make_goldens import meta  # noqa: E402
 
@@ -74,6 +82,58 @@ def sampler_for(setting: dict, tokenizer):
     )
 
 
+def margin(scores, key, token: int) -> float:
+    """How much the drawn token's score could drop before the same key draws
+    another token: bisected to 1e-7 over [0, 1] (1 means "at least 1")."""
+    onehot = mx.zeros(scores.shape, dtype=scores.dtype)
+    onehot[..., token] = 1.0
+
+    def same(drop: float) -> bool:
+        return int(mx.random.categorical(scores - drop * onehot, key=key)[0]) == token
+
+    if same(1.0):
+        return 1.0
+    lo, hi = 0.0, 1.0
+    while hi - lo > 1e-7:
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if same(mid) else (lo, mid)
+    return lo
+
+
+def recording(setting: dict, tokenizer, margins: list):
+    """mlx-lm's sampler, noting each draw's margin (see `margin`): a draw
+    whose margin is within numerical noise may fall either way for logits a
+    few ulps apart. XTC draws a second key per step: its margins are not
+    recorded."""
+    sampler = sampler_for(setting, tokenizer)
+    temp = setting["temperature"]
+    chain = []
+    if 0 < setting.get("top_p", 0.0) < 1.0:
+        chain.append(lambda x: apply_top_p(x, setting["top_p"]))
+    if setting.get("min_p", 0.0) != 0.0:
+        chain.append(lambda x: apply_min_p(x, setting["min_p"]))
+    if setting.get("top_k", 0) > 0:
+        chain.append(lambda x: apply_top_k(x, setting["top_k"]))
+
+    def sample(logprobs):
+        if setting.get("xtc_probability", 0.0) > 0.0:
+            margins.append(None)
+            return sampler(logprobs)
+        _, key = mx.random.split(mx.random.state[0])
+        filtered = logprobs
+        for f in chain:
+            filtered = f(filtered)
+        scores = filtered * (1.0 / temp)
+        token = sampler(logprobs)
+        replay = mx.random.categorical(scores, key=key)
+        if int(replay[0]) != int(token[0]):
+            raise RuntimeError("the replayed draw picked another token")
+        margins.append(margin(scores, key, int(token[0])))
+        return token
+
+    return sample
+
+
 def processors_for(setting: dict):
     bias = setting.get("logit_bias")
     return make_logits_processors(
@@ -95,12 +155,12 @@ def prompt_ids(tokenizer, text: str) -> list[int]:
 
 
 def run(model, tokenizer, ids, setting, max_tokens, with_logprobs):
-    tokens, logprobs, tops = [], [], []
+    tokens, logprobs, tops, margins = [], [], [], []
     stream = generate_step(
         mx.array(ids),
         model,
         max_tokens=max_tokens,
-        sampler=sampler_for(setting, tokenizer),
+        sampler=recording(setting, tokenizer, margins),
         logits_processors=processors_for(setting),
     )
     finish = "length"
@@ -114,7 +174,7 @@ def run(model, tokenizer, ids, setting, max_tokens, with_logprobs):
             logprobs.append(lp[token].item())
             top = mx.argpartition(-lp, kth=TOP_LOGPROBS - 1)[:TOP_LOGPROBS].tolist()
             tops.append(sorted(([i, lp[i].item()] for i in top), key=lambda e: -e[1]))
-    out = {"tokens": tokens, "finish_reason": finish}
+    out = {"tokens": tokens, "finish_reason": finish, "margins": margins[: len(tokens) + 1]}
     if with_logprobs:
         out["logprobs"] = logprobs
         out["top_logprobs"] = tops

@@ -18,8 +18,15 @@ fn finfo_min(dtype: Dtype) -> f32 {
     }
 }
 
-/// `queries` `[B, heads, L, D]` over `kv` (`[B, kv_heads, S, *]` triples).
-pub(crate) fn quantized_sdpa(
+/// Scaled dot-product attention of `queries` `[B, heads, L, D]` over a
+/// quantized cache's contents `kv` (`[B, kv_heads, S, *]` triples, as
+/// [`crate::cache::KvCache::update_quantized`] returns them), op for op as
+/// mlx-lm's `quantized_scaled_dot_product_attention`: the queries scaled,
+/// grouped-query heads folded into a repeat axis, scores and outputs by
+/// `quantized_matmul`, a precise softmax in between. `mask` is the cache's
+/// mask for the `L` queries ([`crate::cache::KvCache::mask`]). Returns
+/// `[B, heads, L, D]`.
+pub fn quantized_sdpa(
     queries: &Array,
     kv: &QuantizedState,
     scale: f32,

@@ -38,15 +38,17 @@ pub fn shape_config(name: &str) -> Result<serde_json::Value> {
 }
 
 impl Model {
-    /// A LLaMA-layout model of `config`'s shape with random weights in
-    /// `dtype`, quantized (embeddings and linear layers) when `quant` is given.
+    /// A LLaMA-layout model of `config`'s shape with random weights stored
+    /// in `dtype` and computed as `compute` picks, quantized (embeddings and
+    /// linear layers) when `quant` is given.
     pub fn synthetic(
         config: serde_json::Value,
         quant: Option<QuantSpec>,
         dtype: Dtype,
+        compute: crate::mlx_ext::ComputeDtype,
     ) -> Result<Self> {
         crate::mlx_ext::init_runtime();
-        let dtype = crate::mlx_ext::compute_dtype(dtype);
+        let dtype = compute.resolve(dtype);
         let mut args: ModelArgs =
             serde_json::from_value(config.clone()).context("synthetic model config")?;
         args.resolve_quantization()

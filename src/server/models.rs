@@ -21,7 +21,7 @@ use serde_json::Value;
 use super::error::ApiError;
 use super::fields::Fields;
 use crate::gateway::{Gateway, GatewayConfig, GatewayStats, LoadedModels};
-use crate::model::Model;
+use crate::model::{ComputeDtype, Model};
 use crate::tokenizer::Tokenizer;
 
 /// Where models other than the default may come from (`--allowed-models`).
@@ -65,6 +65,8 @@ pub struct PoolConfig {
     pub min_context: usize,
     /// `--chat-template`: a template source for the default model.
     pub chat_template: Option<String>,
+    /// `--compute-dtype`, for every model the pool loads.
+    pub compute: ComputeDtype,
     /// Gateway settings of the default model; other models get the same
     /// without its KV settings (`--kv-bits`, `--max-kv-size`) and SSD tier,
     /// which are sized for and fingerprinted by the default model.
@@ -473,14 +475,15 @@ impl ModelPool {
             )
         })?;
         let load_key = key.clone();
+        let compute = self.config.compute;
         let load = move || -> Result<LoadedModels> {
-            let mut model = Model::load(&load_key.dir)?;
+            let mut model = Model::load_as(&load_key.dir, compute)?;
             if let Some(adapter) = &load_key.adapter {
                 crate::adapters::apply(&mut model, adapter)
                     .with_context(|| format!("applying adapters {}", adapter.display()))?;
             }
             let draft = match &load_key.draft {
-                Some(d) => Some(Model::load(d).context("loading the draft model")?),
+                Some(d) => Some(Model::load_as(d, compute).context("loading the draft model")?),
                 None => None,
             };
             Ok(LoadedModels { model, draft })
@@ -660,6 +663,7 @@ mod tests {
             memory_budget_bytes: 0,
             min_context: 1,
             chat_template: None,
+            compute: ComputeDtype::Auto,
             gateway: GatewayConfig {
                 max_queue: 1,
                 prompt_cache_bytes: 0,
