@@ -72,7 +72,20 @@ enum Command {
     Launch(launch::Args),
 }
 
+/// MLX's CUDA backend keeps the kernels it compiles in `MLX_PTX_CACHE_DIR`:
+/// by default under mlx-bun's cache, so a second start does not compile
+/// them again. Set before MLX starts and before any thread does.
+fn default_kernel_cache() {
+    if std::env::var_os("MLX_PTX_CACHE_DIR").is_none() {
+        let dir = mlx_bun::hub::cache_dir().join("ptx-cache");
+        if std::fs::create_dir_all(&dir).is_ok() {
+            std::env::set_var("MLX_PTX_CACHE_DIR", dir);
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    default_kernel_cache();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("MLX_BUN_LOG")

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use mlx_bun::gateway::GatewayConfig;
+use mlx_bun::gateway::{GatewayConfig, Warmup};
 use mlx_bun::reasoning::ReasoningMarkers;
 use mlx_bun::server::agent::AgentConfig;
 use mlx_bun::server::models::{Allowed, ModelPool, PoolConfig};
@@ -69,6 +69,15 @@ pub struct Args {
     /// it; one that can never fit gets a 400.
     #[arg(long)]
     kv_budget: Option<f64>,
+    /// What runs before /health reports ready: auto (full on a GPU, where
+    /// MLX compiles kernels on first use; basic on the CPU), basic (one
+    /// forward pass), full (every prefill size class, batch size and
+    /// sampling path) or off.
+    #[arg(long, env = "MLX_BUN_WARMUP", default_value = "auto", value_parser = clap::value_parser!(Warmup))]
+    warmup: Warmup,
+    /// No warm-up: ready as soon as the model is loaded (same as --warmup off).
+    #[arg(long)]
+    no_warmup: bool,
     /// Sampling for requests that give none (mlx-lm's server flags).
     #[command(flatten)]
     sampling: crate::sampling_args::SamplingArgs,
@@ -326,6 +335,11 @@ fn gateway_config(
         kv_budget_bytes: args.kv_budget.map(gib),
         kv,
         ssd,
+        warmup: if args.no_warmup {
+            Warmup::Off
+        } else {
+            args.warmup
+        },
     }
 }
 
@@ -400,15 +414,6 @@ pub fn run(args: Args) -> Result<()> {
         compute: args.compute.dtype,
         gateway: gateway_config(&args, kv, ssd),
     });
-    // The default model loads before the port opens, so that a model that
-    // cannot load ends the command with its error.
-    let preload = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?
-        .block_on(models.acquire_default());
-    drop(preload.map_err(|e| anyhow::anyhow!("{}", e.message))?);
-
     let thread_dispatch = dispatch.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -468,6 +473,18 @@ pub fn run(args: Args) -> Result<()> {
         };
         let server = tokio::spawn(mlx_bun::server::serve(listener, state, shutdown));
         let model_name = dir.display();
+        // The port is open while the default model loads and warms up
+        // (`/health` answers 503 until then); a model that cannot serve
+        // ends the command with its reason.
+        eprintln!("mlx-bun serve: listening on http://{local}; loading {model_name}");
+        if let Err(e) = models.start_default().await {
+            tracing::error!("model {model_name} cannot serve: {}", e.message);
+            models.stop_accepting();
+            server.abort();
+            let done = models.clone();
+            tokio::task::spawn_blocking(move || done.shutdown(Duration::ZERO)).await?;
+            bail!("{}", e.message);
+        }
         // A closed stdout must not stop the server: the line is informational.
         use std::io::Write;
         let mut stdout = std::io::stdout();

@@ -73,6 +73,63 @@ pub struct GatewayConfig {
     pub kv: KvSettings,
     /// The prompt cache's tier on disk.
     pub ssd: Option<SsdConfig>,
+    /// What runs before the gateway reports ready.
+    pub warmup: Warmup,
+}
+
+/// The warm-up before a gateway reports ready (`--warmup`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Warmup {
+    /// Full on a GPU (MLX compiles kernels on first use there), basic on the CPU.
+    #[default]
+    Auto,
+    /// Nothing: the first requests pay for first-use setup.
+    Off,
+    /// One single-token forward pass of each model.
+    Basic,
+    /// Basic, then what requests will run: prefill chunks of every size
+    /// class, decode steps at every batch size, every sampling path.
+    Full,
+}
+
+impl Warmup {
+    pub(crate) fn runs_basic(self) -> bool {
+        self != Warmup::Off
+    }
+
+    pub(crate) fn runs_full(self) -> bool {
+        match self {
+            Warmup::Auto => crate::mlx_ext::on_gpu(),
+            Warmup::Full => true,
+            Warmup::Off | Warmup::Basic => false,
+        }
+    }
+}
+
+impl std::str::FromStr for Warmup {
+    type Err = String;
+
+    fn from_str(s: &str) -> std::result::Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "off" => Ok(Self::Off),
+            "basic" => Ok(Self::Basic),
+            "full" => Ok(Self::Full),
+            other => Err(format!(
+                "unknown warm-up {other:?} (auto, off, basic or full)"
+            )),
+        }
+    }
+}
+
+/// Where a gateway stands, as `/health` reports it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// Loading or warming up.
+    Starting,
+    Ready,
+    /// It cannot serve: the warm-up failed, or the worker stopped.
+    Failed(String),
 }
 
 /// How the server builds KV caches: dense (the default), bounded to
@@ -312,6 +369,7 @@ impl Gateway {
                     },
                     budget,
                     sharding,
+                    warmup: config.warmup,
                 };
                 worker::run(models, shared, plan, rx, &ready)
             })
@@ -355,14 +413,24 @@ impl Gateway {
 
     /// Warm and with a live worker.
     pub fn is_ready(&self) -> bool {
-        let warm = matches!(*self.readiness.state.lock().unwrap(), Some(Ok(())));
+        self.health() == Health::Ready
+    }
+
+    /// Starting, ready, or failed with the reason.
+    pub fn health(&self) -> Health {
+        let state = self.readiness.state.lock().unwrap().clone();
         let alive = self
             .worker
             .lock()
             .unwrap()
             .as_ref()
             .is_some_and(|h| !h.is_finished());
-        warm && alive
+        match state {
+            Some(Err(reason)) => Health::Failed(reason),
+            None if alive => Health::Starting,
+            Some(Ok(())) if alive => Health::Ready,
+            _ => Health::Failed("the generation worker stopped".into()),
+        }
     }
 
     pub fn shape_of(&self, request: &GatewayRequest) -> RequestShape {

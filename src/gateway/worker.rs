@@ -115,6 +115,7 @@ impl Shared {
 
 pub(crate) struct WorkerPlan {
     pub limits: BatchLimits,
+    pub warmup: super::Warmup,
     pub budget: KvBudget,
     /// The model is sharded: run in lockstep with the other ranks.
     pub sharding: Option<super::lockstep::Sharding>,
@@ -198,6 +199,25 @@ fn warm_up_kernels(model: &Model, tokenizer: &Tokenizer, limits: BatchLimits) ->
     Ok(())
 }
 
+/// The warm-up `plan.warmup` asks for: a failing forward pass fails it; a
+/// kernel of the full pass that cannot be compiled here only fails the
+/// requests that need it, so that one is logged and the rest is served.
+fn warm_up_all(models: &LoadedModels, tokenizer: &Tokenizer, plan: &WorkerPlan) -> Result<()> {
+    if !plan.warmup.runs_basic() {
+        return Ok(());
+    }
+    warm_up(&models.model)?;
+    if let Some(d) = &models.draft {
+        warm_up(d)?;
+    }
+    if plan.warmup.runs_full() {
+        if let Err(e) = warm_up_kernels(&models.model, tokenizer, plan.limits) {
+            tracing::warn!("warm-up: {e:#}");
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn run(
     models: LoadedModels,
     mut shared: Shared,
@@ -206,24 +226,16 @@ pub(crate) fn run(
     readiness: &Readiness,
 ) {
     let started = std::time::Instant::now();
-    let warm = warm_up(&models.model)
-        .and_then(|()| match &models.draft {
-            Some(d) => warm_up(d),
-            None => Ok(()),
-        })
-        .map(|()| {
-            let full = std::env::var("MLX_BUN_WARMUP").is_ok_and(|v| v == "full");
-            if crate::mlx_ext::on_gpu() || full {
-                // A kernel that cannot be compiled here fails the requests that
-                // need it, not the server: warn and serve the rest.
-                if let Err(e) = warm_up_kernels(&models.model, &shared.tokenizer, plan.limits) {
-                    tracing::warn!("warm-up: {e:#}");
-                }
-            }
-        });
-    tracing::info!("warm-up took {:.2} s", started.elapsed().as_secs_f64());
+    let warm = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        warm_up_all(&models, &shared.tokenizer, &plan)
+    }))
+    .unwrap_or_else(|panic| Err(anyhow::anyhow!("panicked: {}", panic_message(&panic))));
+    match &warm {
+        Ok(()) => tracing::info!("warm-up took {:.2} s", started.elapsed().as_secs_f64()),
+        Err(e) => tracing::error!("warm-up failed, the model cannot serve: {e:#}"),
+    }
     let failed = warm.is_err();
-    *readiness.state.lock().unwrap() = Some(warm.map_err(|e| format!("{e:#}")));
+    *readiness.state.lock().unwrap() = Some(warm.map_err(|e| format!("warm-up failed: {e:#}")));
     readiness.changed.notify_all();
     if failed {
         return;

@@ -17,6 +17,7 @@ use super::models::Served;
 use super::request::{self, completion_budget, Endpoint, ParsedRequest};
 use super::response::{new_id, unix_now, Reply};
 use super::{sse, AppState};
+use crate::gateway::Health;
 use crate::gateway::{GatewayEvent, GatewayRequest, Ticket};
 use crate::generate::{GenerateOptions, GenerationResult, DEFAULT_PREFILL_STEP};
 use crate::prompt::{build_prompt, PromptInput};
@@ -295,14 +296,18 @@ pub(crate) async fn chat_page() -> Response {
 }
 
 pub async fn health(State(app): State<Arc<AppState>>) -> Response {
-    if app.models.is_ready() {
-        Json(json!({"status": "ok"})).into_response()
-    } else {
-        (
+    match app.models.health() {
+        Health::Ready => Json(json!({"status": "ok"})).into_response(),
+        Health::Starting => (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(json!({"status": "loading"})),
         )
-            .into_response()
+            .into_response(),
+        Health::Failed(reason) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "error", "reason": reason})),
+        )
+            .into_response(),
     }
 }
 

@@ -20,7 +20,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::fields::Fields;
-use crate::gateway::{Gateway, GatewayConfig, GatewayStats, LoadedModels};
+use crate::gateway::{Gateway, GatewayConfig, GatewayStats, Health, LoadedModels};
 use crate::model::{ComputeDtype, Model};
 use crate::tokenizer::Tokenizer;
 
@@ -153,6 +153,8 @@ pub struct ModelPool {
     slots: Mutex<Vec<Arc<Slot>>>,
     accepting: AtomicBool,
     created: u64,
+    /// Why the default model cannot serve, once its start-up failed.
+    failure: Mutex<Option<String>>,
 }
 
 /// The name mlx-lm's server gives the model it started with.
@@ -183,7 +185,23 @@ impl ModelPool {
             slots: Mutex::new(Vec::new()),
             accepting: AtomicBool::new(true),
             created: super::response::unix_now(),
+            failure: Mutex::new(None),
         })
+    }
+
+    /// The default model's start-up: loads and warms it, or records why it
+    /// cannot serve (what `/health` then reports).
+    pub async fn start_default(self: &Arc<Self>) -> Result<(), ApiError> {
+        match self.acquire_default().await {
+            Ok(lease) => {
+                drop(lease);
+                Ok(())
+            }
+            Err(e) => {
+                *self.failure.lock().unwrap() = Some(e.message.clone());
+                Err(e)
+            }
+        }
     }
 
     pub fn default_id(&self) -> &str {
@@ -606,8 +624,25 @@ impl ModelPool {
 
     /// At least one model is loaded and every loaded one is ready.
     pub fn is_ready(&self) -> bool {
+        self.health() == Health::Ready
+    }
+
+    /// Ready when every loaded model is; failed, with its reason, when one
+    /// cannot serve; starting otherwise.
+    pub fn health(&self) -> Health {
+        if let Some(reason) = self.failure.lock().unwrap().clone() {
+            return Health::Failed(reason);
+        }
         let loaded = self.loaded();
-        !loaded.is_empty() && loaded.iter().all(|s| s.gateway.is_ready())
+        let states: Vec<Health> = loaded.iter().map(|s| s.gateway.health()).collect();
+        if let Some(failed) = states.iter().find(|h| matches!(h, Health::Failed(_))) {
+            return failed.clone();
+        }
+        if !states.is_empty() && states.iter().all(|h| *h == Health::Ready) {
+            Health::Ready
+        } else {
+            Health::Starting
+        }
     }
 
     /// Counters of the model used last (the gateway's view of `/stats`).
@@ -673,6 +708,7 @@ mod tests {
                 kv_budget_bytes: None,
                 kv: Default::default(),
                 ssd: None,
+                warmup: Default::default(),
             },
         })
     }
