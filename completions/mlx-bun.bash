@@ -270,7 +270,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__forward)
-            opts="-m -h --model --synthetic --q-bits --q-group-size --dtype --compare-kernel --lengths --context --runs --json --no-db --help"
+            opts="-m -h --model --compute-dtype --synthetic --q-bits --q-group-size --dtype --compare-kernel --lengths --context --runs --json --no-db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -281,6 +281,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -436,7 +440,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__cache__subcmd__prompt)
-            opts="-m -p -h --model --prompt --prompt-file --messages-file --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --prefill-step-size --help"
+            opts="-m -p -h --model --compute-dtype --prompt --prompt-file --messages-file --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --prefill-step-size --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -447,6 +451,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -498,7 +506,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__chat)
-            opts="-m -n -h --model --system --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --seed --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --prompt-cache-file --prefill-step-size --help"
+            opts="-m -n -h --model --compute-dtype --system --max-tokens --temp --top-p --top-k --min-p --min-tokens-to-keep --xtc-probability --xtc-threshold --repetition-penalty --seed --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --prompt-cache-file --prefill-step-size --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -509,6 +517,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -537,6 +549,18 @@ _mlx__bun() {
                     return 0
                     ;;
                 --min-p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --min-tokens-to-keep)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --xtc-probability)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --xtc-threshold)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -870,7 +894,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__evaluate)
-            opts="-m -h --model --tasks --task-dir --num-shots --seed --limit --max-tokens --batch-size --json --db --no-db --help"
+            opts="-m -h --model --compute-dtype --tasks --task-dir --num-shots --seed --limit --max-tokens --batch-size --json --db --no-db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -881,6 +905,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -974,7 +1002,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__generate)
-            opts="-m -p -n -v -h --model --prompt --batch-file --decode-concurrency --prompt-concurrency --prompt-file --messages-file --system --ignore-chat-template --max-tokens --temp --top-p --top-k --min-p --repetition-penalty --repetition-context-size --logit-bias --seed --stop --json --verbose --prefill-step-size --draft-model --num-draft-tokens --adapter-path --json-schema --json-object --regex --choice --grammar --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --pipeline --help"
+            opts="-m -p -n -v -h --model --prompt --batch-file --decode-concurrency --prompt-concurrency --prompt-file --messages-file --system --ignore-chat-template --max-tokens --temp --top-p --top-k --min-p --min-tokens-to-keep --xtc-probability --xtc-threshold --compute-dtype --repetition-penalty --repetition-context-size --logit-bias --seed --stop --json --verbose --prefill-step-size --draft-model --num-draft-tokens --adapter-path --json-schema --json-object --regex --choice --grammar --prompt-cache-file --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --pipeline --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1041,6 +1069,22 @@ _mlx__bun() {
                     return 0
                     ;;
                 --min-p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --min-tokens-to-keep)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --xtc-probability)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --xtc-threshold)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1536,7 +1580,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__perplexity)
-            opts="-m -h --model --data --data-path --sequence-length --num-samples --batch-size --seed --json --db --no-db --help"
+            opts="-m -h --model --compute-dtype --data --data-path --sequence-length --num-samples --batch-size --seed --json --db --no-db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1547,6 +1591,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1586,7 +1634,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__serve)
-            opts="-m -h --model --pipeline --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --temp --top-p --top-k --min-p --allowed-origins --tool-call-parser --reasoning-parser --chat-template --chat-template-args --allowed-models --allow-any-model --model-memory --shutdown-grace --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --ssd-cache --ssd-cache-max --help"
+            opts="-m -h --model --compute-dtype --pipeline --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --warmup --no-warmup --temp --top-p --top-k --min-p --min-tokens-to-keep --xtc-probability --xtc-threshold --allowed-origins --tool-call-parser --reasoning-parser --chat-template --chat-template-args --allowed-models --allow-any-model --model-memory --shutdown-grace --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --ssd-cache --ssd-cache-max --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1597,6 +1645,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1656,6 +1708,10 @@ _mlx__bun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --warmup)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --temp)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1669,6 +1725,18 @@ _mlx__bun() {
                     return 0
                     ;;
                 --min-p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --min-tokens-to-keep)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --xtc-probability)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --xtc-threshold)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -1736,7 +1804,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__train)
-            opts="-c -m -h --config --model --data --method --mlx-path --adapter-path --resume-adapter-file --num-layers --lora-rank --lora-scale --lora-alpha --lora-dropout --lora-keys --batch-size --iters --learning-rate --optimizer --weight-decay --lr-schedule --warmup --warmup-init --min-lr --grad-accumulation-steps --grad-clip --grad-checkpoint --seed --mask-prompt --max-seq-length --steps-per-eval --val-batches --save-every --test --test-batches --orpo-lambda --sft-scope --loss-chunk-tokens --db --no-db --json --quantized-model --bits --group-size --num-samples --num-valid-samples --temperature --top-k --target-dir --targets-only --help fuse help"
+            opts="-c -m -h --config --model --compute-dtype --data --method --mlx-path --adapter-path --resume-adapter-file --num-layers --lora-rank --lora-scale --lora-alpha --lora-dropout --lora-keys --batch-size --iters --learning-rate --optimizer --weight-decay --lr-schedule --warmup --warmup-init --min-lr --grad-accumulation-steps --grad-clip --grad-checkpoint --seed --mask-prompt --max-seq-length --steps-per-eval --val-batches --save-every --test --test-batches --orpo-lambda --sft-scope --loss-chunk-tokens --db --no-db --json --quantized-model --bits --group-size --num-samples --num-valid-samples --temperature --top-k --target-dir --targets-only --help fuse help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1755,6 +1823,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

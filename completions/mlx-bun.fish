@@ -55,6 +55,10 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l temp -d 'Sa
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l top-p -d 'Nucleus sampling: keep the smallest set of tokens whose probability reaches this (1 is off)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l top-k -d 'Keep the k most likely tokens; 0 is off' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l min-p -d 'Drop tokens below this fraction of the most likely one\'s probability' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l min-tokens-to-keep -d 'With --min-p: tokens that always survive the filter' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l xtc-probability -d 'XTC: the chance that a step removes its top choices (0 is off)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l xtc-threshold -d 'XTC: the probability a token needs to count as a top choice' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l repetition-penalty -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l repetition-context-size -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l logit-bias -d 'Logit bias as JSON, e.g. \'{"1234": -100}\'' -r
@@ -80,6 +84,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l json-object
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l pipeline -d 'Under `mlx-bun launch` with several ranks: split the layers across ranks (pipeline parallel) instead of the heads and MLP columns'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s p -l prompt -d 'The text to cache; `-` reads standard input' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l prompt-file -d 'Read the text to cache from a file' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l messages-file -d 'A JSON array of chat messages; the last one is left open' -r -F
@@ -91,12 +96,16 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l quantiz
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l prefill-step-size -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l system -d 'System message for every turn' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -s n -l max-tokens -d 'Maximum tokens per reply' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l temp -d 'Sampling temperature; 0 is greedy (serve: for requests that give none)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l top-p -d 'Nucleus sampling: keep the smallest set of tokens whose probability reaches this (1 is off)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l top-k -d 'Keep the k most likely tokens; 0 is off' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l min-p -d 'Drop tokens below this fraction of the most likely one\'s probability' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l min-tokens-to-keep -d 'With --min-p: tokens that always survive the filter' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l xtc-probability -d 'XTC: the chance that a step removes its top choices (0 is off)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l xtc-threshold -d 'XTC: the probability a token needs to count as a top choice' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l repetition-penalty -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l seed -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l max-kv-size -d 'Bound the KV cache to this many positions (the first 4 are kept)' -r
@@ -107,6 +116,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l prompt-cache-fi
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l prefill-step-size -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l host -d 'Address to listen on; anything but loopback exposes the server to the network' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l port -d 'Port to listen on; 0 picks a free one (the ready line shows it)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l api-key -d 'Require `Authorization: Bearer <KEY>` on every route but /health' -r
@@ -121,10 +131,14 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l num-draft-toke
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l decode-concurrency -d 'Rows decoded together in one batch (continuous batching); 1 turns batching off. Requests with a draft model run speculatively instead' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l prompt-concurrency -d 'Prompts prefilled at once while the batch keeps decoding' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-budget -d 'KV cache budget in GiB for admitted requests (default: half the memory available after loading). Requests wait while the batch would exceed it; one that can never fit gets a 400' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l warmup -d 'What runs before /health reports ready: auto (full on a GPU, where MLX compiles kernels on first use; basic on the CPU), basic (one forward pass), full (every prefill size class, batch size and sampling path) or off' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l temp -d 'Sampling temperature; 0 is greedy (serve: for requests that give none)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-p -d 'Nucleus sampling: keep the smallest set of tokens whose probability reaches this (1 is off)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l top-k -d 'Keep the k most likely tokens; 0 is off' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-p -d 'Drop tokens below this fraction of the most likely one\'s probability' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-tokens-to-keep -d 'With --min-p: tokens that always survive the filter' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l xtc-probability -d 'XTC: the chance that a step removes its top choices (0 is off)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l xtc-threshold -d 'XTC: the probability a token needs to count as a top choice' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-origins -d 'Browser origins that may call the API: `loopback` (localhost, 127.0.0.1, [::1], any port), `*`, or a comma-separated list' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l tool-call-parser -d 'Tool-call format to parse (json_tools, llama3, mistral, function_gemma, phi, harmony); by default the one the chat template implies' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l reasoning-parser -d 'Reasoning markers to split off (think, longcat, gemma4, or none); by default the ones the vocabulary or the chat template has' -r
@@ -140,6 +154,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l quantized-kv-s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache -d 'Folder of the prompt cache\'s tier on disk: finished requests\' KV caches are written there and restored after a restart' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache-max -d 'Size cap of --ssd-cache in GiB (least recently used entries go first)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l pipeline -d 'Under `mlx-bun launch` with several ranks: split the layers across ranks (pipeline parallel) instead of the heads and MLP columns'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l no-warmup -d 'No warm-up: ready as soon as the model is loaded (same as --warmup off)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allow-any-model -d 'Requests may name any local model folder or cached Hub repo id'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand convert" -s m -l hf-path -l model -d 'A Hugging Face model: a local folder (Hugging Face or mlx-lm layout) or a Hub repo id' -r
@@ -185,6 +200,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand manage" -s y -l yes -d '
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand manage" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s c -l config -d 'YAML file with training options (mlx-lm\'s `lora` config keys)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l data -d 'Directory with train.jsonl, valid.jsonl and optionally test.jsonl' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and not __fish_seen_subcommand_from fuse help" -l method -d 'Training objective: sft (LoRA fine-tuning), orpo (preference pairs) or dwq (distill the quantization scales and biases of a quantized student from the full-precision --model)' -r -f -a "sft\t''
 lora\t''
@@ -276,6 +292,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l check -d 'Exit with an error when the kernel\'s output differs from MLX\'s by more than float tolerance (relative to the largest output)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s m -l model -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l synthetic -d 'Random weights of a known shape instead of a model folder: llama-8b, llama-1b or smollm2-135m' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l q-bits -d 'Bits of the synthetic model\'s quantized weights (0: unquantized)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l q-group-size -r
@@ -327,6 +344,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-siz
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l tasks -d 'Tasks, comma-separated: arc_easy, arc_challenge, hellaswag, piqa, mmlu (multiple choice), wikitext (rolling log-likelihood), gsm8k (generation); each read from <task-dir>/<task>.jsonl, or TASK=FILE' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l task-dir -d 'Folder of the task files' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l num-shots -d 'Solved examples before each question, drawn from the task file as lm-evaluation-harness draws them (MMLU: the first others of its subject)' -r
@@ -339,6 +357,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l json -d 'Pr
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -l no-db -d 'Do not record the run in the eval database'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l data-path -l data -d 'Data to score: a plain-text file (one document), a JSONL or parquet file (text, chat `messages` or `prompt`/`completion` rows), a folder of such files, or a Hugging Face dataset id' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l sequence-length -d 'Tokens per row' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand perplexity" -l num-samples -d 'Rows to score (-1: every complete row of the data)' -r

@@ -52,9 +52,10 @@ struct Case {
 #[derive(Deserialize)]
 struct Stream {
     tokens: Vec<u32>,
-    /// Per draw: how far the drawn token's score could drop before the
-    /// same key draws another (None where the oracle does not replay it).
-    margins: Vec<Option<f32>>,
+    /// Per draw: whether scores perturbed by our numerical difference from
+    /// mlx-lm (~1e-4) can make the same key draw another token (None where
+    /// the oracle does not replay the draw).
+    fragile: Vec<Option<bool>>,
     #[serde(default)]
     logprobs: Vec<f32>,
     #[serde(default)]
@@ -130,29 +131,24 @@ fn goldens() -> Goldens {
     serde_json::from_str(&text).expect("parsing goldens/sampling.json")
 }
 
-/// A draw whose margin is below this may fall either way between two
-/// computations whose logits are ~1e-4 apart (scores are log-probabilities
-/// over the temperature): a divergence there is noise, not a bug.
-const NEAR_TIE: f32 = 1e-3;
-
 /// The first index where `ours` leaves `want`, if any.
 fn divergence(ours: &[u32], want: &[u32]) -> Option<usize> {
     let same = ours.iter().zip(want).take_while(|(a, b)| a == b).count();
     (ours.len() != want.len() || same < want.len()).then_some(same)
 }
 
-/// Token-identical, or diverging only at a draw mlx-lm itself made by a
-/// near-tie (reported, with its margin); otherwise the failure.
+/// Token-identical, or diverging only at a draw of mlx-lm's that is
+/// fragile (numerical noise may flip it; reported); otherwise the failure.
 fn judge(label: &str, ours: &[u32], want: &Stream) -> Result<(), String> {
     let Some(at) = divergence(ours, &want.tokens) else {
         return Ok(());
     };
-    match want.margins.get(at).copied().flatten() {
-        Some(m) if m < NEAR_TIE => {
-            eprintln!("{label}: diverges at token {at}, a near-tie (margin {m:.2e})");
+    match want.fragile.get(at).copied().flatten() {
+        Some(true) => {
+            eprintln!("{label}: diverges at token {at}, a draw numerical noise can flip");
             Ok(())
         }
-        m => Err(format!("{label}: diverges at token {at} (margin {m:?})")),
+        _ => Err(format!("{label}: diverges at token {at}")),
     }
 }
 
