@@ -370,6 +370,72 @@ fn server_reproduces_mlx_lm_server_alone_and_batched() {
         })
         .collect();
     report("serve, all requests at once", &failures, g.cases.len());
+
+    // /v1/completions on the same prompt ids: the same tokens and
+    // log-probabilities, in the completions layout.
+    let mut failures = Vec::new();
+    let mut worst = 0f32;
+    let picks: Vec<&Case> = g.cases.iter().filter(|c| c.seed == 42).step_by(4).collect();
+    for case in &picks {
+        let mut body = case.request(g.max_tokens, g.top_logprobs);
+        let map = body.as_object_mut().unwrap();
+        map.remove("messages");
+        map.remove("top_logprobs");
+        map.insert("prompt".into(), json!(case.prompt_ids));
+        map.insert("logprobs".into(), json!(g.top_logprobs));
+        let r = client()
+            .post(server.url("/v1/completions"))
+            .json(&body)
+            .send()
+            .expect("request failed");
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().unwrap();
+        let choice = &v["choices"][0];
+        let ids: Vec<u32> = serde_json::from_value(choice["token_ids"].clone()).unwrap();
+        if let Err(e) = judge(
+            &format!("{} (completions)", case.label()),
+            &ids,
+            &case.server,
+        ) {
+            failures.push(e);
+            continue;
+        }
+        if divergence(&ids, &case.server.tokens).is_some() {
+            continue;
+        }
+        let lps = &choice["logprobs"];
+        for (i, lp) in lps["token_logprobs"].as_array().unwrap().iter().enumerate() {
+            let (ours, theirs) = (lp.as_f64().unwrap() as f32, case.server.logprobs[i]);
+            worst = worst.max((ours - theirs).abs());
+            if excess(ours, theirs) > 0.0 {
+                failures.push(format!(
+                    "{}: completions log-probability at {i}",
+                    case.label()
+                ));
+            }
+            let mut top: Vec<f32> = lps["top_logprobs"][i]
+                .as_object()
+                .unwrap()
+                .values()
+                .map(|x| x.as_f64().unwrap() as f32)
+                .collect();
+            top.sort_by(|a, b| b.total_cmp(a));
+            // Token texts that decode alike share one key in this layout.
+            if top.len() == case.server.top_logprobs[i].len() {
+                for (&o, &(_, t)) in top.iter().zip(&case.server.top_logprobs[i]) {
+                    worst = worst.max((o - t).abs());
+                    if excess(o, t) > 0.0 {
+                        failures.push(format!(
+                            "{}: completions top log-probability at {i}",
+                            case.label()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("completions: largest log-probability difference {worst:.4e}");
+    report("serve /v1/completions", &failures, picks.len());
 }
 
 /// `generate --seed` skips the draws mlx-lm's model class makes while it is
