@@ -53,7 +53,10 @@ fn goldens() -> Goldens {
 }
 
 fn sha256(path: &Path) -> String {
-    let out = Command::new("sha256sum").arg(path).output().expect("sha256sum");
+    let out = Command::new("sha256sum")
+        .arg(path)
+        .output()
+        .expect("sha256sum");
     assert!(out.status.success());
     String::from_utf8(out.stdout).unwrap()[..64].to_string()
 }
@@ -84,7 +87,11 @@ fn variants(g: &Goldens) -> PathBuf {
              with scripts/oracle/make_dtype_goldens.py",
             dir.display()
         );
-        assert_eq!(sha256(&dir.join("config.json")), v.model.config_sha256, "{regenerate}");
+        assert_eq!(
+            sha256(&dir.join("config.json")),
+            v.model.config_sha256,
+            "{regenerate}"
+        );
         for (file, want) in &v.model.weights_sha256 {
             assert_eq!(&sha256(&dir.join(file)), want, "{regenerate}");
         }
@@ -117,12 +124,19 @@ fn generate_in_the_model_dtype_gives_mlx_lm_tokens() {
             let v: Value = serde_json::from_slice(&out.stdout).unwrap();
             let ids: Vec<u32> = serde_json::from_value(v["token_ids"].clone()).unwrap();
             if ids != run.tokens {
-                let at = ids.iter().zip(&run.tokens).take_while(|(a, b)| a == b).count();
+                let at = ids
+                    .iter()
+                    .zip(&run.tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count();
                 failures.push(format!("{name} {:?}: diverges at token {at}", run.prompt));
             }
         }
     }
-    eprintln!("{} of {total} greedy runs token-identical", total - failures.len());
+    eprintln!(
+        "{} of {total} greedy runs token-identical",
+        total - failures.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -178,5 +192,8 @@ fn serve_in_bf16_warms_up_and_reports_mlx_lm_log_probabilities() {
         worst = worst.max((chosen - theirs[0].1).abs());
     }
     eprintln!("bf16 serve: largest log-probability difference from mlx-lm {worst:.2e}");
-    assert!(worst <= LOGPROB_TOL, "log-probabilities {worst:.2e} from mlx-lm's");
+    assert!(
+        worst <= LOGPROB_TOL,
+        "log-probabilities {worst:.2e} from mlx-lm's"
+    );
 }
