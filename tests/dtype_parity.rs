@@ -64,6 +64,11 @@ fn sha256(path: &Path) -> String {
 /// The variant folders, made once by mlx-lm's own converter from the
 /// float32 default model, each checked against the goldens' fingerprint.
 fn variants(g: &Goldens) -> PathBuf {
+    static MADE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    MADE.get_or_init(|| make_variants(g)).clone()
+}
+
+fn make_variants(g: &Goldens) -> PathBuf {
     let models = mlx_bun::hub::cache_dir().join("test-models/dtypes");
     let out = Command::new(common::oracle_python().expect("the oracle is required"))
         .arg(common::repo_root().join("scripts/oracle/make_dtype_goldens.py"))
