@@ -45,7 +45,7 @@ pub struct Args {
 /// KV-cache quantization flags, as mlx-lm's.
 #[derive(clap::Args)]
 pub struct KvArgs {
-    /// Quantize the KV cache to this many bits (4 or 8; default: no quantization).
+    /// Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8; default: no quantization).
     #[arg(long)]
     pub kv_bits: Option<i32>,
     /// Group size of KV quantization.

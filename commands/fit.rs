@@ -21,8 +21,8 @@ pub struct Args {
     /// Sequences decoded at once.
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// Quantize the KV cache to this many bits (4 or 8).
-    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["4", "8"]))]
+    /// Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(["2", "3", "4", "5", "6", "8"]))]
     kv_bits: Option<String>,
     /// Memory to fit into, in GiB (default: MemAvailable of this machine).
     #[arg(long)]
@@ -67,7 +67,7 @@ pub fn run(args: Args) -> Result<()> {
         FitRequest {
             context,
             batch: args.batch,
-            kv_bits: args.kv_bits.as_deref().map(|b| b.parse().expect("4 or 8")),
+            kv_bits: args.kv_bits.as_deref().map(|b| b.parse().expect("a listed bit width")),
             prefill_step: args.prefill_step_size,
             num_draft_tokens: args.num_draft_tokens,
             memory_bytes,

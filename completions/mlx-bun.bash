@@ -983,7 +983,7 @@ _mlx__bun() {
                     return 0
                     ;;
                 --kv-bits)
-                    COMPREPLY=($(compgen -W "4 8" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "2 3 4 5 6 8" -- "${cur}"))
                     return 0
                     ;;
                 --memory)

@@ -74,7 +74,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l choice -d '
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l grammar -d 'Constrain the output to a Lark grammar file' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l prompt-cache-file -d 'Continue from a KV cache saved by `cache-prompt` (or mlx_lm.cache_prompt); the prompt is what follows the cached text' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l max-kv-size -d 'Bound the KV cache to this many positions (the first 4 are kept)' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l kv-bits -d 'Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8; default: no quantization)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l kv-group-size -d 'Group size of KV quantization' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand generate" -l ignore-chat-template -d 'Use the prompt as is, without the chat template'
@@ -90,7 +90,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l prompt-
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l messages-file -d 'A JSON array of chat messages; the last one is left open' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l prompt-cache-file -d 'Where to save the cache (`.safetensors` is appended when missing)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l max-kv-size -d 'Bound the cache to this many positions (the first 4 are kept)' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l kv-bits -d 'Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8; default: no quantization)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l kv-group-size -d 'Group size of KV quantization' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand cache-prompt" -l prefill-step-size -r
@@ -109,7 +109,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l xtc-threshold -
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l repetition-penalty -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l seed -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l max-kv-size -d 'Bound the KV cache to this many positions (the first 4 are kept)' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l kv-bits -d 'Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8; default: no quantization)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l kv-group-size -d 'Group size of KV quantization' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand chat" -l prompt-cache-file -d 'Start from a KV cache saved by `cache-prompt`: the first message completes the cached user turn' -r -F
@@ -148,7 +148,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-models
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l model-memory -d 'GiB of weights the loaded models may hold together; the least recently used idle model is unloaded past it (default: half the memory available at start)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l shutdown-grace -d 'Seconds to let running requests finish after SIGINT/SIGTERM' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l max-kv-size -d 'Bound each request\'s KV cache to this many positions (the first 4 are kept). Requests then run one at a time (no batching)' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8; default: no quantization)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-bits -d 'Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8; default: no quantization)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-group-size -d 'Group size of KV quantization' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l quantized-kv-start -d 'Quantize once the cache holds this many positions' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l ssd-cache -d 'Folder of the prompt cache\'s tier on disk: finished requests\' KV caches are written there and restored after a restart' -r -F
@@ -337,7 +337,11 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l draft-model -d '
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l num-draft-tokens -d 'Tokens the draft proposes per step' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l context -d 'Tokens of context per sequence (default: the model\'s maximum)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l batch -d 'Sequences decoded at once' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l kv-bits -d 'Quantize the KV cache to this many bits (4 or 8)' -r -f -a "4\t''
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l kv-bits -d 'Quantize the KV cache to this many bits (2, 3, 4, 5, 6 or 8)' -r -f -a "2\t''
+3\t''
+4\t''
+5\t''
+6\t''
 8\t''"
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l memory -d 'Memory to fit into, in GiB (default: MemAvailable of this machine)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-size -d 'Prompt tokens per prefill chunk' -r
