@@ -210,7 +210,7 @@ fn library_reproduces_mlx_lm_generate_streams() {
 #[test]
 fn cli_seed_reproduces_mlx_lm_generate() {
     let g = goldens();
-    let picks = ["temperature", "top_p", "top_k", "min_p", "xtc"];
+    let picks = ["temperature", "top_p", "top_k", "min_p", "xtc", "logit_bias"];
     let mut failures = Vec::new();
     let mut total = 0;
     for name in picks {
@@ -242,6 +242,10 @@ fn cli_seed_reproduces_mlx_lm_generate() {
                 args.push(flag.into());
                 args.push(v.to_string());
             }
+        }
+        if let Some(bias) = case.setting.get("logit_bias") {
+            args.push("--logit-bias".into());
+            args.push(bias.to_string());
         }
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = common::run_ok(&args);
