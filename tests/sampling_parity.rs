@@ -154,7 +154,7 @@ fn judge(label: &str, ours: &[u32], want: &Stream) -> Result<(), String> {
 
 fn report(what: &str, failures: &[String], total: usize) {
     eprintln!(
-        "{what}: {} of {total} cases token-identical",
+        "{what}: {} of {total} cases agree with mlx-lm (token-identical, or parting only at a fragile draw)",
         total - failures.len()
     );
     assert!(
@@ -210,7 +210,14 @@ fn library_reproduces_mlx_lm_generate_streams() {
 #[test]
 fn cli_seed_reproduces_mlx_lm_generate() {
     let g = goldens();
-    let picks = ["temperature", "top_p", "top_k", "min_p", "xtc", "logit_bias"];
+    let picks = [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "xtc",
+        "logit_bias",
+    ];
     let mut failures = Vec::new();
     let mut total = 0;
     for name in picks {
@@ -336,7 +343,8 @@ fn server_reproduces_mlx_lm_server_alone_and_batched() {
     let g = goldens();
     let dir = common::model_dir();
     let tokenizer = Tokenizer::load(&dir).unwrap();
-    let server = Server::start(&dir, &[]);
+    // Room for every case at once in the batched round.
+    let server = Server::start(&dir, &["--max-queue", "128"]);
     let mut failures = Vec::new();
     let mut worst = 0f32;
     for case in &g.cases {
