@@ -67,7 +67,10 @@ pub fn run(args: Args) -> Result<()> {
         FitRequest {
             context,
             batch: args.batch,
-            kv_bits: args.kv_bits.as_deref().map(|b| b.parse().expect("a listed bit width")),
+            kv_bits: args
+                .kv_bits
+                .as_deref()
+                .map(|b| b.parse().expect("a listed bit width")),
             prefill_step: args.prefill_step_size,
             num_draft_tokens: args.num_draft_tokens,
             memory_bytes,
