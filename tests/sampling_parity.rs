@@ -296,7 +296,8 @@ fn ask(server: &Server, body: &Value) -> (Vec<u32>, Vec<Value>) {
 /// value beyond the tolerance.
 fn logprob_gap(
     tokenizer: &Tokenizer,
-    case: &Case,
+    label: &str,
+    want: &Stream,
     content: &[Value],
     failures: &mut Vec<String>,
 ) -> f32 {
@@ -305,15 +306,14 @@ fn logprob_gap(
         worst = worst.max((ours - theirs).abs());
         if excess(ours, theirs) > 0.0 {
             failures.push(format!(
-                "{}: log-probability {ours} at token {i}, mlx-lm {theirs}",
-                case.label()
+                "{label}: log-probability {ours} at token {i}, mlx-lm {theirs}"
             ));
         }
     };
-    for (i, entry) in content.iter().enumerate().take(case.server.logprobs.len()) {
+    for (i, entry) in content.iter().enumerate().take(want.logprobs.len()) {
         let lp = entry["logprob"].as_f64().unwrap() as f32;
-        check(lp, case.server.logprobs[i], i, failures);
-        let theirs = &case.server.top_logprobs[i];
+        check(lp, want.logprobs[i], i, failures);
+        let theirs = &want.top_logprobs[i];
         let ours = entry["top_logprobs"].as_array().unwrap();
         let mut their_texts: Vec<String> = theirs
             .iter()
@@ -327,8 +327,7 @@ fn logprob_gap(
         our_texts.sort();
         if their_texts != our_texts {
             failures.push(format!(
-                "{}: top log-probabilities at token {i} are {our_texts:?}, mlx-lm's {their_texts:?}",
-                case.label()
+                "{label}: top log-probabilities at token {i} are {our_texts:?}, mlx-lm's {their_texts:?}"
             ));
         }
         for (t, &(_, l)) in ours.iter().zip(theirs) {
@@ -354,7 +353,13 @@ fn server_reproduces_mlx_lm_server_alone_and_batched() {
             failures.push(e);
         }
         if identical {
-            worst = worst.max(logprob_gap(&tokenizer, case, &content, &mut failures));
+            worst = worst.max(logprob_gap(
+                &tokenizer,
+                &case.label(),
+                &case.server,
+                &content,
+                &mut failures,
+            ));
         }
     }
     eprintln!("largest log-probability difference from mlx-lm's server: {worst:.4e}");
@@ -482,4 +487,64 @@ fn init_draws_equal_mlx_lm_for_every_family() {
         }
     }
     report("model construction draws", &failures, dirs.len());
+}
+
+#[derive(Deserialize)]
+struct GreedyRun {
+    prompt: String,
+    tokens: Vec<u32>,
+    logprobs: Vec<f32>,
+    top_logprobs: Vec<Vec<(u32, f32)>>,
+}
+
+/// Greedy answers report mlx-lm's log-probabilities too (chat, top 5).
+#[test]
+fn greedy_log_probabilities_equal_mlx_lm_server() {
+    const PROMPTS: [&str; 2] = ["What is the capital of France?", "Name three planets."];
+    let dir = common::model_dir();
+    let out = std::process::Command::new(common::oracle_python().expect("the oracle is required"))
+        .arg(common::repo_root().join("scripts/oracle/greedy_logprobs.py"))
+        .arg(&dir)
+        .args(["16", "5"])
+        .args(PROMPTS)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "greedy_logprobs.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: Vec<GreedyRun> = serde_json::from_slice(&out.stdout).unwrap();
+    let tokenizer = Tokenizer::load(&dir).unwrap();
+    let server = Server::start(&dir, &[]);
+    let mut failures = Vec::new();
+    let mut worst = 0f32;
+    for run in &theirs {
+        let body = json!({
+            "messages": [{"role": "user", "content": run.prompt}],
+            "max_tokens": 16,
+            "temperature": 0,
+            "logprobs": true,
+            "top_logprobs": 5,
+            "return_token_ids": true,
+        });
+        let (ids, content) = ask(&server, &body);
+        assert_eq!(ids, run.tokens, "greedy tokens of {:?}", run.prompt);
+        let want = Stream {
+            tokens: run.tokens.clone(),
+            fragile: Vec::new(),
+            logprobs: run.logprobs.clone(),
+            top_logprobs: run.top_logprobs.clone(),
+        };
+        worst = worst.max(logprob_gap(
+            &tokenizer,
+            &run.prompt,
+            &want,
+            &content,
+            &mut failures,
+        ));
+    }
+    eprintln!("greedy: largest log-probability difference from mlx-lm {worst:.4e}");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
