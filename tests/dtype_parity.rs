@@ -202,3 +202,57 @@ fn serve_in_bf16_warms_up_and_reports_mlx_lm_log_probabilities() {
         "log-probabilities {worst:.2e} from mlx-lm's"
     );
 }
+
+/// A batch file's rows, decoded together in the model's dtype, give the
+/// tokens mlx-lm gives each prompt alone.
+#[test]
+fn batch_file_in_the_model_dtype_gives_mlx_lm_tokens() {
+    let g = goldens();
+    let models = variants(&g);
+    let tmp = tempfile::tempdir().unwrap();
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for (name, v) in g.variants.iter().filter(|(_, v)| v.runs.len() > 1) {
+        let file = tmp.path().join(format!("{name}.jsonl"));
+        let lines: Vec<String> = v.runs.iter().map(|r| json!(r.prompt).to_string()).collect();
+        std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+        let out = common::run_ok(&[
+            "generate",
+            "-m",
+            models.join(name).to_str().unwrap(),
+            "--compute-dtype",
+            "model",
+            "--batch-file",
+            file.to_str().unwrap(),
+            "-n",
+            &v.max_tokens.to_string(),
+            "--json",
+        ]);
+        let rows: Vec<Value> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(rows.len(), v.runs.len(), "one result per line");
+        for (row, run) in rows.iter().zip(&v.runs) {
+            total += 1;
+            let ids: Vec<u32> = serde_json::from_value(row["token_ids"].clone()).unwrap();
+            if ids != run.tokens {
+                let at = ids
+                    .iter()
+                    .zip(&run.tokens)
+                    .take_while(|(a, b)| a == b)
+                    .count();
+                failures.push(format!(
+                    "{name} {:?} in a batch: diverges at token {at}",
+                    run.prompt
+                ));
+            }
+        }
+    }
+    eprintln!(
+        "{} of {total} batched rows token-identical",
+        total - failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
