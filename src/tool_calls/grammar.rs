@@ -1,9 +1,10 @@
 //! The grammar that makes `tool_choice: required`, a named function, or
 //! `parallel_tool_calls: false` hold: the family's call wrapper around a JSON
 //! object whose name is one of the allowed functions and whose arguments
-//! follow that function's JSON schema. When the model reasons first, a free
-//! reasoning block may come before the call (the grammar constrains the
-//! answer only).
+//! follow that function's JSON schema. Arguments admit no property the
+//! schema does not name unless it says otherwise, and a reasoning block the
+//! prompt opened is closed at once: a forced call starts right away and ends
+//! when its schema is complete.
 
 use anyhow::{bail, Result};
 use serde_json::{json, Value};
@@ -54,8 +55,37 @@ fn x_guidance() -> Value {
 
 fn parameters_schema(f: &Function) -> Value {
     match &f.parameters {
-        Value::Object(o) if !o.is_empty() => f.parameters.clone(),
+        Value::Object(o) if !o.is_empty() => {
+            let mut schema = f.parameters.clone();
+            close_objects(&mut schema);
+            schema
+        }
         _ => json!({"type": "object", "properties": {}, "additionalProperties": false}),
+    }
+}
+
+/// Sets `additionalProperties: false` on every object schema that names its
+/// properties and does not say, however deep (properties, items, combinators,
+/// definitions). An object without `properties` stays a free-form map.
+fn close_objects(schema: &mut Value) {
+    let Value::Object(o) = schema else { return };
+    if o.contains_key("properties") && !o.contains_key("additionalProperties") {
+        o.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for key in ["properties", "patternProperties", "$defs", "definitions"] {
+        if let Some(Value::Object(children)) = o.get_mut(key) {
+            children.values_mut().for_each(close_objects);
+        }
+    }
+    for key in ["items", "additionalProperties", "not", "if", "then", "else"] {
+        if let Some(child) = o.get_mut(key) {
+            close_objects(child);
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(Value::Array(children)) = o.get_mut(key) {
+            children.iter_mut().for_each(close_objects);
+        }
     }
 }
 
@@ -227,7 +257,19 @@ pub fn call_grammar(
             "tool_choice \"required\" or a named function cannot be enforced for the function_gemma format (its arguments are not JSON); use \"auto\""
         ),
     };
-    Ok(format!("{}{body}", grammar_head(reasoning)))
+    Ok(format!("{}{body}", forced_head(reasoning, lookup)))
+}
+
+/// The top of a forced call's grammar: the call comes first, after the end
+/// marker when the prompt left a reasoning block open.
+fn forced_head(
+    reasoning: Option<&ReasoningPrefix>,
+    lookup: &dyn Fn(&str) -> Option<u32>,
+) -> String {
+    match reasoning {
+        Some(r) if r.open => format!("start: {} body\n", spell(&format!("{}\n\n", r.end), lookup)),
+        _ => "start: body\n".to_string(),
+    }
 }
 
 #[cfg(test)]
@@ -299,11 +341,69 @@ mod tests {
             &|t| (t == "[TOOL_CALLS]").then_some(9),
         )
         .unwrap();
-        assert!(
-            g.contains("think[lazy]: /\\s*<think>(.|\\n)*<\\/think>\\s*/"),
-            "{g}"
-        );
+        assert!(g.starts_with("start: body\n"), "{g}");
         assert!(g.contains("body: <[9]> %json"), "{g}");
         assert!(g.contains("\"maxItems\":1"), "{g}");
+    }
+
+    #[test]
+    fn arguments_admit_only_named_properties_unless_the_schema_says() {
+        let mut schema = json!({
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "where": {"type": "object", "properties": {"lat": {"type": "number"}}},
+                "stops": {"type": "array", "items": {"properties": {"name": {"type": "string"}}}},
+                "extra": {"type": "object"},
+                "either": {"anyOf": [{"properties": {"a": {}}}, {"type": "string"}]},
+                "open": {"properties": {"b": {}}, "additionalProperties": true}
+            },
+            "$defs": {"d": {"properties": {"c": {}}}}
+        });
+        close_objects(&mut schema);
+        let closed = |v: &Value| v["additionalProperties"] == json!(false);
+        assert!(closed(&schema));
+        assert!(closed(&schema["properties"]["where"]));
+        assert!(closed(&schema["properties"]["stops"]["items"]));
+        assert!(closed(&schema["properties"]["either"]["anyOf"][0]));
+        assert!(closed(&schema["$defs"]["d"]));
+        assert!(schema["properties"]["extra"]
+            .get("additionalProperties")
+            .is_none());
+        assert_eq!(
+            schema["properties"]["open"]["additionalProperties"],
+            json!(true)
+        );
+    }
+
+    #[test]
+    fn a_forced_call_closes_an_open_reasoning_block_first() {
+        let think = |open| ReasoningPrefix {
+            start: "<think>".into(),
+            end: "</think>".into(),
+            open,
+        };
+        let lookup = |t: &str| (t == "</think>").then_some(4);
+        let g = call_grammar(
+            ToolFormat::JsonTools,
+            &weather(),
+            &ToolChoice::Required,
+            true,
+            Some(&think(true)),
+            &lookup,
+        )
+        .unwrap();
+        assert!(g.starts_with("start: <[4]> \"\\n\\n\" body\n"), "{g}");
+        assert!(!g.contains("think"), "{g}");
+        let g = call_grammar(
+            ToolFormat::JsonTools,
+            &weather(),
+            &ToolChoice::Required,
+            true,
+            Some(&think(false)),
+            &lookup,
+        )
+        .unwrap();
+        assert!(g.starts_with("start: body\n"), "{g}");
     }
 }
