@@ -2,7 +2,8 @@
 //! request is read into the same chat request the OpenAI route runs (system,
 //! text, `tool_use` and `tool_result` blocks, tools, `tool_choice`,
 //! `thinking`), and the answer is written back as content blocks (`thinking`,
-//! `text`, `tool_use`), streamed as Anthropic's named SSE events.
+//! `text`, `tool_use`), streamed as Anthropic's named SSE events; and
+//! `/v1/messages/count_tokens`, the same request's prompt length.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use serde_json::{json, Map, Value};
 
 use super::agent::{random_id, Answer, AnswerPlan, AnswerStream, Delta};
 use super::error::ApiError;
-use super::handlers::{collect, read_json, start_generation, Started};
+use super::handlers::{chat_prompt_ids, collect, read_json, start_generation, Started};
 use super::request::Endpoint;
 use super::AppState;
 use crate::gateway::{GatewayEvent, Ticket};
@@ -441,6 +442,28 @@ async fn run(
     let ticket = started.tickets.first_mut().expect("one choice");
     let result = collect(ticket).await?;
     Ok(Json(message_body(&started, &result)).into_response())
+}
+
+/// The prompt tokens `/v1/messages` reports as `usage.input_tokens` for the
+/// same body; `max_tokens` may be left out.
+async fn count(
+    app: Arc<AppState>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let mut body = read_json(body, app.config.max_body_bytes)?;
+    if let Some(obj) = body.as_object_mut() {
+        obj.entry("max_tokens").or_insert(json!(1));
+    }
+    let chat = to_chat_request(&body)?;
+    let ids = chat_prompt_ids(&app, &chat).await?;
+    Ok(Json(json!({"input_tokens": ids.len()})).into_response())
+}
+
+pub async fn count_tokens(
+    State(app): State<Arc<AppState>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    count(app, body).await.unwrap_or_else(error_response)
 }
 
 pub async fn messages(

@@ -86,6 +86,38 @@ fn choice_seed(seed: Option<u64>, j: usize) -> Option<u64> {
     seed.map(|s| s.wrapping_add(j as u64))
 }
 
+/// `--chat-template-args`, under the request's own template variables.
+fn with_server_template_args(app: &AppState, input: &mut PromptInput) {
+    if let PromptInput::Chat(chat) = input {
+        for (k, v) in &app.config.agent.chat_template_args {
+            chat.kwargs.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+    }
+}
+
+/// The prompt ids of a chat request's first prompt, exactly as
+/// [`start_generation`] would submit them, without generating.
+pub(crate) async fn chat_prompt_ids(
+    app: &Arc<AppState>,
+    body: &Value,
+) -> Result<Vec<u32>, ApiError> {
+    let served = app.models.acquire(body).await?;
+    let parsed = request::parse_with_defaults(
+        Endpoint::Chat,
+        body,
+        served.vocab_size,
+        &app.config.default_sampling,
+    )?;
+    let mut input = parsed
+        .inputs
+        .into_iter()
+        .next()
+        .ok_or_else(|| ApiError::invalid("messages", "messages is required"))?;
+    with_server_template_args(app, &mut input);
+    let (_, ids) = tokenize(&served, Endpoint::Chat, input).await?;
+    Ok(ids)
+}
+
 /// A request whose choices have all started: what the response needs.
 pub(crate) struct Started {
     pub reply: Reply,
@@ -128,11 +160,7 @@ pub(crate) async fn start_generation(
     let mut requests = Vec::with_capacity(inputs.len() * n);
     let mut plan = None;
     for mut input in inputs {
-        if let PromptInput::Chat(chat) = &mut input {
-            for (k, v) in &app.config.agent.chat_template_args {
-                chat.kwargs.entry(k.clone()).or_insert_with(|| v.clone());
-            }
-        }
+        with_server_template_args(app, &mut input);
         let (text, prompt) = tokenize(&served, endpoint, input).await?;
         if let Some(agent) = &agent {
             let answer =

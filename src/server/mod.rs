@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod models;
 pub mod request;
 pub mod response;
+pub mod responses;
 pub mod sse;
 
 use std::future::Future;
@@ -23,7 +24,7 @@ use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
-use axum::Router;
+use axum::{Extension, Router};
 
 use metrics::HttpMetrics;
 use models::ModelPool;
@@ -78,15 +79,25 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(handlers::chat_completions))
         .route("/v1/completions", post(handlers::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         // The paths without `/v1`, which some clients use.
         .route("/models", get(handlers::list_models))
         .route("/chat/completions", post(handlers::chat_completions))
         .route("/completions", post(handlers::completions))
+        .route("/responses", post(responses::create))
         .route("/health", get(handlers::health))
         .route("/stats", get(handlers::stats))
         .route("/metrics", get(handlers::metrics))
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
+        .layer(Extension(Arc::new(responses::ResponseStore::new(
+            responses::STORE_CAPACITY,
+        ))))
         .layer(middleware::from_fn_with_state(
             app.clone(),
             auth::require_api_key,
