@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 23] = [
+const CASES: [&str; 25] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -40,6 +40,8 @@ const CASES: [&str; 23] = [
     "gpt_oss",
     // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "gpt_oss_q4",
+    "seed_oss",
+    "seed_oss_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -58,8 +60,11 @@ fn logits_match_mlx_lm() {
 
         let mut caches = model.make_caches();
         let full = model.forward(&ids, &mut caches).unwrap().index((0, .., ..));
-        let diff = max_abs_diff(&full, &expected["full"]);
-        assert!(diff < 1e-3, "{case}: one-pass logits differ by {diff}");
+        let one_pass = max_abs_diff(&full, &expected["full"]);
+        assert!(
+            one_pass < 1e-3,
+            "{case}: one-pass logits differ by {one_pass}"
+        );
 
         let mut caches = model.make_caches();
         let mut steps = vec![model
@@ -75,8 +80,12 @@ fn logits_match_mlx_lm() {
             );
         }
         let incremental = concatenate(&steps, 0).unwrap();
-        let diff = max_abs_diff(&incremental, &expected["incremental"]);
-        assert!(diff < 1e-3, "{case}: cached-step logits differ by {diff}");
+        let cached = max_abs_diff(&incremental, &expected["incremental"]);
+        assert!(
+            cached < 1e-3,
+            "{case}: cached-step logits differ by {cached}"
+        );
+        eprintln!("{case}: max logit difference {one_pass:.1e} one pass, {cached:.1e} cached");
         // Greedy tokens through the cached steps are mlx-lm's.
         let ours: Vec<u32> = argmax_axis(&incremental, -1, None)
             .unwrap()
@@ -112,7 +121,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss"),
         "{err:#}"
     );
 

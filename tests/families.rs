@@ -23,7 +23,7 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 9] = [
+const FAMILIES: [&str; 10] = [
     "gemma2",
     "gemma3_text",
     "phi3",
@@ -33,6 +33,7 @@ const FAMILIES: [&str; 9] = [
     "smollm3",
     "granite_q4",
     "gpt_oss",
+    "seed_oss_q4",
 ];
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];

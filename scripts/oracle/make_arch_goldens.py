@@ -131,6 +131,17 @@ GPT_OSS = {
     },
 }
 
+# Biases on q/k/v, on o_proj and on the MLP; head_dim 32 (wider than
+# hidden / heads).
+SEED_OSS = {
+    "model_type": "seed_oss",
+    "head_dim": 32,
+    "tie_word_embeddings": False,
+    "attention_bias": True,
+    "attention_out_bias": True,
+    "mlp_bias": True,
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -171,6 +182,8 @@ CASES = {
     "granite_q4": {**GRANITE, "quantize": {"group_size": 32, "bits": 4, "overrides": GRANITE_8BIT}},
     "gpt_oss": {**GPT_OSS},
     "gpt_oss_q4": {**GPT_OSS, "quantize": {**Q4_MOE, "overrides": {"mlp.router": {"group_size": 64, "bits": 8}}}},
+    "seed_oss": {**SEED_OSS},
+    "seed_oss_q4": {**SEED_OSS, "quantize": {"group_size": 32, "bits": 4}},
 }
 
 

@@ -15,6 +15,7 @@ pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen3_moe;
+pub mod seed_oss;
 pub mod smollm3;
 pub mod synthetic;
 pub mod weights;
@@ -46,7 +47,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 12] = [
+pub(crate) const SUPPORTED: [&str; 13] = [
     "llama",
     "mistral",
     "qwen2",
@@ -59,6 +60,7 @@ pub(crate) const SUPPORTED: [&str; 12] = [
     "smollm3",
     "granite",
     "gpt_oss",
+    "seed_oss",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -89,6 +91,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "smollm3" => smollm3::load(w, args, raw),
         "granite" => granite::load(w, args, raw),
         "gpt_oss" => gpt_oss::load(w, args, raw),
+        "seed_oss" => seed_oss::load(w, args),
         other => Err(unsupported(other)),
     }
 }
