@@ -46,39 +46,43 @@ struct Stored {
 /// Stored responses by id, dropped in insertion order past the capacity.
 pub struct ResponseStore {
     capacity: usize,
-    inner: Mutex<(VecDeque<String>, HashMap<String, Arc<Stored>>)>,
+    inner: Mutex<Entries>,
+}
+
+#[derive(Default)]
+struct Entries {
+    order: VecDeque<String>,
+    by_id: HashMap<String, Arc<Stored>>,
 }
 
 impl ResponseStore {
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
-            inner: Mutex::new((VecDeque::new(), HashMap::new())),
+            inner: Mutex::new(Entries::default()),
         }
     }
 
     fn get(&self, id: &str) -> Option<Arc<Stored>> {
-        self.inner.lock().unwrap().1.get(id).cloned()
+        self.inner.lock().unwrap().by_id.get(id).cloned()
     }
 
     fn put(&self, id: String, stored: Stored) {
-        let mut inner = self.inner.lock().unwrap();
-        let (order, entries) = &mut *inner;
-        if entries.insert(id.clone(), Arc::new(stored)).is_none() {
-            order.push_back(id);
+        let mut e = self.inner.lock().unwrap();
+        if e.by_id.insert(id.clone(), Arc::new(stored)).is_none() {
+            e.order.push_back(id);
         }
-        while order.len() > self.capacity {
-            if let Some(old) = order.pop_front() {
-                entries.remove(&old);
+        while e.order.len() > self.capacity {
+            if let Some(old) = e.order.pop_front() {
+                e.by_id.remove(&old);
             }
         }
     }
 
     fn remove(&self, id: &str) -> bool {
-        let mut inner = self.inner.lock().unwrap();
-        let (order, entries) = &mut *inner;
-        order.retain(|k| k != id);
-        entries.remove(id).is_some()
+        let mut e = self.inner.lock().unwrap();
+        e.order.retain(|k| k != id);
+        e.by_id.remove(id).is_some()
     }
 }
 
@@ -300,11 +304,8 @@ fn chat_tools(tools: &Value) -> Result<Value, ApiError> {
             out.push(tool.clone());
             continue;
         }
-        if !tool
-            .get("name")
-            .and_then(Value::as_str)
-            .is_some_and(|n| !n.is_empty())
-        {
+        let name = tool.get("name").and_then(Value::as_str);
+        if name.filter(|n| !n.is_empty()).is_none() {
             return Err(bad(
                 "tools",
                 format!("tools[{i}].name must be a non-empty string"),
@@ -382,6 +383,7 @@ fn response_format(text: &Value) -> Result<Option<Value>, ApiError> {
 
 /// A Responses request, read: the chat request it runs, the conversation
 /// so far, and the request fields the response object repeats.
+#[derive(Debug)]
 struct Request {
     chat: Value,
     items: Vec<Value>,
