@@ -21,7 +21,6 @@ pub(crate) const CONFIG_FILE: &str = "adapter_config.json";
 pub fn apply(model: &mut Model, dir: &Path) -> Result<()> {
     let layout = read_layout(model, dir)?;
     let params = load_params(model, &layout, &dir.join(WEIGHTS_FILE), None)?;
-    let params = crate::train::lora::cast_params(params, model.dtype)?;
     layout.set_params(model, &params)
 }
 

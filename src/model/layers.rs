@@ -154,7 +154,9 @@ impl Linear {
             } else {
                 matmul(matmul(x, &lora.a)?, &lora.b)?
             };
-            y = &y + &(&z * lora.scale);
+            // As mlx-lm: the update is computed in the adapter's dtype and
+            // added in the activations' dtype.
+            y = &y + &(&z * lora.scale).as_dtype(x.dtype())?;
         }
         if let Some(group) = &self.all_sum {
             y = group.all_sum(&y)?;

@@ -12,7 +12,7 @@
 use anyhow::{bail, Result};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::{random, Array, Dtype};
+use mlx_rs::{random, Array};
 
 use super::config::LoraParameters;
 use crate::model::decoder::{Block, FeedForward};
@@ -425,12 +425,4 @@ fn linear<'a>(block: &'a Block, key: &str) -> &'a Linear {
 
 fn linear_mut<'a>(block: &'a mut Block, key: &str) -> &'a mut Linear {
     block_linear_mut(block, key).expect("sites come from block_sites")
-}
-
-/// Casts adapter arrays to `dtype` (inference keeps activations in the model dtype).
-pub(crate) fn cast_params(params: Vec<Array>, dtype: Dtype) -> Result<Vec<Array>> {
-    params
-        .into_iter()
-        .map(|p| crate::mlx_ext::cast_float(p, dtype))
-        .collect()
 }

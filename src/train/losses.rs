@@ -117,6 +117,8 @@ pub fn sft_loss(
     let head = Head::of(fwd.decoder);
     let logp = target_logprobs(&head, &picked, &targets, chunk, remat)?;
     let n = targets.len();
+    // As mlx-lm: per-token losses in the logits' dtype, summed in float32.
+    let logp = logp.as_dtype(mlx_rs::Dtype::Float32)?;
     let loss = logp.sum(None)?.negative()? / Array::from_f32(n as f32);
     Ok((loss, n))
 }
