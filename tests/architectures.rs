@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 25] = [
+const CASES: [&str; 27] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -42,6 +42,8 @@ const CASES: [&str; 25] = [
     "gpt_oss_q4",
     "seed_oss",
     "seed_oss_q4",
+    "llama4_text",
+    "llama4_text_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -121,7 +123,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text"),
         "{err:#}"
     );
 

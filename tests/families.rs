@@ -23,7 +23,7 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 10] = [
+const FAMILIES: [&str; 11] = [
     "gemma2",
     "gemma3_text",
     "phi3",
@@ -34,6 +34,7 @@ const FAMILIES: [&str; 10] = [
     "granite_q4",
     "gpt_oss",
     "seed_oss_q4",
+    "llama4_text",
 ];
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];

@@ -142,6 +142,17 @@ SEED_OSS = {
     "mlp_bias": True,
 }
 
+# Layer 0 with traditional RoPE, layer 1 without; unscaled q/k norms; the
+# MLP at intermediate_size_mlp; an untied `output` head.
+LLAMA4_TEXT = {
+    "model_type": "llama4_text",
+    "head_dim": 16,
+    "intermediate_size_mlp": 96,
+    "no_rope_layers": [1, 0],
+    "use_qk_norm": True,
+    "tie_word_embeddings": False,
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -184,6 +195,8 @@ CASES = {
     "gpt_oss_q4": {**GPT_OSS, "quantize": {**Q4_MOE, "overrides": {"mlp.router": {"group_size": 64, "bits": 8}}}},
     "seed_oss": {**SEED_OSS},
     "seed_oss_q4": {**SEED_OSS, "quantize": {"group_size": 32, "bits": 4}},
+    "llama4_text": {**LLAMA4_TEXT},
+    "llama4_text_q4": {**LLAMA4_TEXT, "quantize": {"group_size": 32, "bits": 4}},
 }
 
 

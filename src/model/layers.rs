@@ -335,6 +335,15 @@ impl RmsNorm {
         })
     }
 
+    /// A norm without a learned scale (MLX's `rms_norm(x, None, eps)`):
+    /// its weight is `dims` ones of `dtype`.
+    pub(crate) fn unscaled(dims: i32, eps: f32, dtype: mlx_rs::Dtype) -> Result<Self> {
+        Ok(Self {
+            weight: mlx_rs::ops::ones::<f32>(&[dims])?.as_dtype(dtype)?,
+            eps,
+        })
+    }
+
     pub fn forward(&self, x: &Array) -> Result<Array> {
         crate::kernels::rms_norm(x, &self.weight, self.eps)
     }

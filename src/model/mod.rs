@@ -8,6 +8,7 @@ pub mod gpt_oss;
 pub mod granite;
 pub mod layers;
 pub mod llama;
+pub mod llama4_text;
 pub mod mixtral;
 pub mod moe;
 pub mod phi3;
@@ -47,7 +48,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 13] = [
+pub(crate) const SUPPORTED: [&str; 14] = [
     "llama",
     "mistral",
     "qwen2",
@@ -61,6 +62,7 @@ pub(crate) const SUPPORTED: [&str; 13] = [
     "granite",
     "gpt_oss",
     "seed_oss",
+    "llama4_text",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -92,6 +94,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "granite" => granite::load(w, args, raw),
         "gpt_oss" => gpt_oss::load(w, args, raw),
         "seed_oss" => seed_oss::load(w, args),
+        "llama4_text" => llama4_text::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }
