@@ -126,6 +126,14 @@ def main():
     check(r1.tool_choice.name == "get_weather" and r1.tools[0].name == "get_weather", "echoed tools")
     check(r1.instructions == INSTRUCTIONS, f"echoed instructions {r1.instructions!r}")
     check(client.responses.retrieve(r1.id).id == r1.id, "the stored turn 1")
+    counted = client.responses.input_tokens.count(
+        model="any",
+        instructions=INSTRUCTIONS,
+        tools=TOOLS,
+        input=QUESTION,
+        tool_choice=first_args["tool_choice"],
+    )
+    check(counted.input_tokens == u.input_tokens, f"counted {counted}, used {u.input_tokens}")
 
     # Turn 2, the whole conversation as input.
     output = {"type": "function_call_output", "call_id": call.call_id, "output": RESULT}

@@ -81,6 +81,7 @@ pub fn router(app: Arc<AppState>) -> Router {
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/responses", post(responses::create))
+        .route("/v1/responses/input_tokens", post(responses::input_tokens))
         .route(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),

@@ -24,7 +24,7 @@ use serde_json::{json, Map, Value};
 use super::agent::{random_id, Answer, AnswerStream, Delta};
 use super::error::ApiError;
 use super::fields::Fields;
-use super::handlers::{collect, read_json, start_generation, Started};
+use super::handlers::{chat_prompt_ids, collect, read_json, start_generation, Started};
 use super::request::Endpoint;
 use super::response::unix_now;
 use super::AppState;
@@ -514,6 +514,9 @@ impl Head {
         o.insert("object".into(), json!("response"));
         o.insert("created_at".into(), json!(self.created_at));
         o.insert("status".into(), json!(status));
+        if status == "completed" {
+            o.insert("completed_at".into(), json!(unix_now()));
+        }
         o.insert("error".into(), Value::Null);
         let incomplete = (status == "incomplete").then(|| json!({"reason": "max_output_tokens"}));
         o.insert(
@@ -895,6 +898,30 @@ pub async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     run(app, store, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// The prompt tokens the same request would read, without generating.
+async fn count(
+    app: Arc<AppState>,
+    store: Arc<ResponseStore>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = read_json(body, app.config.max_body_bytes)?;
+    let request = read_request(&body, &store, &app.config.default_sampling)?;
+    let ids = chat_prompt_ids(&app, &request.chat)
+        .await
+        .map_err(responses_param)?;
+    Ok(Json(json!({"object": "response.input_tokens", "input_tokens": ids.len()})).into_response())
+}
+
+pub async fn input_tokens(
+    State(app): State<Arc<AppState>>,
+    Extension(store): Extension<Arc<ResponseStore>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    count(app, store, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
