@@ -2,8 +2,10 @@
 //! ones mlx-lm knows (`<think>…</think>`, `<longcat_think>…`,
 //! `<|think:start|>…<|think:end|>`, Gemma's `<|channel>thought…<channel|>`),
 //! found as tokens of the vocabulary, as mlx-lm finds them, or named by the
-//! chat template. The splitter works on streamed text: a marker cut across
-//! two pieces is held back until it is whole.
+//! chat template; and GPT-OSS's harmony `analysis` channel, whose answer
+//! header (`<|start|>assistant<|channel|>final<|message|>`) is dropped from
+//! the content. The splitter works on streamed text: a marker cut across two
+//! pieces is held back until it is whole.
 
 use crate::tokenizer::Tokenizer;
 
@@ -13,6 +15,14 @@ pub struct ReasoningMarkers {
     pub start: String,
     pub end: String,
 }
+
+const HARMONY: (&str, &str) = ("<|channel|>analysis<|message|>", "<|end|>");
+
+/// The headers of a harmony answer on the `final` channel.
+const HARMONY_FINAL: [&str; 2] = [
+    "<|start|>assistant<|channel|>final<|message|>",
+    "<|channel|>final<|message|>",
+];
 
 const SINGLE_TOKEN: [(&str, &str); 3] = [
     ("<think>", "</think>"),
@@ -41,6 +51,12 @@ impl ReasoningMarkers {
         {
             return Some(Self::new("<|channel>thought", "<channel|>"));
         }
+        if ["<|start|>", "<|channel|>", "<|message|>", "<|end|>"]
+            .into_iter()
+            .all(|t| tokenizer.token_to_id(t).is_some())
+        {
+            return Some(Self::new(HARMONY.0, HARMONY.1));
+        }
         let template = template?;
         SINGLE_TOKEN
             .into_iter()
@@ -49,17 +65,23 @@ impl ReasoningMarkers {
     }
 
     /// By name for `--reasoning-parser`: `think` (and `qwen3`, `deepseek_r1`),
-    /// `longcat`, `gemma4`, or `none` (no split).
+    /// `longcat`, `gemma4`, `harmony` (`gpt_oss`), or `none` (no split).
     pub fn from_name(name: &str) -> anyhow::Result<Option<Self>> {
         Ok(match name {
             "think" | "qwen3" | "deepseek_r1" => Some(Self::new("<think>", "</think>")),
             "longcat" => Some(Self::new("<longcat_think>", "</longcat_think>")),
             "gemma4" => Some(Self::new("<|channel>thought", "<channel|>")),
+            "harmony" | "gpt_oss" => Some(Self::new(HARMONY.0, HARMONY.1)),
             "none" => None,
             other => anyhow::bail!(
-                "unknown reasoning parser {other:?}; expected think, longcat, gemma4 or none"
+                "unknown reasoning parser {other:?}; expected think, longcat, gemma4, harmony or none"
             ),
         })
+    }
+
+    /// GPT-OSS's harmony channels.
+    pub fn is_harmony(&self) -> bool {
+        self.start == HARMONY.0 && self.end == HARMONY.1
     }
 
     /// Whether a prompt leaves the model inside a reasoning block (templates
@@ -86,6 +108,8 @@ pub(crate) struct ReasoningSplitter {
     held: String,
     /// Just left a reasoning block: the answer's leading blank lines go.
     trim_answer: bool,
+    /// Harmony: the start of an answer while it may still be a `final` header.
+    lead: Option<String>,
 }
 
 /// The longest tail of `text` that begins `marker` (a marker possibly cut).
@@ -106,7 +130,17 @@ impl ReasoningSplitter {
             inside,
             held: String::new(),
             trim_answer: false,
+            lead: None,
         }
+        .starting()
+    }
+
+    /// Harmony answers may open with a header at once.
+    fn starting(mut self) -> Self {
+        if self.markers.is_harmony() {
+            self.trim_answer = true;
+        }
+        self
     }
 
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
@@ -143,10 +177,39 @@ impl ReasoningSplitter {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.held);
         self.emit(&mut out, rest);
+        if let Some(lead) = self.lead.take().filter(|l| !l.is_empty()) {
+            out.push(Piece::Answer(lead));
+        }
         out
     }
 
+    /// A harmony answer's start, without its `final` header; `None` while
+    /// the text may still grow into one.
+    fn strip_header(&mut self, text: String) -> Option<String> {
+        let mut lead = self.lead.take().unwrap_or_default();
+        lead.push_str(&text);
+        let t = lead.trim_start();
+        if let Some(h) = HARMONY_FINAL.iter().find(|h| t.starts_with(**h)) {
+            return Some(t[h.len()..].trim_start().to_string());
+        }
+        if HARMONY_FINAL.iter().any(|h| h.starts_with(t)) {
+            self.lead = Some(lead);
+            return None;
+        }
+        Some(t.to_string())
+    }
+
     fn emit(&mut self, out: &mut Vec<Piece>, text: String) {
+        if self.trim_answer && !self.inside && self.markers.is_harmony() {
+            let Some(t) = self.strip_header(text) else {
+                return;
+            };
+            self.trim_answer = false;
+            if !t.is_empty() {
+                out.push(Piece::Answer(t));
+            }
+            return;
+        }
         let text = if self.trim_answer && !self.inside {
             let t = text.trim_start().to_string();
             self.trim_answer = t.is_empty();
@@ -216,6 +279,40 @@ mod tests {
                 .collect();
             assert_eq!(answer, "The answer is 4.", "cut at {cut}");
         }
+    }
+
+    #[test]
+    fn harmony_analysis_is_reasoning() {
+        // gpt-oss-20b: analysis, then the answer on the final channel.
+        let harmony = ReasoningMarkers::from_name("harmony").unwrap().unwrap();
+        let out = "<|channel|>analysis<|message|>User asks 2+2. Answer 4.<|end|><|start|>assistant<|channel|>final<|message|>4";
+        assert_eq!(
+            split(&harmony, false, out),
+            ("User asks 2+2. Answer 4.".into(), "4".into())
+        );
+        for cut in 1..out.len() {
+            let mut s = ReasoningSplitter::new(harmony.clone(), false);
+            let mut pieces = s.push(&out[..cut]);
+            pieces.extend(s.push(&out[cut..]));
+            pieces.extend(s.finish());
+            let answer: String = pieces
+                .iter()
+                .filter_map(|p| match p {
+                    Piece::Answer(t) => Some(t.as_str()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(answer, "4", "cut at {cut}");
+        }
+        assert_eq!(
+            split(&harmony, false, "<|channel|>final<|message|>Hi"),
+            ("".into(), "Hi".into())
+        );
+        let call = "<|channel|>analysis<|message|>Use f.<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>";
+        assert_eq!(
+            split(&harmony, false, call).1,
+            "<|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}<|call|>"
+        );
     }
 
     #[test]

@@ -11,7 +11,8 @@ use crate::grammar::ConstraintSpec;
 use crate::reasoning::{partial_tail, Piece, ReasoningMarkers, ReasoningSplitter};
 use crate::tokenizer::Tokenizer;
 use crate::tool_calls::{
-    call_grammar, grammar_head, ReasoningPrefix, ToolCall, ToolChoice, ToolFormat,
+    call_grammar, grammar_head, CallEvent, CallStream, ReasoningPrefix, ToolCall, ToolChoice,
+    ToolFormat,
 };
 
 pub use crate::tool_calls::Function;
@@ -163,6 +164,9 @@ pub struct AnswerPlan {
     pub closed: bool,
     /// At most one call (`parallel_tool_calls: false`).
     pub single_call: bool,
+    /// The request's functions: formats that write values as text take
+    /// their types from the schemas.
+    pub functions: Vec<Function>,
 }
 
 impl AnswerPlan {
@@ -177,6 +181,7 @@ impl AnswerPlan {
             config
                 .tool_call_parser
                 .or_else(|| source.and_then(ToolFormat::infer))
+                .or_else(|| ToolFormat::infer_from_vocab(&|t| tokenizer.token_to_id(t).is_some()))
                 // Templates without tools get the Hermes format in the prompt.
                 .unwrap_or(ToolFormat::JsonTools)
         });
@@ -194,6 +199,7 @@ impl AnswerPlan {
             opens,
             closed,
             single_call: !request.parallel,
+            functions: request.functions.clone(),
         }
     }
 
@@ -268,7 +274,8 @@ impl AnswerPlan {
     }
 }
 
-/// One step of an answer, as both APIs report it.
+/// One step of an answer, with each call whole (Anthropic's stream, and
+/// whole answers).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Delta {
     Reasoning(String),
@@ -276,13 +283,67 @@ pub(crate) enum Delta {
     Call(ToolCall),
 }
 
-/// Turns streamed text into [`Delta`]s: reasoning split off first, then
-/// content until a call begins; calls are parsed when the answer ends.
+/// One step of an answer, with calls' arguments as they are written
+/// (OpenAI's streamed `tool_calls` deltas).
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Step {
+    Reasoning(String),
+    Content(String),
+    /// Call `index` begins; `id` when the format carries one.
+    CallStart {
+        index: usize,
+        id: Option<String>,
+        name: String,
+    },
+    /// More of call `index`'s arguments: joined, they are the JSON string
+    /// of the whole call's arguments.
+    CallArguments {
+        index: usize,
+        text: String,
+    },
+    /// A call, whole, once the answer ends.
+    Call(ToolCall),
+}
+
+/// The steps a consumer of [`AnswerStream`] takes: [`Delta`] or [`Step`].
+pub(crate) trait FromStep: Sized {
+    fn from_step(step: Step) -> Option<Self>;
+}
+
+impl FromStep for Step {
+    fn from_step(step: Step) -> Option<Self> {
+        Some(step)
+    }
+}
+
+impl FromStep for Delta {
+    fn from_step(step: Step) -> Option<Self> {
+        match step {
+            Step::Reasoning(t) => Some(Delta::Reasoning(t)),
+            Step::Content(t) => Some(Delta::Content(t)),
+            Step::Call(c) => Some(Delta::Call(c)),
+            Step::CallStart { .. } | Step::CallArguments { .. } => None,
+        }
+    }
+}
+
+impl From<CallEvent> for Step {
+    fn from(e: CallEvent) -> Self {
+        match e {
+            CallEvent::Start { index, id, name } => Step::CallStart { index, id, name },
+            CallEvent::Arguments { index, text } => Step::CallArguments { index, text },
+        }
+    }
+}
+
+/// Turns streamed text into steps: reasoning split off first, then content
+/// until a call begins; calls' arguments as they come where the format
+/// writes them as JSON, and the calls whole when the answer ends.
 pub(crate) struct AnswerStream {
     plan: AnswerPlan,
     splitter: Option<ReasoningSplitter>,
     held: String,
-    calls_text: Option<String>,
+    calls: Option<CallStream>,
     content_sent: bool,
 }
 
@@ -296,20 +357,24 @@ impl AnswerStream {
             plan,
             splitter,
             held: String::new(),
-            calls_text: None,
+            calls: None,
             content_sent: false,
         }
     }
 
-    pub fn push(&mut self, text: &str) -> Vec<Delta> {
+    /// The steps `text` completes, as [`Delta`]s or [`Step`]s.
+    pub fn push<D: FromStep>(&mut self, text: &str) -> Vec<D> {
         let pieces = match &mut self.splitter {
             Some(s) => s.push(text),
             None => vec![Piece::Answer(text.to_string())],
         };
         self.route(pieces)
+            .into_iter()
+            .filter_map(D::from_step)
+            .collect()
     }
 
-    pub fn finish(&mut self) -> Vec<Delta> {
+    pub fn finish<D: FromStep>(&mut self) -> Vec<D> {
         let pieces = match &mut self.splitter {
             Some(s) => s.finish(),
             None => Vec::new(),
@@ -317,44 +382,42 @@ impl AnswerStream {
         let mut out = self.route(pieces);
         let held = std::mem::take(&mut self.held);
         if !held.is_empty() {
-            out.push(Delta::Content(held));
+            out.push(Step::Content(held));
         }
-        if let (Some(text), Some(format)) = (self.calls_text.take(), self.plan.tools) {
-            match format.parse(&text) {
+        if let (Some(mut stream), Some(format)) = (self.calls.take(), self.plan.tools) {
+            match format.parse_with(stream.text(), &self.plan.functions) {
                 Ok(mut calls) => {
                     if self.plan.single_call {
                         calls.truncate(1);
                     }
-                    out.extend(calls.into_iter().map(Delta::Call));
+                    out.extend(stream.finish(&calls).into_iter().map(Step::from));
+                    out.extend(calls.into_iter().map(Step::Call));
                 }
-                Err(_) => out.push(Delta::Content(text)),
+                Err(_) => out.push(Step::Content(stream.text().to_string())),
             }
         }
-        out
+        out.into_iter().filter_map(D::from_step).collect()
     }
 
-    fn route(&mut self, pieces: Vec<Piece>) -> Vec<Delta> {
+    fn route(&mut self, pieces: Vec<Piece>) -> Vec<Step> {
         let mut out = Vec::new();
         for piece in pieces {
             match piece {
-                Piece::Reasoning(t) => out.push(Delta::Reasoning(t)),
-                Piece::Answer(t) => {
-                    if let Some(d) = self.answer(&t) {
-                        out.push(d);
-                    }
-                }
+                Piece::Reasoning(t) => out.push(Step::Reasoning(t)),
+                Piece::Answer(t) => self.answer(&t, &mut out),
             }
         }
         out
     }
 
-    fn answer(&mut self, text: &str) -> Option<Delta> {
-        if let Some(calls) = &mut self.calls_text {
-            calls.push_str(text);
-            return None;
+    fn answer(&mut self, text: &str, out: &mut Vec<Step>) {
+        if let Some(calls) = &mut self.calls {
+            out.extend(calls.push(text).into_iter().map(Step::from));
+            return;
         }
         let Some(format) = self.plan.tools else {
-            return self.content(text.to_string());
+            out.extend(self.content(text.to_string()));
+            return;
         };
         self.held.push_str(text);
         let start = if self.content_sent {
@@ -364,9 +427,14 @@ impl AnswerStream {
         };
         if let Some(at) = start {
             let before = self.held[..at].to_string();
-            self.calls_text = Some(self.held[at..].to_string());
+            let max_calls = if self.plan.single_call { 1 } else { usize::MAX };
+            let mut calls = CallStream::new(format, max_calls);
+            let rest = self.held.split_off(at);
             self.held.clear();
-            return self.content(before);
+            out.extend(self.content(before));
+            out.extend(calls.push(&rest).into_iter().map(Step::from));
+            self.calls = Some(calls);
+            return;
         }
         // Hold back what may still become a marker (or, before any content,
         // leading whitespace and a JSON call that has not opened yet).
@@ -377,15 +445,15 @@ impl AnswerStream {
         };
         let ready = self.held[..self.held.len() - keep].to_string();
         self.held.drain(..self.held.len() - keep);
-        self.content(ready)
+        out.extend(self.content(ready));
     }
 
-    fn content(&mut self, text: String) -> Option<Delta> {
+    fn content(&mut self, text: String) -> Option<Step> {
         if text.is_empty() {
             return None;
         }
         self.content_sent = true;
-        Some(Delta::Content(text))
+        Some(Step::Content(text))
     }
 }
 
@@ -400,8 +468,8 @@ pub struct Answer {
 impl Answer {
     pub fn of(plan: &AnswerPlan, text: &str) -> Self {
         let mut stream = AnswerStream::new(plan.clone());
-        let mut deltas = stream.push(text);
-        deltas.extend(stream.finish());
+        let mut deltas: Vec<Delta> = stream.push(text);
+        deltas.extend(stream.finish::<Delta>());
         let mut answer = Answer::default();
         for d in deltas {
             match d {
@@ -468,6 +536,7 @@ mod tests {
             opens: false,
             closed: false,
             single_call: false,
+            functions: Vec::new(),
         }
     }
 
@@ -481,11 +550,11 @@ mod tests {
         assert_eq!(a.calls[0].arguments, json!({"city": "Paris"}));
         // Token by token gives the same.
         let mut s = AnswerStream::new(plan(Some(ToolFormat::JsonTools), true));
-        let mut deltas = Vec::new();
+        let mut deltas: Vec<Delta> = Vec::new();
         for c in out.chars() {
-            deltas.extend(s.push(&c.to_string()));
+            deltas.extend(s.push::<Delta>(&c.to_string()));
         }
-        deltas.extend(s.finish());
+        deltas.extend(s.finish::<Delta>());
         let content: String = deltas
             .iter()
             .filter_map(|d| match d {

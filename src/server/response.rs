@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde_json::{json, Value};
 
-use super::agent::{openai_call, openai_message, Answer, AnswerPlan, Delta};
+use super::agent::{openai_message, random_id, Answer, AnswerPlan, Step};
 use super::request::Endpoint;
 use crate::generate::{FinishReason, GenerationResult, TokenLogprob};
 use crate::tokenizer::Tokenizer;
@@ -256,11 +256,14 @@ impl Reply {
     }
 
     /// Chunks for a split answer's steps; `calls` counts the choice's calls
-    /// so far (each call's `index`). Logprobs ride on the first chunk.
+    /// so far. A call opens with a delta of its `index`, `id`, `type`, name
+    /// and empty `arguments`; its arguments follow in pieces (`index` and
+    /// `function.arguments`) that join to the whole JSON string. Logprobs
+    /// ride on the first chunk.
     pub(crate) fn delta_chunks(
         &self,
         index: usize,
-        deltas: Vec<Delta>,
+        steps: Vec<Step>,
         logprob: Option<&TokenLogprob>,
         calls: &mut usize,
     ) -> Vec<Value> {
@@ -269,12 +272,14 @@ impl Reply {
             None => Value::Null,
         };
         let mut chunks = Vec::new();
+        let mut steps: Vec<Step> = steps
+            .into_iter()
+            .filter(|s| !matches!(s, Step::Call(_)))
+            .collect();
         // A token that shows no text still reports its logprobs.
-        let deltas = if deltas.is_empty() && logprobs != Value::Null {
-            vec![Delta::Content(String::new())]
-        } else {
-            deltas
-        };
+        if steps.is_empty() && logprobs != Value::Null {
+            steps.push(Step::Content(String::new()));
+        }
         let mut push = |delta: Value| {
             chunks.push(self.chunk(json!({
                 "index": index,
@@ -283,21 +288,22 @@ impl Reply {
                 "finish_reason": null,
             })));
         };
-        for d in deltas {
-            match d {
-                Delta::Reasoning(t) => push(json!({"reasoning_content": t, "reasoning": t})),
-                Delta::Content(t) => push(json!({"content": t})),
-                Delta::Call(call) => {
-                    let mut head = openai_call(&call);
-                    let arguments =
-                        std::mem::replace(&mut head["function"]["arguments"], json!(""));
-                    head["index"] = json!(*calls);
-                    push(json!({"tool_calls": [head]}));
+        for step in steps {
+            match step {
+                Step::Reasoning(t) => push(json!({"reasoning_content": t, "reasoning": t})),
+                Step::Content(t) => push(json!({"content": t})),
+                Step::CallStart { index: i, id, name } => {
+                    let id = id.unwrap_or_else(|| random_id("call_"));
                     push(
-                        json!({"tool_calls": [{"index": *calls, "function": {"arguments": arguments}}]}),
+                        json!({"tool_calls": [{"index": i, "id": id, "type": "function",
+                        "function": {"name": name, "arguments": ""}}]}),
                     );
-                    *calls += 1;
+                    *calls = (*calls).max(i + 1);
                 }
+                Step::CallArguments { index: i, text } => {
+                    push(json!({"tool_calls": [{"index": i, "function": {"arguments": text}}]}))
+                }
+                Step::Call(_) => {}
             }
         }
         chunks

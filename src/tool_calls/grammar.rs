@@ -256,6 +256,20 @@ pub fn call_grammar(
         ToolFormat::FunctionGemma => bail!(
             "tool_choice \"required\" or a named function cannot be enforced for the function_gemma format (its arguments are not JSON); use \"auto\""
         ),
+        ToolFormat::Gemma4
+        | ToolFormat::Glm47
+        | ToolFormat::Laguna
+        | ToolFormat::KimiK2
+        | ToolFormat::KimiK3
+        | ToolFormat::Longcat
+        | ToolFormat::MiniCpm5
+        | ToolFormat::MinimaxM2
+        | ToolFormat::MuseSpark
+        | ToolFormat::Pythonic
+        | ToolFormat::Qwen3Coder => bail!(
+            "forcing a call is not supported for the {} format yet; use tool_choice \"auto\"",
+            format.name()
+        ),
     };
     Ok(format!("{}{body}", forced_head(reasoning, lookup)))
 }

@@ -6,8 +6,8 @@ use anyhow::{bail, Result};
 use super::{json_values, ToolCall};
 
 pub(crate) const START: &str = "<|channel|>commentary to=functions.";
-const RECIPIENT: &str = "to=functions.";
-const MESSAGE: &str = "<|message|>";
+pub(crate) const RECIPIENT: &str = "to=functions.";
+pub(crate) const MESSAGE: &str = "<|message|>";
 
 /// The header of the first message addressed to a function, which may also
 /// put the recipient before the channel (`<|start|>assistant to=functions.f<|channel|>…`).

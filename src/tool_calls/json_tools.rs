@@ -8,28 +8,26 @@ use super::{call_from_json, json_values, ToolCall};
 pub(crate) const START: &str = "<tool_call>";
 pub(crate) const END: &str = "</tool_call>";
 
+/// The calls' JSON is read string-aware, so an end marker inside a string
+/// argument (code that prints `</tool_call>`) does not end the call.
 pub fn parse(text: &str) -> Result<Vec<ToolCall>> {
     let mut calls = Vec::new();
     let mut rest = text;
     while let Some(at) = rest.find(START) {
         let body = &rest[at + START.len()..];
-        let (inner, after, closed) = match body.find(END) {
-            Some(end) => (&body[..end], &body[end + END.len()..], true),
-            // A call cut short by the token limit still parses if complete.
-            None => (body, "", false),
-        };
-        let (values, _) = json_values(inner);
-        if values.is_empty() && !closed && !calls.is_empty() {
-            // A last call cut short by the token limit after complete ones.
-            break;
+        let (values, after) = json_values(body);
+        if values.is_empty() {
+            if !body.contains(END) && !calls.is_empty() {
+                // A last call cut short by the token limit after complete ones.
+                break;
+            }
+            let inner = body.split(END).next().unwrap_or_default();
+            anyhow::bail!("no JSON call inside <tool_call>: {inner:?}");
         }
         for v in &values {
             calls.push(call_from_json(v)?);
         }
-        if values.is_empty() {
-            anyhow::bail!("no JSON call inside <tool_call>: {inner:?}");
-        }
-        rest = after;
+        rest = after.strip_prefix(END).unwrap_or(after);
     }
     Ok(calls)
 }
@@ -73,5 +71,13 @@ mod tests {
         let cut =
             "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"na";
         assert_eq!(parse(cut).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn end_marker_inside_a_string_argument() {
+        let out = "<tool_call>\n{\"name\": \"python\", \"arguments\": {\"code\": \"print('</tool_call>')\"}}\n</tool_call>";
+        let calls = parse(out).unwrap();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(calls[0].arguments["code"], "print('</tool_call>')");
     }
 }

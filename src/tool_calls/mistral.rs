@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::{call_from_json, json_values, ToolCall};
 
 pub(crate) const START: &str = "[TOOL_CALLS]";
-const ARGS: &str = "[ARGS]";
+pub(crate) const ARGS: &str = "[ARGS]";
 
 /// One `name[ARGS]{…}` call at the start of `text`, and what follows it.
 fn header_call(text: &str) -> Result<(ToolCall, &str)> {

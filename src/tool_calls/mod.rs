@@ -5,19 +5,33 @@
 //! calls onto OpenAI's and Anthropic's shapes.
 
 mod gemma;
+mod gemma4;
+mod glm47;
 mod grammar;
 mod harmony;
 mod json_tools;
+mod kimi_k2;
+mod kimi_k3;
 mod llama3;
+mod longcat;
+mod minicpm5;
+mod minimax_m2;
 mod mistral;
+mod muse_spark;
 mod phi;
 mod prompt;
+mod pylit;
+mod pythonic;
+mod qwen3_coder;
+mod stream;
+mod values;
 
 use anyhow::{bail, Result};
 use serde_json::Value;
 
 pub use grammar::{call_grammar, grammar_head, Function, ReasoningPrefix, ToolChoice};
 pub use prompt::{template_supports_tools, with_tools_in_prompt};
+pub(crate) use stream::{CallEvent, CallStream};
 
 /// One call the model asked for. `arguments` is the parsed JSON object.
 #[derive(Clone, Debug, PartialEq)]
@@ -44,15 +58,68 @@ pub enum ToolFormat {
     Phi,
     /// GPT-OSS harmony: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{…}<|call|>`.
     Harmony,
+    /// Gemma 4: `<|tool_call>call:NAME{key:<|"|>value<|"|>}<tool_call|>`.
+    Gemma4,
+    /// GLM-4.7: `<tool_call>NAME<arg_key>k</arg_key><arg_value>v</arg_value></tool_call>`.
+    Glm47,
+    /// Poolside Laguna: GLM-4.7's format under mlx-lm's name for it.
+    Laguna,
+    /// Kimi K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0<|tool_call_argument_begin|>{…}<|tool_call_end|>…`.
+    KimiK2,
+    /// Kimi K3 XTML: `<|open|>tools<|sep|><|open|>call tool="NAME"<|sep|>…<|close|>call<|sep|><|close|>tools<|sep|>`.
+    KimiK3,
+    /// LongCat: `<longcat_tool_call>NAME<longcat_arg_key>k</longcat_arg_key><longcat_arg_value>v</longcat_arg_value></longcat_tool_call>`.
+    Longcat,
+    /// MiniCPM5: `<function name="NAME"><param name="k">v</param></function>`.
+    MiniCpm5,
+    /// MiniMax-M2: `<minimax:tool_call><invoke name="NAME"><parameter name="k">v</parameter></invoke></minimax:tool_call>`.
+    MinimaxM2,
+    /// Muse Spark: `<atem:function_calls><atem:invoke name="NAME"><atem:parameter name="k">v</atem:parameter></atem:invoke></atem:function_calls>`.
+    MuseSpark,
+    /// Pythonic (LFM2 and others): `<|tool_call_start|>[NAME(k=v, …)]<|tool_call_end|>`.
+    Pythonic,
+    /// Qwen3-Coder: `<tool_call><function=NAME><parameter=k>v</parameter></function></tool_call>`.
+    Qwen3Coder,
 }
 
-pub(crate) const FORMAT_NAMES: [&str; 6] = [
+pub(crate) const FORMAT_NAMES: [&str; 17] = [
     "json_tools",
     "llama3",
     "mistral",
     "function_gemma",
     "phi",
     "harmony",
+    "gemma4",
+    "glm47",
+    "laguna",
+    "kimi_k2",
+    "kimi_k3",
+    "longcat",
+    "minicpm5",
+    "minimax_m2",
+    "muse_spark",
+    "pythonic",
+    "qwen3_coder",
+];
+
+const ALL: [ToolFormat; 17] = [
+    ToolFormat::JsonTools,
+    ToolFormat::Llama3,
+    ToolFormat::Mistral,
+    ToolFormat::FunctionGemma,
+    ToolFormat::Phi,
+    ToolFormat::Harmony,
+    ToolFormat::Gemma4,
+    ToolFormat::Glm47,
+    ToolFormat::Laguna,
+    ToolFormat::KimiK2,
+    ToolFormat::KimiK3,
+    ToolFormat::Longcat,
+    ToolFormat::MiniCpm5,
+    ToolFormat::MinimaxM2,
+    ToolFormat::MuseSpark,
+    ToolFormat::Pythonic,
+    ToolFormat::Qwen3Coder,
 ];
 
 impl ToolFormat {
@@ -60,16 +127,18 @@ impl ToolFormat {
     /// `hermes` and `qwen` are aliases of `json_tools`).
     pub fn from_name(name: &str) -> Result<Self> {
         Ok(match name {
-            "json_tools" | "hermes" | "qwen" => Self::JsonTools,
-            "llama3" | "llama3_json" => Self::Llama3,
-            "mistral" => Self::Mistral,
-            "function_gemma" | "gemma" => Self::FunctionGemma,
-            "phi" | "phi4" => Self::Phi,
-            "harmony" | "gpt_oss" => Self::Harmony,
-            other => bail!(
-                "unknown tool-call parser {other:?}; expected one of {}",
-                FORMAT_NAMES.join(", ")
-            ),
+            "hermes" | "qwen" => Self::JsonTools,
+            "llama3_json" => Self::Llama3,
+            "gemma" => Self::FunctionGemma,
+            "phi4" => Self::Phi,
+            "gpt_oss" => Self::Harmony,
+            other => match ALL.into_iter().find(|f| f.name() == other) {
+                Some(f) => f,
+                None => bail!(
+                    "unknown tool-call parser {other:?}; expected one of {}",
+                    FORMAT_NAMES.join(", ")
+                ),
+            },
         })
     }
 
@@ -81,27 +150,71 @@ impl ToolFormat {
             Self::FunctionGemma => "function_gemma",
             Self::Phi => "phi",
             Self::Harmony => "harmony",
+            Self::Gemma4 => "gemma4",
+            Self::Glm47 => "glm47",
+            Self::Laguna => "laguna",
+            Self::KimiK2 => "kimi_k2",
+            Self::KimiK3 => "kimi_k3",
+            Self::Longcat => "longcat",
+            Self::MiniCpm5 => "minicpm5",
+            Self::MinimaxM2 => "minimax_m2",
+            Self::MuseSpark => "muse_spark",
+            Self::Pythonic => "pythonic",
+            Self::Qwen3Coder => "qwen3_coder",
         }
     }
 
-    /// The format a chat template writes calls in, by the markers it names
-    /// (the checks and their order follow mlx-lm's inference for the formats
-    /// both know). `None`: the template shows no tool-call format.
+    /// The format a chat template writes calls in, by the markers it names:
+    /// mlx-lm's checks in mlx-lm's order (`_infer_tool_parser`), then
+    /// mlx-bun's own for Phi, harmony and Llama 3. `None`: the template
+    /// shows no tool-call format (see [`ToolFormat::infer_from_vocab`]).
     pub fn infer(template: &str) -> Option<Self> {
-        if template.contains("<start_function_call>") {
-            Some(Self::FunctionGemma)
-        } else if template.contains("[TOOL_CALLS]") {
-            Some(Self::Mistral)
-        } else if template.contains("<tool_call>") && template.contains("tool_call.name") {
-            Some(Self::JsonTools)
-        } else if template.contains("<|tool_call|>") {
-            Some(Self::Phi)
-        } else if template.contains("<|channel|>") && template.contains("to=functions") {
-            Some(Self::Harmony)
-        } else if template.contains("<|python_tag|>")
-            || template.contains("respond with a JSON for a function call")
+        let has = |s: &str| template.contains(s);
+        Some(if has("<minimax:tool_call>") {
+            Self::MinimaxM2
+        } else if has("<|tool_call>") && has("<tool_call|>") {
+            Self::Gemma4
+        } else if has("<start_function_call>") {
+            Self::FunctionGemma
+        } else if has("<longcat_tool_call>") {
+            Self::Longcat
+        } else if has("<arg_key>") {
+            Self::Glm47
+        } else if has("<|tool_list_start|>") || has("<|tool_call_start|>") {
+            Self::Pythonic
+        } else if has("<tool_call>\\n<function=") || has("<tool_call>\n<function=") {
+            Self::Qwen3Coder
+        } else if has("<|tool_calls_section_begin|>") {
+            Self::KimiK2
+        } else if has("<function name=\"") && has("<param name=\"") {
+            Self::MiniCpm5
+        } else if has("[TOOL_CALLS]") {
+            Self::Mistral
+        } else if has("<atem:function_calls>") {
+            Self::MuseSpark
+        } else if has("<tool_call>") && has("tool_call.name") {
+            Self::JsonTools
+        } else if has("<|tool_call|>") {
+            Self::Phi
+        } else if has("<|channel|>") && has("to=functions") {
+            Self::Harmony
+        } else if has("<|python_tag|>") || has("respond with a JSON for a function call") {
+            Self::Llama3
+        } else {
+            return None;
+        })
+    }
+
+    /// mlx-lm's fallback when the template names no format: Kimi K3's XTML
+    /// tokens, or LFM2's pythonic call tokens, in the vocabulary.
+    pub fn infer_from_vocab(has_token: &dyn Fn(&str) -> bool) -> Option<Self> {
+        if ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"]
+            .into_iter()
+            .all(has_token)
         {
-            Some(Self::Llama3)
+            Some(Self::KimiK3)
+        } else if has_token("<|tool_call_start|>") && has_token("<|tool_call_end|>") {
+            Some(Self::Pythonic)
         } else {
             None
         }
@@ -116,11 +229,27 @@ impl ToolFormat {
             Self::FunctionGemma => gemma::START,
             Self::Phi => phi::START,
             Self::Harmony => harmony::START,
+            Self::Gemma4 => gemma4::START,
+            Self::Glm47 | Self::Laguna => glm47::START,
+            Self::KimiK2 => kimi_k2::START,
+            Self::KimiK3 => kimi_k3::START,
+            Self::Longcat => longcat::START,
+            Self::MiniCpm5 => minicpm5::START,
+            Self::MinimaxM2 => minimax_m2::START,
+            Self::MuseSpark => muse_spark::START,
+            Self::Pythonic => pythonic::START,
+            Self::Qwen3Coder => qwen3_coder::START,
         }
     }
 
     /// Parses the output from its first call marker on into calls.
     pub fn parse(self, text: &str) -> Result<Vec<ToolCall>> {
+        self.parse_with(text, &[])
+    }
+
+    /// As [`ToolFormat::parse`], with the request's functions: formats that
+    /// write values as text give them the types the schemas declare.
+    pub fn parse_with(self, text: &str, functions: &[Function]) -> Result<Vec<ToolCall>> {
         let calls = match self {
             Self::JsonTools => json_tools::parse(text)?,
             Self::Llama3 => llama3::parse(text)?,
@@ -128,6 +257,16 @@ impl ToolFormat {
             Self::FunctionGemma => gemma::parse(text)?,
             Self::Phi => phi::parse(text)?,
             Self::Harmony => harmony::parse(text)?,
+            Self::Gemma4 => gemma4::parse(text)?,
+            Self::Glm47 | Self::Laguna => glm47::parse(text, functions)?,
+            Self::KimiK2 => kimi_k2::parse(text)?,
+            Self::KimiK3 => kimi_k3::parse(text)?,
+            Self::Longcat => longcat::parse(text, functions)?,
+            Self::MiniCpm5 => minicpm5::parse(text, functions)?,
+            Self::MinimaxM2 => minimax_m2::parse(text, functions)?,
+            Self::MuseSpark => muse_spark::parse(text)?,
+            Self::Pythonic => pythonic::parse(text)?,
+            Self::Qwen3Coder => qwen3_coder::parse(text, functions)?,
         };
         if calls.is_empty() {
             bail!("no tool call found in {text:?}");
@@ -151,14 +290,40 @@ impl ToolFormat {
     /// Splits a whole answer into the content before the calls and the calls.
     /// Text that does not parse as calls stays content.
     pub fn split(self, text: &str) -> (String, Vec<ToolCall>) {
+        self.split_with(text, &[])
+    }
+
+    /// As [`ToolFormat::split`], typing values by the request's functions.
+    pub fn split_with(self, text: &str, functions: &[Function]) -> (String, Vec<ToolCall>) {
         match self.find_start(text) {
-            Some(at) => match self.parse(&text[at..]) {
+            Some(at) => match self.parse_with(&text[at..], functions) {
                 Ok(calls) => (text[..at].to_string(), calls),
                 Err(_) => (text.to_string(), Vec::new()),
             },
             None => (text.to_string(), Vec::new()),
         }
     }
+}
+
+/// The text after each `start` marker, up to its `end` marker (or the end
+/// of the text: a call cut short).
+pub(crate) fn segments<'a>(text: &'a str, start: &str, end: &str) -> Vec<&'a str> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(start) {
+        let body = &rest[at + start.len()..];
+        match body.find(end) {
+            Some(e) => {
+                out.push(&body[..e]);
+                rest = &body[e + end.len()..];
+            }
+            None => {
+                out.push(body);
+                break;
+            }
+        }
+    }
+    out
 }
 
 /// A call object as the JSON formats write it: `name` plus `arguments`

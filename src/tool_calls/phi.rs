@@ -11,9 +11,13 @@ const END: &str = "<|/tool_call|>";
 
 pub fn parse(text: &str) -> Result<Vec<ToolCall>> {
     let mut calls = Vec::new();
-    for part in text.split(START).skip(1) {
-        let inner = part.split(END).next().unwrap_or_default();
-        let (values, _) = json_values(inner);
+    let mut rest = text;
+    while let Some(at) = rest.find(START) {
+        let (values, after) = json_values(&rest[at + START.len()..]);
+        rest = after.strip_prefix(END).unwrap_or(after);
+        if values.is_empty() {
+            break;
+        }
         for v in values {
             match v {
                 Value::Array(items) => {
