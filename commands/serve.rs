@@ -86,7 +86,9 @@ pub struct Args {
     #[arg(long, default_value = "loopback")]
     allowed_origins: String,
     /// Tool-call format to parse (json_tools, llama3, mistral, function_gemma,
-    /// phi, harmony); by default the one the chat template implies.
+    /// phi, harmony, gemma4, glm47, laguna, kimi_k2, kimi_k3, longcat,
+    /// minicpm5, minimax_m2, muse_spark, pythonic, qwen3_coder); by default
+    /// the one the chat template implies.
     #[arg(long)]
     tool_call_parser: Option<String>,
     /// Reasoning markers to split off (think, longcat, gemma4, or none); by

@@ -140,7 +140,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l min-tokens-to-
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l xtc-probability -d 'XTC: the chance that a step removes its top choices (0 is off)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l xtc-threshold -d 'XTC: the probability a token needs to count as a top choice' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l allowed-origins -d 'Browser origins that may call the API: `loopback` (localhost, 127.0.0.1, [::1], any port), `*`, or a comma-separated list' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l tool-call-parser -d 'Tool-call format to parse (json_tools, llama3, mistral, function_gemma, phi, harmony); by default the one the chat template implies' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l tool-call-parser -d 'Tool-call format to parse (json_tools, llama3, mistral, function_gemma, phi, harmony, gemma4, glm47, laguna, kimi_k2, kimi_k3, longcat, minicpm5, minimax_m2, muse_spark, pythonic, qwen3_coder); by default the one the chat template implies' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l reasoning-parser -d 'Reasoning markers to split off (think, longcat, gemma4, or none); by default the ones the vocabulary or the chat template has' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template -d 'A Jinja chat template file to use instead of the model\'s' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l chat-template-args -d 'Template variables for every request, as a JSON object, e.g. \'{"enable_thinking": false}\'; a request\'s chat_template_kwargs win' -r
