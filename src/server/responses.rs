@@ -6,7 +6,7 @@
 //! events. The last [`STORE_CAPACITY`] stored responses keep their whole
 //! conversation, so a request can continue one with `previous_response_id`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,7 +21,7 @@ use axum::{Extension, Json};
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Map, Value};
 
-use super::agent::{random_id, Answer, AnswerStream, Delta};
+use super::agent::{random_id, Answer, AnswerStream, Step};
 use super::error::ApiError;
 use super::fields::Fields;
 use super::handlers::{chat_prompt_ids, collect, read_json, start_generation, Started};
@@ -627,11 +627,20 @@ impl Keep {
     }
 }
 
-/// The item being streamed: a reasoning or message item with its text.
+/// The reasoning or message item being streamed, with its text.
 struct Open {
     message: bool,
     id: String,
+    index: usize,
     text: String,
+}
+
+/// A call item being streamed: its arguments grow until the answer ends.
+struct OpenCall {
+    item: Value,
+    index: usize,
+    arguments: String,
+    done: bool,
 }
 
 /// The streamed response: typed events with sequence numbers, items opening
@@ -641,13 +650,30 @@ struct Events {
     answer: AnswerStream,
     tokenizer: Arc<Tokenizer>,
     seq: u64,
-    output: Vec<Value>,
+    /// Finished items by output index.
+    output: BTreeMap<usize, Value>,
+    items: usize,
     open: Option<Open>,
+    /// By the answer's call index.
+    calls: Vec<OpenCall>,
     reasoning: String,
-    called: bool,
 }
 
 impl Events {
+    fn new(head: Head, answer: AnswerStream, tokenizer: Arc<Tokenizer>) -> Self {
+        Self {
+            head,
+            answer,
+            tokenizer,
+            seq: 0,
+            output: BTreeMap::new(),
+            items: 0,
+            open: None,
+            calls: Vec::new(),
+            reasoning: String::new(),
+        }
+    }
+
     fn event(&mut self, kind: &str, mut body: Value) -> Event {
         body["type"] = json!(kind);
         body["sequence_number"] = json!(self.seq);
@@ -655,60 +681,93 @@ impl Events {
         Event::default().event(kind).data(body.to_string())
     }
 
+    fn object(&self, status: &str, usage: Value) -> Value {
+        let output: Vec<Value> = self.output.values().cloned().collect();
+        self.head.object(status, &output, usage)
+    }
+
     fn start(&mut self) -> Vec<Event> {
-        let response = self.head.object("in_progress", &[], Value::Null);
+        let response = self.object("in_progress", Value::Null);
         vec![
             self.event("response.created", json!({"response": response})),
             self.event("response.in_progress", json!({"response": response})),
         ]
     }
 
-    fn close(&mut self, status: &str, out: &mut Vec<Event>) {
-        let Some(Open { message, id, text }) = self.open.take() else {
-            return;
-        };
-        let index = self.output.len();
-        let at = json!({"item_id": id, "output_index": index, "content_index": 0});
-        let item = if message {
-            let mut done = at.clone();
-            done["text"] = json!(text);
-            done["logprobs"] = json!([]);
-            out.push(self.event("response.output_text.done", done));
-            let mut part = at;
-            part["part"] = text_part(&text);
-            out.push(self.event("response.content_part.done", part));
-            message_item(&id, Some(&text), status)
-        } else {
-            let mut done = at.clone();
-            done["text"] = json!(text);
-            out.push(self.event("response.reasoning_text.done", done));
-            let mut part = at;
-            part["part"] = json!({"type": "reasoning_text", "text": text});
-            out.push(self.event("response.content_part.done", part));
-            reasoning_item(&id, &text, "completed")
-        };
+    fn item_done(&mut self, index: usize, item: Value, out: &mut Vec<Event>) {
         out.push(self.event(
             "response.output_item.done",
             json!({"output_index": index, "item": item}),
         ));
-        self.output.push(item);
+        self.output.insert(index, item);
     }
 
-    /// Opens a reasoning or message item unless one of that kind is open.
-    fn open(&mut self, message: bool, out: &mut Vec<Event>) -> Value {
-        if self.open.as_ref().is_some_and(|o| o.message != message) {
-            self.close("completed", out);
+    fn close_text(&mut self, status: &str, out: &mut Vec<Event>) {
+        let Some(Open {
+            message,
+            id,
+            index,
+            text,
+        }) = self.open.take()
+        else {
+            return;
+        };
+        let at = json!({"item_id": id, "output_index": index, "content_index": 0});
+        let (kind, part, item) = if message {
+            let item = message_item(&id, Some(&text), status);
+            ("response.output_text.done", text_part(&text), item)
+        } else {
+            let part = json!({"type": "reasoning_text", "text": text});
+            let item = reasoning_item(&id, &text, "completed");
+            ("response.reasoning_text.done", part, item)
+        };
+        let mut done = at.clone();
+        done["text"] = json!(text);
+        if message {
+            done["logprobs"] = json!([]);
         }
-        let index = self.output.len();
+        out.push(self.event(kind, done));
+        let mut part_done = at;
+        part_done["part"] = part;
+        out.push(self.event("response.content_part.done", part_done));
+        self.item_done(index, item, out);
+    }
+
+    fn close_calls(&mut self, out: &mut Vec<Event>) {
+        for k in 0..self.calls.len() {
+            if self.calls[k].done {
+                continue;
+            }
+            self.calls[k].done = true;
+            let call = &self.calls[k];
+            let (index, arguments) = (call.index, call.arguments.clone());
+            let mut item = call.item.clone();
+            out.push(self.event(
+                "response.function_call_arguments.done",
+                json!({"item_id": item["id"], "output_index": index,
+                    "name": item["name"], "arguments": arguments}),
+            ));
+            item["arguments"] = json!(arguments);
+            item["status"] = json!("completed");
+            self.item_done(index, item, out);
+        }
+    }
+
+    /// The open reasoning or message item, opened unless one of its kind is.
+    fn text_item(&mut self, message: bool, out: &mut Vec<Event>) -> &mut Open {
+        self.close_calls(out);
+        if self.open.as_ref().is_some_and(|o| o.message != message) {
+            self.close_text("completed", out);
+        }
         if self.open.is_none() {
+            let index = self.items;
+            self.items += 1;
             let id = random_id(if message { "msg_" } else { "rs_" });
             let (item, part) = if message {
                 (message_item(&id, None, "in_progress"), text_part(""))
             } else {
-                (
-                    reasoning_item(&id, "", "in_progress"),
-                    json!({"type": "reasoning_text", "text": ""}),
-                )
+                let part = json!({"type": "reasoning_text", "text": ""});
+                (reasoning_item(&id, "", "in_progress"), part)
             };
             out.push(self.event(
                 "response.output_item.added",
@@ -721,60 +780,68 @@ impl Events {
             self.open = Some(Open {
                 message,
                 id,
+                index,
                 text: String::new(),
             });
         }
-        let id = &self.open.as_ref().expect("opened").id;
-        json!({"item_id": id, "output_index": index, "content_index": 0})
+        self.open.as_mut().expect("opened")
     }
 
-    fn call(&mut self, call: &ToolCall, out: &mut Vec<Event>) {
-        self.close("completed", out);
-        self.called = true;
-        let index = self.output.len();
-        let id = random_id("fc_");
-        let arguments = call.arguments.to_string();
-        let mut item = call_item(&id, call, "", "in_progress");
+    fn text(&mut self, message: bool, delta: String, out: &mut Vec<Event>) {
+        let open = self.text_item(message, out);
+        open.text.push_str(&delta);
+        let mut body = json!({"item_id": open.id, "output_index": open.index,
+            "content_index": 0, "delta": delta});
+        if message {
+            body["logprobs"] = json!([]);
+            out.push(self.event("response.output_text.delta", body));
+        } else {
+            self.reasoning.push_str(&delta);
+            out.push(self.event("response.reasoning_text.delta", body));
+        }
+    }
+
+    fn call_start(&mut self, id: Option<String>, name: String, out: &mut Vec<Event>) {
+        self.close_text("completed", out);
+        let index = self.items;
+        self.items += 1;
+        let call = ToolCall {
+            id,
+            name,
+            arguments: Value::Null,
+        };
+        let item = call_item(&random_id("fc_"), &call, "", "in_progress");
         out.push(self.event(
             "response.output_item.added",
             json!({"output_index": index, "item": item}),
         ));
-        out.push(self.event(
-            "response.function_call_arguments.delta",
-            json!({"item_id": id, "output_index": index, "delta": arguments}),
-        ));
-        out.push(self.event(
-            "response.function_call_arguments.done",
-            json!({"item_id": id, "output_index": index, "name": call.name, "arguments": arguments}),
-        ));
-        item["arguments"] = json!(arguments);
-        item["status"] = json!("completed");
-        out.push(self.event(
-            "response.output_item.done",
-            json!({"output_index": index, "item": item}),
-        ));
-        self.output.push(item);
+        self.calls.push(OpenCall {
+            item,
+            index,
+            arguments: String::new(),
+            done: false,
+        });
     }
 
-    fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Event> {
+    fn call_arguments(&mut self, k: usize, text: String, out: &mut Vec<Event>) {
+        let Some(call) = self.calls.get_mut(k).filter(|c| !c.done) else {
+            return;
+        };
+        call.arguments.push_str(&text);
+        let body = json!({"item_id": call.item["id"], "output_index": call.index, "delta": text});
+        out.push(self.event("response.function_call_arguments.delta", body));
+    }
+
+    fn steps(&mut self, steps: Vec<Step>) -> Vec<Event> {
         let mut out = Vec::new();
-        for d in deltas {
-            match d {
-                Delta::Reasoning(t) => {
-                    let mut at = self.open(false, &mut out);
-                    self.reasoning.push_str(&t);
-                    self.open.as_mut().expect("opened").text.push_str(&t);
-                    at["delta"] = json!(t);
-                    out.push(self.event("response.reasoning_text.delta", at));
-                }
-                Delta::Content(t) => {
-                    let mut at = self.open(true, &mut out);
-                    self.open.as_mut().expect("opened").text.push_str(&t);
-                    at["delta"] = json!(t);
-                    at["logprobs"] = json!([]);
-                    out.push(self.event("response.output_text.delta", at));
-                }
-                Delta::Call(call) => self.call(&call, &mut out),
+        for step in steps {
+            match step {
+                Step::Reasoning(t) => self.text(false, t, &mut out),
+                Step::Content(t) => self.text(true, t, &mut out),
+                Step::CallStart { id, name, .. } => self.call_start(id, name, &mut out),
+                Step::CallArguments { index, text } => self.call_arguments(index, text, &mut out),
+                // Every call has streamed by then.
+                Step::Call(_) => {}
             }
         }
         out
@@ -783,14 +850,15 @@ impl Events {
     /// The last events and the finished response object.
     fn finish(&mut self, result: &GenerationResult) -> (Vec<Event>, Value) {
         let rest = self.answer.finish();
-        let mut out = self.deltas(rest);
-        let status = status(result, self.called);
-        if self.output.is_empty() && self.open.is_none() {
-            self.open(true, &mut out);
+        let mut out = self.steps(rest);
+        let status = status(result, !self.calls.is_empty());
+        if self.items == 0 {
+            self.text_item(true, &mut out);
         }
-        self.close(status, &mut out);
+        self.close_text(status, &mut out);
+        self.close_calls(&mut out);
         let usage = usage(result, &self.reasoning, &self.tokenizer);
-        let response = self.head.object(status, &self.output, usage);
+        let response = self.object(status, usage);
         let kind = if status == "completed" {
             "response.completed"
         } else {
@@ -801,7 +869,7 @@ impl Events {
     }
 
     fn fail(&mut self, message: String) -> Vec<Event> {
-        let mut response = self.head.object("failed", &self.output, Value::Null);
+        let mut response = self.object("failed", Value::Null);
         response["error"] = json!({"code": "server_error", "message": message});
         vec![self.event("response.failed", json!({"response": response}))]
     }
@@ -814,23 +882,15 @@ fn stream_response(
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let Started { reply, tickets, .. } = started;
     let ticket = tickets.into_iter().next().expect("one choice");
-    let mut events = Events {
-        head,
-        answer: AnswerStream::new(reply.plan.clone().unwrap_or_default()),
-        tokenizer: reply.tokenizer.clone(),
-        seq: 0,
-        output: Vec::new(),
-        open: None,
-        reasoning: String::new(),
-        called: false,
-    };
+    let answer = AnswerStream::new(reply.plan.clone().unwrap_or_default());
+    let mut events = Events::new(head, answer, reply.tokenizer.clone());
     let opening = events.start();
     let body = stream::unfold(Some((ticket, events, keep)), |state| async move {
         let (mut ticket, mut events, keep) = state?;
         let out = match ticket.events.recv().await {
             Some(GatewayEvent::Token { text, .. }) => {
-                let deltas = events.answer.push(&text);
-                events.deltas(deltas)
+                let steps = events.answer.push(&text);
+                events.steps(steps)
             }
             Some(GatewayEvent::Started { .. }) => Vec::new(),
             Some(GatewayEvent::Done(result)) => {
