@@ -3,7 +3,8 @@
 //! (warmed up in full) equal mlx-lm's, and the log-probabilities `serve`
 //! reports are within 1e-3 of mlx-lm's, on variants of the default model
 //! that `mlx_lm.convert` makes as mlx-community publishes them. Goldens:
-//! `scripts/oracle/make_dtype_goldens.py`.
+//! `scripts/oracle/make_dtype_goldens.py`. Live against the oracle:
+//! perplexity, a LoRA step, KV quantization and prompt-cache files.
 
 mod common;
 
@@ -401,4 +402,147 @@ fn adapted_loss(dir: &Path, adapter: &Path, file: &Path) -> f64 {
         count += n;
     }
     total / count as f64
+}
+
+fn oracle_generate(args: &[&str]) -> String {
+    let mut cmd = Command::new(common::oracle_python().expect("the oracle is required"));
+    let out = cmd
+        .args(["-m", "mlx_lm", "generate"])
+        .args(args)
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "mlx_lm generate {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.split_once("==========\n")
+        .and_then(|(_, rest)| rest.split_once("\n==========").map(|(t, _)| t.to_string()))
+        .unwrap_or_else(|| panic!("unexpected mlx_lm generate output: {text}"))
+}
+
+fn ours_generate(args: &[&str]) -> String {
+    let all = [
+        &["generate", "--compute-dtype", "model", "--json"][..],
+        args,
+    ]
+    .concat();
+    let out: Value = serde_json::from_slice(&common::run_ok(&all).stdout).unwrap();
+    out["text"].as_str().unwrap().to_string()
+}
+
+/// A quantized KV cache (8 and 4 bits, from the first token) on the bf16
+/// model: mlx-lm's text.
+#[test]
+fn kv_quantization_in_bf16_gives_mlx_lm_text() {
+    let dir = variants(&goldens()).join("bf16");
+    let m = dir.to_str().unwrap();
+    let prompt = "Write a short story about a robot who learns to paint, in three sentences.";
+    for bits in ["8", "4"] {
+        let args = [
+            "--model",
+            m,
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "40",
+            "--kv-bits",
+            bits,
+        ];
+        let args = [&args[..], &["--quantized-kv-start", "0"]].concat();
+        let theirs = oracle_generate(&args);
+        let ours = ours_generate(&args);
+        assert!(!ours.trim().is_empty());
+        assert_eq!(ours, theirs, "--kv-bits {bits}");
+    }
+}
+
+/// Prompt-cache files of a bf16 model move both ways: a file mlx-lm wrote
+/// continues in mlx-bun, and one mlx-bun wrote (keys and values in bf16, as
+/// mlx-lm writes them) continues in mlx-lm, with the same text.
+#[test]
+fn prompt_cache_files_in_bf16_move_both_ways() {
+    let dir = variants(&goldens()).join("bf16");
+    let m = dir.to_str().unwrap();
+    let cached = "You are a helpful assistant. Here is a note about cats: cats are small, \
+                  furry animals that sleep most of the day.";
+    let follow = " What do cats do most of the day?";
+    let tmp = tempfile::tempdir().unwrap();
+    let (theirs, ours) = (
+        tmp.path().join("theirs.safetensors"),
+        tmp.path().join("ours.safetensors"),
+    );
+    let (t, o): (&'static str, &'static str) = (
+        theirs.to_str().unwrap().to_string().leak(),
+        ours.to_str().unwrap().to_string().leak(),
+    );
+    let out = Command::new(common::oracle_python().expect("the oracle is required"))
+        .args([
+            "-m",
+            "mlx_lm",
+            "cache_prompt",
+            "--model",
+            m,
+            "--prompt",
+            cached,
+        ])
+        .args(["--prompt-cache-file", t])
+        .env("HF_HUB_OFFLINE", "1")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::run_ok(&[
+        "cache-prompt",
+        "--compute-dtype",
+        "model",
+        "--model",
+        m,
+        "--prompt",
+        cached,
+        "--prompt-cache-file",
+        o,
+    ]);
+    let stored = mlx_rs::Array::load_safetensors(&ours).unwrap();
+    let keys = stored.get("0.0").expect("layer 0's keys");
+    assert_eq!(
+        keys.dtype(),
+        mlx_rs::Dtype::Bfloat16,
+        "our cache file's dtype"
+    );
+
+    let continue_from = |file: &'static str| {
+        [
+            "--model",
+            m,
+            "--prompt-cache-file",
+            file,
+            "--prompt",
+            follow,
+            "--max-tokens",
+            "24",
+        ]
+    };
+    let reference = oracle_generate(&continue_from(t));
+    assert!(!reference.trim().is_empty());
+    assert_eq!(
+        ours_generate(&continue_from(t)),
+        reference,
+        "ours from mlx-lm's file"
+    );
+    assert_eq!(
+        ours_generate(&continue_from(o)),
+        reference,
+        "ours from ours"
+    );
+    assert_eq!(
+        oracle_generate(&continue_from(o)),
+        reference,
+        "mlx-lm from ours"
+    );
 }
