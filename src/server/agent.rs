@@ -573,6 +573,40 @@ mod tests {
     }
 
     #[test]
+    fn streamed_steps_carry_arguments_in_pieces() {
+        let out = "Checking.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 3}}\n</tool_call>";
+        let mut s = AnswerStream::new(plan(Some(ToolFormat::JsonTools), false));
+        let mut steps: Vec<Step> = Vec::new();
+        for c in out.chars() {
+            steps.extend(s.push::<Step>(&c.to_string()));
+        }
+        let before_end = steps.len();
+        steps.extend(s.finish::<Step>());
+        let start = steps
+            .iter()
+            .position(
+                |st| matches!(st, Step::CallStart { index: 0, name, .. } if name == "get_weather"),
+            )
+            .unwrap();
+        assert!(start < before_end, "the head comes before the answer ends");
+        let pieces: Vec<&str> = steps
+            .iter()
+            .filter_map(|st| match st {
+                Step::CallArguments { index: 0, text } => Some(text.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert!(pieces.len() > 3, "{steps:?}");
+        let whole = Answer::of(&plan(Some(ToolFormat::JsonTools), false), out);
+        let msg = openai_message(&whole);
+        assert_eq!(
+            pieces.concat(),
+            msg["tool_calls"][0]["function"]["arguments"]
+        );
+        assert!(matches!(steps.last(), Some(Step::Call(c)) if c.name == "get_weather"));
+    }
+
+    #[test]
     fn plain_text_passes_and_bad_calls_stay_content() {
         let a = Answer::of(&plan(None, false), "hello <tool_call>");
         assert_eq!(a.content, "hello <tool_call>");
