@@ -68,6 +68,9 @@ CONVERSATIONS = {
     "tools": ([SYSTEM, {"role": "user", "content": "Weather in Paris?"}], True),
     "tools_no_system": ([{"role": "user", "content": "Weather in Paris?"}], True),
     "tool_call": ([SYSTEM, {"role": "user", "content": "Weather in Paris?"}, CALL_TURN, RESULT_TURN], True),
+    "tool_call_null_content": ([
+        {"role": "user", "content": "Weather in Paris?"},
+        {**CALL_TURN, "content": None}, RESULT_TURN], True),
     "tool_calls_parallel": ([
         {"role": "user", "content": "Weather in Paris and news about it?"},
         {"role": "assistant", "content": "", "tool_calls": [
@@ -109,13 +112,14 @@ def merge_system(messages):
 
 def render(src, messages, tools, gen, entry, kwargs):
     messages = ctu._normalize_chat_messages(json.loads(json.dumps(messages)))
-    extra = dict(entry["vars"])
+    # A tokenizer without a bos token leaves `bos_token` undefined.
+    extra = {k: entry[k] for k in ("bos_token", "eos_token") if entry[k] is not None}
+    extra.update(entry["vars"])
     if "functions" in src:
         extra["functions"] = json.dumps(tools, indent=2, ensure_ascii=False) if tools else ""
     extra.update(kwargs)
     rendered, _ = ctu.render_jinja_template(
-        conversations=[messages], tools=tools, chat_template=src, add_generation_prompt=gen,
-        bos_token=entry["bos_token"], eos_token=entry["eos_token"], **extra)
+        conversations=[messages], tools=tools, chat_template=src, add_generation_prompt=gen, **extra)
     return rendered[0]
 
 
