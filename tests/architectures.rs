@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 27] = [
+const CASES: [&str; 29] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -44,6 +44,9 @@ const CASES: [&str; 27] = [
     "seed_oss_q4",
     "llama4_text",
     "llama4_text_q4",
+    "glm4_moe",
+    // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "glm4_moe_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -123,7 +126,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe"),
         "{err:#}"
     );
 

@@ -23,7 +23,7 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 11] = [
+const FAMILIES: [&str; 12] = [
     "gemma2",
     "gemma3_text",
     "phi3",
@@ -35,6 +35,7 @@ const FAMILIES: [&str; 11] = [
     "gpt_oss",
     "seed_oss_q4",
     "llama4_text",
+    "glm4_moe_q4",
 ];
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];

@@ -153,6 +153,29 @@ LLAMA4_TEXT = {
     "tie_word_embeddings": False,
 }
 
+# Layer 0 dense, layers 1-2 sparse: 8 experts in 4 groups of 2, the best 3
+# groups kept, top 6 (72 token-expert pairs: SwitchGLU's sorted path), one
+# shared expert; q/k/v biases, q/k norms, half the head rotated.
+GLM4_MOE = {
+    "model_type": "glm4_moe",
+    "num_hidden_layers": 3,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+    "attention_bias": True,
+    "use_qk_norm": True,
+    "partial_rotary_factor": 0.5,
+    "rope_scaling": None,
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 6,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+    "n_group": 4,
+    "topk_group": 3,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -197,6 +220,8 @@ CASES = {
     "seed_oss_q4": {**SEED_OSS, "quantize": {"group_size": 32, "bits": 4}},
     "llama4_text": {**LLAMA4_TEXT},
     "llama4_text_q4": {**LLAMA4_TEXT, "quantize": {"group_size": 32, "bits": 4}},
+    "glm4_moe": {**GLM4_MOE},
+    "glm4_moe_q4": {**GLM4_MOE, "quantize": Q4_MOE},
 }
 
 

@@ -4,6 +4,7 @@ pub mod config;
 pub mod decoder;
 pub mod gemma2;
 pub mod gemma3_text;
+pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
 pub mod layers;
@@ -48,7 +49,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 14] = [
+pub(crate) const SUPPORTED: [&str; 15] = [
     "llama",
     "mistral",
     "qwen2",
@@ -63,6 +64,7 @@ pub(crate) const SUPPORTED: [&str; 14] = [
     "gpt_oss",
     "seed_oss",
     "llama4_text",
+    "glm4_moe",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -77,7 +79,7 @@ fn unsupported(model_type: &str) -> anyhow::Error {
 fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let qk_norm = matches!(
         args.model_type.as_str(),
-        "qwen3" | "gemma3_text" | "qwen3_moe"
+        "qwen3" | "gemma3_text" | "qwen3_moe" | "glm4_moe"
     );
     w.check_shapes(args, qk_norm)
         .context("the weights do not match config.json")?;
@@ -95,6 +97,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "gpt_oss" => gpt_oss::load(w, args, raw),
         "seed_oss" => seed_oss::load(w, args),
         "llama4_text" => llama4_text::load(w, args, raw),
+        "glm4_moe" => glm4_moe::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }

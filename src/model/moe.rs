@@ -1,4 +1,5 @@
-//! Sparse Mixture-of-Experts feed-forward, shared by Qwen3-MoE and Mixtral:
+//! Sparse Mixture-of-Experts feed-forward, shared by Qwen3-MoE, Mixtral,
+//! GPT-OSS and GLM-4.5:
 //! a router picks `top_k` experts per token, each expert is a SwiGLU MLP
 //! whose weights are stacked `[experts, out, in]` (dense, or quantized
 //! per expert in any MLX mode) and run through `gather_mm` / `gather_qmm`, so only
@@ -6,13 +7,15 @@
 //! sorted by expert when there are 64 or more (token, expert) pairs.
 
 use anyhow::{bail, Result};
+use mlx_rs::ops::indexing::topk_axis;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::ops::{
     argpartition_axis, argsort_axis, clip, expand_dims_axes, gather_mm, minimum, sigmoid,
-    softmax_axis,
+    softmax_axis, unflatten,
 };
 use mlx_rs::{stop_gradient, Array};
 
+use super::decoder::Mlp;
 use super::layers::{Linear, Lora, QuantSpec};
 use super::weights::Weights;
 
@@ -228,6 +231,15 @@ pub enum Routing {
     /// The same, the top k taken from the end of the partition (GPT-OSS's
     /// order, which decides the order the experts are summed in).
     TopKLastSoftmax,
+    /// GLM-4.5's `noaux_tc`: sigmoid scores in float32 plus the
+    /// `score_bias` pick the experts (after zeroing all but the `topk_group`
+    /// groups of experts whose two best scores sum highest), the unbiased
+    /// scores weight them, renormalized when `normalize` and `k > 1`.
+    SigmoidGroups {
+        n_group: i32,
+        topk_group: i32,
+        normalize: bool,
+    },
 }
 
 /// Where a family keeps its MoE tensors inside the block's `mlp` prefix.
@@ -261,6 +273,13 @@ pub struct SparseMoe {
     /// Where Hugging Face checkpoints keep each expert's projections
     /// (`{parent}.experts.{e}.{name}` for the names of `EXPERT_PROJS` order).
     pub hf_names: [&'static str; 3],
+    /// Added to the routing scores before the experts are picked (GLM-4.5's
+    /// `e_score_correction_bias`, kept in float32).
+    pub score_bias: Option<Array>,
+    /// Multiplies the expert weights (`routed_scaling_factor`); 1 elsewhere.
+    pub routed_scale: f32,
+    /// A dense MLP every token also goes through (GLM-4.5's `shared_experts`).
+    pub shared_experts: Option<Box<Mlp>>,
 }
 
 impl SparseMoe {
@@ -274,6 +293,21 @@ impl SparseMoe {
         top_k: i32,
         routing: Routing,
         layout: MoeLayout,
+    ) -> Result<Self> {
+        let gate = Linear::load(w, &format!("{prefix}.{}", layout.router))?;
+        Self::with_router(w, prefix, experts, top_k, routing, layout, gate)
+    }
+
+    /// As `load`, with a router the family loaded itself (GLM-4.5's is a
+    /// bare weight matrix, never quantized and not randomly initialised).
+    pub fn with_router(
+        w: &mut Weights,
+        prefix: &str,
+        experts: i32,
+        top_k: i32,
+        routing: Routing,
+        layout: MoeLayout,
+        gate: Linear,
     ) -> Result<Self> {
         if top_k < 1 || top_k > experts {
             bail!("num_experts_per_tok ({top_k}) must be between 1 and the number of experts ({experts})");
@@ -299,14 +333,52 @@ impl SparseMoe {
             .rsplit_once('.')
             .map_or("", |(parent, _)| parent);
         Ok(Self {
-            gate: Linear::load(w, &format!("{prefix}.{}", layout.router))?,
+            gate,
             switch_mlp,
             top_k,
             routing,
             router_key: layout.router_key,
             experts_key: format!("{parent}.{}", layout.experts),
             hf_names: layout.hf_names,
+            score_bias: None,
+            routed_scale: 1.0,
+            shared_experts: None,
         })
+    }
+
+    /// `Routing::SigmoidGroups`: the chosen experts and their weights.
+    fn sigmoid_groups(
+        &self,
+        logits: &Array,
+        n_group: i32,
+        topk_group: i32,
+        normalize: bool,
+    ) -> Result<(Array, Array)> {
+        let k = self.top_k;
+        let probs = sigmoid(&logits.as_dtype(mlx_rs::Dtype::Float32)?)?;
+        let mut scores = match &self.score_bias {
+            Some(bias) => &probs + bias,
+            None => probs.clone(),
+        };
+        if n_group > 1 {
+            let grouped = unflatten(&scores, -1, &[n_group, -1])?;
+            let best_two = topk_axis(&grouped, 2, -1)?.sum_axis(-1, true)?;
+            let dropped = n_group - topk_group;
+            let groups =
+                argpartition_axis(&best_two, dropped - 1, -2)?.index((Ellipsis, ..dropped, ..));
+            let zero = Array::from_f32(0.0);
+            scores = grouped
+                .put_along_axis(stop_gradient(&groups)?, &zero, -2)?
+                .flatten(-2, -1)?;
+        }
+        let inds = argpartition_axis(&(-&scores), k - 1, -1)?.index((Ellipsis, ..k));
+        let inds = stop_gradient(&inds)?;
+        let mut weights = probs.take_along_axis(&inds, -1)?;
+        if k > 1 && normalize {
+            weights = &weights / &weights.sum_axis(-1, true)?;
+        }
+        let scale = Array::from_f32(self.routed_scale);
+        Ok((inds, &weights * &scale))
     }
 
     pub fn forward(&self, x: &Array) -> Result<Array> {
@@ -338,9 +410,18 @@ impl SparseMoe {
                 let scores = logits.take_along_axis(&inds, -1)?;
                 (inds, softmax_axis(&scores, -1, true)?)
             }
+            Routing::SigmoidGroups {
+                n_group,
+                topk_group,
+                normalize,
+            } => self.sigmoid_groups(&logits, n_group, topk_group, normalize)?,
         };
         let y = self.switch_mlp.forward(x, &inds)?;
         let weighted = &y * &expand_dims_axes(&scores, &[-1])?;
-        Ok(weighted.sum_axis(-2, false)?)
+        let out = weighted.sum_axis(-2, false)?.as_dtype(y.dtype())?;
+        match &self.shared_experts {
+            Some(mlp) => Ok(&out + &mlp.forward(x)?),
+            None => Ok(out),
+        }
     }
 }
