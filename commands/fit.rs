@@ -3,6 +3,7 @@
 
 use anyhow::{bail, Result};
 use mlx_bun::fit::{available_memory, compute_dtype_bytes, fit, FitReport, FitRequest, Footprint};
+use mlx_bun::mlx_ext::ComputeDtype;
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -33,11 +34,13 @@ pub struct Args {
     /// Print the report as JSON.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    compute: crate::model_arg::ComputeArgs,
 }
 
-fn footprint(spec: Option<&str>) -> Result<Footprint> {
+fn footprint(spec: Option<&str>, compute: ComputeDtype) -> Result<Footprint> {
     let dir = crate::model_arg::resolve(spec)?;
-    Footprint::read(&dir, compute_dtype_bytes(&dir)?)
+    Footprint::read(&dir, compute_dtype_bytes(&dir, compute)?)
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -52,9 +55,9 @@ pub fn run(args: Args) -> Result<()> {
         Some(_) => bail!("--memory must be a positive size in GiB"),
         None => available_memory()?,
     };
-    let model = footprint(args.model.as_deref())?;
+    let model = footprint(args.model.as_deref(), args.compute.dtype)?;
     let draft = match &args.draft_model {
-        Some(d) => Some(footprint(Some(d))?),
+        Some(d) => Some(footprint(Some(d), args.compute.dtype)?),
         None => None,
     };
     let context = args.context.or(model.max_context).unwrap_or(4096);

@@ -247,7 +247,14 @@ pub fn run(args: Args) -> Result<()> {
             let n_draft = args.num_draft_tokens;
             // A sharded model need not fit one device.
             if group.is_none() {
-                mlx_bun::fit::check_fits(&dir, draft_dir.as_deref(), context, n_draft, 0)?;
+                mlx_bun::fit::check_fits(
+                    &dir,
+                    draft_dir.as_deref(),
+                    args.compute.dtype,
+                    context,
+                    n_draft,
+                    0,
+                )?;
             }
             Some(prompt)
         }

@@ -952,7 +952,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__fit)
-            opts="-m -h --model --draft-model --num-draft-tokens --context --batch --kv-bits --memory --prefill-step-size --json --help"
+            opts="-m -h --model --draft-model --num-draft-tokens --context --batch --kv-bits --memory --prefill-step-size --json --compute-dtype --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -991,6 +991,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 --prefill-step-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

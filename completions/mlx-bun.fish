@@ -345,6 +345,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l kv-bits -d 'Quan
 8\t''"
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l memory -d 'Memory to fit into, in GiB (default: MemAvailable of this machine)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l prefill-step-size -d 'Prompt tokens per prefill chunk' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l json -d 'Print the report as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evaluate" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded model)' -r

@@ -467,16 +467,18 @@ fn parse_meminfo(text: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
-/// Bytes per float of the compute dtype for a model stored as `config.json`'s
-/// `torch_dtype` on this device.
-pub fn compute_dtype_bytes(dir: &Path) -> Result<u64> {
-    let (args, _) = crate::model::read_config(dir)?;
-    let stored = args
-        .torch_dtype
-        .as_deref()
-        .and_then(crate::mlx_ext::parse_dtype)
-        .unwrap_or(mlx_rs::Dtype::Float32);
-    Ok(match crate::mlx_ext::compute_dtype(stored) {
+/// Bytes per float of `dir`'s model computed as `compute` asks on this
+/// device: the dtype most of its floating tensors are stored in (read from
+/// the weight files' headers), resolved as loading resolves it.
+pub fn compute_dtype_bytes(dir: &Path, compute: crate::mlx_ext::ComputeDtype) -> Result<u64> {
+    let mut dtypes = Vec::new();
+    for file in crate::model::weights::weight_files(dir)? {
+        for (_, dtype, _) in safetensors_header(&file)? {
+            dtypes.extend(crate::mlx_ext::parse_safetensors_dtype(&dtype));
+        }
+    }
+    let stored = crate::mlx_ext::stored_float_dtype(dtypes);
+    Ok(match compute.resolve(stored) {
         mlx_rs::Dtype::Float64 => 8,
         mlx_rs::Dtype::Float16 | mlx_rs::Dtype::Bfloat16 => 2,
         _ => 4,
@@ -490,6 +492,7 @@ pub fn compute_dtype_bytes(dir: &Path) -> Result<u64> {
 pub fn check_fits(
     dir: &Path,
     draft: Option<&Path>,
+    compute: crate::mlx_ext::ComputeDtype,
     context: usize,
     num_draft_tokens: usize,
     reserved_bytes: u64,
@@ -500,9 +503,9 @@ pub fn check_fits(
     let Ok(memory_bytes) = available_memory() else {
         return Ok(None);
     };
-    let model = Footprint::read(dir, compute_dtype_bytes(dir)?)?;
+    let model = Footprint::read(dir, compute_dtype_bytes(dir, compute)?)?;
     let draft = match draft {
-        Some(d) => Some(Footprint::read(d, compute_dtype_bytes(d)?)?),
+        Some(d) => Some(Footprint::read(d, compute_dtype_bytes(d, compute)?)?),
         None => None,
     };
     let req = FitRequest {

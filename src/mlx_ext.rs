@@ -3,13 +3,6 @@
 use anyhow::{Context, Result};
 use mlx_rs::{Array, Dtype};
 
-/// The dtype activations are computed in. MLX's CPU backend is fast only in
-/// float32, so on CPU every floating tensor is promoted; on an accelerator the
-/// model's own dtype is kept.
-pub(crate) fn compute_dtype(stored: Dtype) -> Dtype {
-    ComputeDtype::Auto.resolve(stored)
-}
-
 /// How a model's floating tensors are computed (`--compute-dtype`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ComputeDtype {
@@ -127,6 +120,16 @@ pub fn parse_dtype(name: &str) -> Option<Dtype> {
         "float32" | "f32" => Dtype::Float32,
         "float16" | "f16" => Dtype::Float16,
         "bfloat16" | "bf16" => Dtype::Bfloat16,
+        _ => return None,
+    })
+}
+
+/// The float dtype a safetensors header names (`F32`, `F16`, `BF16`).
+pub(crate) fn parse_safetensors_dtype(name: &str) -> Option<Dtype> {
+    Some(match name {
+        "F32" => Dtype::Float32,
+        "F16" => Dtype::Float16,
+        "BF16" => Dtype::Bfloat16,
         _ => return None,
     })
 }

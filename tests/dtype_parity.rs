@@ -546,3 +546,34 @@ fn prompt_cache_files_in_bf16_move_both_ways() {
         "mlx-lm from ours"
     );
 }
+
+/// `fit` counts a bf16 model's floats at the dtype it will compute in:
+/// 2 bytes with `--compute-dtype model`, 4 with float32 (the CPU's `auto`),
+/// read from the weight files, not from `config.json`.
+#[test]
+fn fit_counts_floats_in_the_compute_dtype() {
+    let dir = variants(&goldens()).join("bf16");
+    let report = |compute: &str| -> Value {
+        let out = common::run_ok(&[
+            "fit",
+            "--model",
+            dir.to_str().unwrap(),
+            "--compute-dtype",
+            compute,
+            "--json",
+        ]);
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let (model, float32) = (report("model"), report("float32"));
+    let bytes = |r: &Value, k: &str| r[k].as_f64().unwrap();
+    let on_disk: u64 = std::fs::metadata(dir.join("model.safetensors"))
+        .unwrap()
+        .len();
+    assert!(
+        (bytes(&model, "weight_bytes") - on_disk as f64).abs() < 1e6,
+        "{model}"
+    );
+    for key in ["weight_bytes", "kv_bytes_per_token"] {
+        assert_eq!(bytes(&float32, key), 2.0 * bytes(&model, key), "{key}");
+    }
+}

@@ -169,10 +169,10 @@ fn gib(bytes: u64) -> f64 {
 }
 
 /// Weight bytes of a model (and its draft) once loaded on this device.
-fn weight_bytes(key: &Key) -> Result<u64> {
+fn weight_bytes(key: &Key, compute: ComputeDtype) -> Result<u64> {
     let mut total = 0;
     for dir in std::iter::once(&key.dir).chain(key.draft.as_ref()) {
-        let dtype = crate::fit::compute_dtype_bytes(dir)?;
+        let dtype = crate::fit::compute_dtype_bytes(dir, compute)?;
         total += crate::fit::Footprint::read(dir, dtype)?.weight_bytes;
     }
     Ok(total)
@@ -373,7 +373,8 @@ impl ModelPool {
             Some(_) => 0,
             None => {
                 let k = key.clone();
-                tokio::task::spawn_blocking(move || weight_bytes(&k))
+                let compute = self.config.compute;
+                tokio::task::spawn_blocking(move || weight_bytes(&k, compute))
                     .await
                     .map_err(|e| ApiError::internal(format!("sizing the model failed: {e}")))?
                     .map_err(|e| {
@@ -482,6 +483,7 @@ impl ModelPool {
         crate::fit::check_fits(
             &key.dir,
             key.draft.as_deref(),
+            self.config.compute,
             min_context,
             c.num_draft_tokens,
             c.prompt_cache_bytes as u64,
