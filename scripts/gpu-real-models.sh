@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Published-model dtypes on an NVIDIA GPU: a bf16 dense and a 4-bit
+# (bf16 scales, group 64) Llama-3-8B-shape model, against mlx-lm 0.32.2 on the
+# same GPU and MLX. Run in phases (each fits one sitting of a lent machine):
+#
+#   scripts/gpu-real-models.sh setup  BUNDLE WHEELS TOKENIZER WORK
+#   scripts/gpu-real-models.sh parity BUNDLE WORK OUT
+#   scripts/gpu-real-models.sh serve  BUNDLE WORK OUT
+#   scripts/gpu-real-models.sh bench  BUNDLE WORK OUT
+#
+# BUNDLE: from scripts/gpu-build.sh. WHEELS: the `mlx==0.32.2` and
+# `mlx-lm==0.32.2` wheels (mlx's CUDA library comes from the bundle).
+# TOKENIZER: a folder with the default model's tokenizer files. WORK: where
+# the oracle and the models go. Every check compares token ids and fails on
+# an empty output; each phase appends to OUT/summary.txt.
+set -uo pipefail
+phase="$1"; shift
+here="$(cd "$(dirname "$0")" && pwd)"
+
+cuda_libs() {
+  local site
+  site="$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)"
+  ls -d "$site"/nvidia/*/lib 2>/dev/null | tr '\n' :
+}
+
+oracle_env() {
+  export PYTHONPATH="$WORK/site"
+  export LD_LIBRARY_PATH="$WORK/site/mlx/lib:$(cuda_libs)${LD_LIBRARY_PATH:-}"
+  export HF_HUB_OFFLINE=1
+}
+
+note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+MODELS=(llama8b-bf16 llama8b-q4-bf16)
+
+wait_ready() {  # PORT PID -> prints seconds and the /health codes seen
+  local port=$1 pid=$2 t0=$3 codes="" c
+  for _ in $(seq 1 1200); do
+    c=$(curl -s -o "$OUT/health.json" -w "%{http_code}" "localhost:$port/health")
+    codes="$codes $c"
+    [ "$c" = 200 ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.25
+  done
+  echo "ready after $(since "$t0") s (health: $(echo $codes | tr ' ' '\n' | uniq -c | tr -s ' \n' ' '))"
+}
+
+case "$phase" in
+setup)
+  BUNDLE="$1"; WHEELS="$2"; TOKENIZER="$3"; WORK="$4"; OUT="$WORK"
+  mkdir -p "$WORK/site" "$WORK/models"
+  python3 -m pip install --quiet --no-deps --target "$WORK/site" "$WHEELS"/*.whl
+  mkdir -p "$WORK/site/mlx/lib" "$WORK/site/mlx_cuda_13.libs"
+  cp "$BUNDLE/lib/libmlx.so" "$WORK/site/mlx/lib/"
+  cp "$BUNDLE"/lib/lib{blas,gfortran,lapack,quadmath}* "$WORK/site/mlx_cuda_13.libs/"
+  mkdir -p "$WORK/site/mlx/include" && cp -r "$BUNDLE"/include/* "$WORK/site/mlx/include/"
+  oracle_env
+  python3 -c 'import mlx.core as mx, mlx_lm; print("oracle:", mx.__version__, mx.default_device())'
+  python3 "$here/oracle/make_random_llama.py" "$WORK/models/llama8b-bf16" "$TOKENIZER" --dtype bfloat16 --bits 0
+  python3 "$here/oracle/make_random_llama.py" "$WORK/models/llama8b-q4-bf16" "$TOKENIZER" --dtype bfloat16 --bits 4 --group-size 64
+  ;;
+parity)
+  BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
+  for m in "${MODELS[@]}"; do
+    python3 "$here/oracle/gpu_parity.py" --bin "$BUNDLE/run.sh" --model "$WORK/models/$m" \
+      --max-tokens 64 --out "$OUT/parity-$m.json" >"$OUT/parity-$m.log" 2>&1
+    note "greedy parity $m: rc=$? $(tail -1 "$OUT/parity-$m.log")"
+    # Speculative decoding (n-gram draft) and a JSON-schema answer, token ids.
+    p="Explain in detail how a bicycle works."
+    "$BUNDLE/run.sh" generate -m "$WORK/models/$m" --prompt "$p" -n 48 --json >"$OUT/plain-$m.json" 2>>"$OUT/gen-$m.log"
+    "$BUNDLE/run.sh" generate -m "$WORK/models/$m" --prompt "$p" -n 48 --json --draft-model ngram \
+      >"$OUT/spec-$m.json" 2>>"$OUT/gen-$m.log"
+    python3 - "$OUT/plain-$m.json" "$OUT/spec-$m.json" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+a, b = (json.loads(open(f).read().strip().splitlines()[-1])["token_ids"] for f in sys.argv[1:])
+print(f"  speculative (ngram) equals plain greedy: {bool(a) and a == b} ({len(a)} tokens)")
+PY
+    schema='{"type":"object","properties":{"name":{"type":"string","maxLength":40},"age":{"type":"integer"}},"required":["name","age"],"additionalProperties":false}'
+    "$BUNDLE/run.sh" generate -m "$WORK/models/$m" --prompt "A person as JSON." -n 96 \
+      --json-schema "$schema" --json >"$OUT/schema-$m.json" 2>>"$OUT/gen-$m.log"
+    python3 - "$OUT/schema-$m.json" <<'PY' | tee -a "$OUT/summary.txt"
+import json, sys
+text = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])["text"]
+try:
+    obj = json.loads(text)
+    ok = isinstance(obj.get("name"), str) and isinstance(obj.get("age"), int)
+except Exception:
+    ok = False
+print(f"  json-schema answer valid: {ok} {text[:80]!r}")
+PY
+  done
+  ;;
+serve)
+  BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
+  for m in "${MODELS[@]}"; do
+    export MLX_PTX_CACHE_DIR="$WORK/ptx-$m"
+    rm -rf "$MLX_PTX_CACHE_DIR"
+    for start in cold warm; do
+      t0=$(date +%s.%N)
+      "$BUNDLE/run.sh" serve -m "$WORK/models/$m" --port 8090 >"$OUT/serve-$m-$start.log" 2>&1 &
+      pid=$!
+      note "serve $m $start: $(wait_ready 8090 $pid "$t0")"
+      python3 "$here/gpu_serve_check.py" http://127.0.0.1:8090 >"$OUT/check-$m-$start.json" 2>&1
+      note "  requests rc=$? $(head -c 300 "$OUT/check-$m-$start.json")"
+      # top_logprobs against mlx-lm's log-softmax of the same greedy prefix.
+      curl -s localhost:8090/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":5}' \
+        >"$OUT/logprobs-$m-$start.json"
+      kill $pid; wait $pid 2>/dev/null
+    done
+    python3 "$here/oracle/gpu_logprobs.py" "$WORK/models/$m" "$OUT/logprobs-$m-warm.json" | tee -a "$OUT/summary.txt"
+  done
+  ;;
+bench)
+  BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
+  m=llama8b-q4-bf16
+  export MLX_PTX_CACHE_DIR="$WORK/ptx-$m"
+  t0=$(date +%s.%N)
+  "$BUNDLE/run.sh" serve -m "$WORK/models/$m" --port 8090 >"$OUT/bench-ours.log" 2>&1 &
+  ours=$!
+  note "bench: ours $(wait_ready 8090 $ours "$t0")"
+  t0=$(date +%s.%N)
+  python3 -m mlx_lm server --model "$WORK/models/$m" --port 8091 >"$OUT/bench-mlx-lm.log" 2>&1 &
+  peer=$!
+  for _ in $(seq 1 600); do curl -sf localhost:8091/v1/models >/dev/null 2>&1 && break; sleep 0.25; done
+  note "bench: mlx_lm.server listening after $(since "$t0") s"
+  for port in 8090 8091; do
+    t0=$(date +%s.%N)
+    curl -s localhost:$port/v1/chat/completions -d '{"messages":[{"role":"user","content":"Warm up."}],"max_tokens":16}' >/dev/null
+    note "bench: first request on :$port took $(since "$t0") s"
+  done
+  for clients in 1 4 8; do
+    python3 "$here/bench_serve.py" --server mlx-bun=http://127.0.0.1:8090 --server mlx-lm=http://127.0.0.1:8091 \
+      --clients $clients --max-tokens 128 --rounds 3 --json "$OUT/bench-$clients.json" >"$OUT/bench-$clients.md" 2>&1
+    note "bench $clients clients: rc=$?"
+    cat "$OUT/bench-$clients.md" >>"$OUT/summary.txt"
+  done
+  kill $ours $peer; wait 2>/dev/null
+  ;;
+*)
+  echo "unknown phase $phase" >&2; exit 2 ;;
+esac
