@@ -191,8 +191,9 @@ fn reasoning_text(item: &Value) -> String {
 
 /// Conversation items as chat messages: calls join the assistant turn
 /// before them, each call output is a `tool` message, and reasoning goes
-/// with the next assistant turn.
-fn chat_messages(items: &[Value], out: &mut Vec<Value>) -> Result<(), ApiError> {
+/// with the next assistant turn. The first `stored` items come from a
+/// stored response; errors count the request's own `input` from 0.
+fn chat_messages(items: &[Value], stored: usize, out: &mut Vec<Value>) -> Result<(), ApiError> {
     fn assistant(out: &mut Vec<Value>, mut message: Value, reasoning: &mut String) {
         if !reasoning.is_empty() {
             message["reasoning_content"] = json!(std::mem::take(reasoning));
@@ -201,7 +202,7 @@ fn chat_messages(items: &[Value], out: &mut Vec<Value>) -> Result<(), ApiError> 
     }
     let mut reasoning = String::new();
     for (i, item) in items.iter().enumerate() {
-        let at = format!("input[{i}]");
+        let at = format!("input[{}]", i.saturating_sub(stored));
         if !item.is_object() {
             return Err(bad("input", format!("{at} must be an object")));
         }
@@ -424,6 +425,7 @@ fn read_request(
         },
         None => Vec::new(),
     };
+    let stored = items.len();
     match f.get("input") {
         None | Some(Value::Null) if previous.is_some() => {}
         None | Some(Value::Null) => return Err(bad("input", "input is required")),
@@ -442,7 +444,7 @@ fn read_request(
     if let Some(text) = instructions {
         messages.push(json!({"role": "system", "content": text}));
     }
-    chat_messages(&items, &mut messages)?;
+    chat_messages(&items, stored, &mut messages)?;
 
     let mut chat = Map::new();
     chat.insert("messages".into(), Value::Array(messages));
@@ -1081,6 +1083,20 @@ mod tests {
         assert_eq!(e.status, StatusCode::NOT_FOUND);
         assert_eq!(e.param.as_deref(), Some("previous_response_id"));
         assert_eq!(e.kind, "invalid_request_error");
+
+        // A continued conversation: errors point into this request's input.
+        let store = ResponseStore::new(4);
+        let earlier = vec![json!({"role": "user", "content": "hi"})];
+        store.put(
+            "resp_a".into(),
+            Stored {
+                items: earlier,
+                response: json!({}),
+            },
+        );
+        let body = json!({"previous_response_id": "resp_a", "input": [{"type": "bogus"}]});
+        let e = read_request(&body, &store, &Default::default()).unwrap_err();
+        assert!(e.message.starts_with("input[0]:"), "{}", e.message);
     }
 
     #[test]
