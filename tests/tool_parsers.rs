@@ -16,7 +16,7 @@ mod common;
 
 use common::server::Server;
 
-use mlx_bun::tool_calls::{Function, ToolFormat};
+use mlx_bun::tool_calls::{call_grammar, Function, ToolChoice, ToolFormat};
 use serde_json::{json, Value};
 
 const MLX_LM_CASES: &str = r##"[
@@ -255,6 +255,40 @@ fn several_calls_and_content_before_them() {
         assert_eq!(names, ["a", "b"], "{format:?}");
         assert_eq!(calls[0].arguments, json!({"x": 1}), "{format:?}");
         assert_eq!(calls[1].arguments, json!({}), "{format:?}");
+    }
+}
+
+#[test]
+fn forcing_a_call_in_a_format_without_a_grammar_is_a_clear_error() {
+    let functions = [Function {
+        name: "f".into(),
+        parameters: json!({}),
+    }];
+    for name in [
+        "gemma4",
+        "glm47",
+        "laguna",
+        "kimi_k2",
+        "kimi_k3",
+        "longcat",
+        "minicpm5",
+        "minimax_m2",
+        "muse_spark",
+        "pythonic",
+        "qwen3_coder",
+    ] {
+        let format = ToolFormat::from_name(name).unwrap();
+        let err = call_grammar(
+            format,
+            &functions,
+            &ToolChoice::Required,
+            true,
+            None,
+            &|_| None,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("not supported") && err.contains(name), "{err}");
     }
 }
 
