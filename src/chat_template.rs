@@ -1,8 +1,12 @@
-//! Hugging Face chat templates rendered with minijinja, with the Python
-//! string methods and helpers (`raise_exception`, `strftime_now`) HF templates use.
+//! Hugging Face chat templates rendered with minijinja as transformers
+//! renders them with Jinja2: its environment (trimmed blocks, loop controls,
+//! `raise_exception`, `strftime_now`, a `tojson` that is Python's
+//! `json.dumps`), Python's string methods and printing (`True`, `None`,
+//! `{'a': 1}`). tests/chat_templates.rs holds real templates to that.
+
+use std::collections::HashSet;
 
 use anyhow::{anyhow, bail, Result};
-use std::collections::HashSet;
 
 use minijinja::value::{from_args, Kwargs, Rest, ValueKind};
 use minijinja::{context, escape_formatter, Environment, Error, ErrorKind, Output, State, Value};
@@ -716,6 +720,87 @@ impl ChatTemplate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn render_src(src: &str, x: serde_json::Value) -> String {
+        let mut env = ChatTemplate::new(src.into(), None, None).unwrap().env;
+        env.add_template_owned("probe", src.to_string()).unwrap();
+        env.get_template("probe")
+            .unwrap()
+            .render(context! { x => x })
+            .unwrap()
+    }
+
+    /// Outputs of transformers' Jinja2 environment for the same sources.
+    #[test]
+    fn tojson_and_printing_follow_python() {
+        let x = serde_json::json!({"b": [1, 2.5, {}], "a": "é\n\"<&>", "c": [],
+            "f": [1e16, 0.0001, 1e-5, 123.0]});
+        let cases = [
+            ("{{ x | tojson(indent=2, sort_keys=true) }}",
+             "{\n  \"a\": \"é\\n\\\"<&>\",\n  \"b\": [\n    1,\n    2.5,\n    {}\n  ],\n  \"c\": [],\n  \"f\": [\n    1e+16,\n    0.0001,\n    1e-05,\n    123.0\n  ]\n}"),
+            ("{{ x | tojson(ensure_ascii=true) }}",
+             "{\"b\": [1, 2.5, {}], \"a\": \"\\u00e9\\n\\\"<&>\", \"c\": [], \"f\": [1e+16, 0.0001, 1e-05, 123.0]}"),
+            ("{{ x | tojson(separators=(',', ':')) }}",
+             "{\"b\":[1,2.5,{}],\"a\":\"é\\n\\\"<&>\",\"c\":[],\"f\":[1e+16,0.0001,1e-05,123.0]}"),
+            // The first positional argument is `ensure_ascii`, not `indent`.
+            ("{{ x | tojson(4) }}",
+             "{\"b\": [1, 2.5, {}], \"a\": \"\\u00e9\\n\\\"<&>\", \"c\": [], \"f\": [1e+16, 0.0001, 1e-05, 123.0]}"),
+            ("{{ {'a': true, 'b': none, 'c': [1, \"it's\"], 'd': 2.0} }}|{{ true }}|{{ none }}|{{ [1, 'x'] | string }}",
+             "{'a': True, 'b': None, 'c': [1, \"it's\"], 'd': 2.0}|True|None|[1, 'x']"),
+            ("{{ none is iterable }}{{ undefined_name is iterable }}{{ 'ab' is sequence }}",
+             "FalseTrueTrue"),
+        ];
+        for (src, python) in cases {
+            assert_eq!(render_src(src, x.clone()), python, "{src}");
+        }
+    }
+
+    #[test]
+    fn a_template_that_refuses_the_system_role_gets_it_in_the_first_user_turn() {
+        let src = "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}\
+                   {% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}";
+        let t = ChatTemplate::new(src.into(), None, None).unwrap();
+        let messages = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "Hi"),
+        ];
+        assert_eq!(t.render(&messages, true).unwrap(), "<user>Be brief.\n\nHi");
+        let alone = [Message::new("system", "Be brief.")];
+        assert_eq!(t.render(&alone, true).unwrap(), "<user>Be brief.");
+        let other = ChatTemplate::new("{{ raise_exception('no') }}".into(), None, None).unwrap();
+        let err = other.render(&messages, true).unwrap_err().to_string();
+        assert!(err.contains("no"), "{err}");
+    }
+
+    #[test]
+    fn functions_and_datetime_are_given_to_templates_that_read_them() {
+        let t = ChatTemplate::new("{{ functions }}|{{ datetime }}".into(), None, None)
+            .unwrap()
+            .with_now(1_764_590_400);
+        let tools = [serde_json::json!({"type": "function", "function": {"name": "f"}})];
+        let text = t
+            .render_with(
+                &[Message::new("user", "hi")],
+                true,
+                Some(&tools),
+                &Default::default(),
+            )
+            .unwrap();
+        assert_eq!(
+            text,
+            "[\n  {\n    \"type\": \"function\",\n    \"function\": {\n      \"name\": \"f\"\n    }\n  }\n]|Dec 01 2025 12:00:00 GMT"
+        );
+    }
+
+    #[test]
+    fn an_unsupported_construct_is_an_error_that_names_it() {
+        let t = ChatTemplate::new("{{ strftime_now('%Q') }}".into(), None, None).unwrap();
+        let err = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+        assert!(err.to_string().contains("%Q"), "{err}");
+        let t = ChatTemplate::new("{{ 'a'.zfill(3) }}".into(), None, None).unwrap();
+        let err = t.render(&[Message::new("user", "hi")], true).unwrap_err();
+        assert!(err.to_string().contains("zfill"), "{err}");
+    }
 
     #[test]
     fn a_runaway_template_is_an_error() {

@@ -2,6 +2,8 @@
 //! one): the tool list goes into the system message with instructions to
 //! answer in the Hermes `<tool_call>` format, earlier calls are written back
 //! in that format, and tool results become user turns in `<tool_response>`.
+//! A template that refuses the system role (Gemma's) gets that system text in
+//! its first user turn, as any system message (see `ChatTemplate::render_with`).
 
 use serde_json::Value;
 
@@ -94,5 +96,34 @@ mod tests {
         assert_eq!(out[3].role, "user");
         assert!(out[3].content.starts_with("<tool_response>"));
         assert!(!template_supports_tools("{{ messages }}"));
+    }
+
+    #[test]
+    fn tools_reach_a_template_without_a_system_role() {
+        let template = crate::chat_template::ChatTemplate::new(
+            include_str!("../../tests/data/chat_templates/google-gemma-2-2b-it.jinja").into(),
+            Some("<bos>".into()),
+            Some("<eos>".into()),
+        )
+        .unwrap();
+        assert!(!template_supports_tools(template.source()));
+        let messages = [
+            Message::new("system", "Be brief."),
+            Message::new("user", "Weather in Paris?"),
+        ];
+        let tools = [json!({"type": "function", "function": {"name": "get_weather"}})];
+        let text = template
+            .render(&with_tools_in_prompt(&messages, &tools), true)
+            .unwrap();
+        assert!(
+            text.starts_with("<bos><start_of_turn>user\nBe brief.\n\nYou may call"),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(
+                "</tool_call>\n\nWeather in Paris?<end_of_turn>\n<start_of_turn>model\n"
+            ),
+            "{text}"
+        );
     }
 }
