@@ -6,10 +6,13 @@
 //! transformers' rendering of the merged conversation. Where transformers
 //! raises for another reason, ours must fail too.
 
+mod common;
+
 use std::path::Path;
 
 use mlx_bun::chat_template::{ChatTemplate, Message};
-use serde_json::{Map, Value};
+use mlx_bun::prompt::{build_prompt, ChatInput, PromptInput};
+use serde_json::{json, Map, Value};
 
 /// Jinja2 escapes a plain string added to a `|safe` one (markupsafe's
 /// `Markup.__add__`); minijinja concatenates. functionary-v3.1 builds its tool
@@ -168,4 +171,53 @@ fn real_templates_render_as_transformers_does() {
         cases.len(),
         failures.join("\n")
     );
+}
+
+/// Through `/v1/chat/completions` on the default model: Llama 3.1's template
+/// with tools (`tojson(indent=4)`) and Gemma 2's with a system message give
+/// the prompt the library renders.
+#[test]
+fn real_templates_render_through_the_server() {
+    let corpus = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/chat_templates");
+    let model = common::model_dir();
+    let golden =
+        read_json(&Path::new(env!("CARGO_MANIFEST_DIR")).join("goldens/chat_templates.json"));
+    let tools = golden["tools"].as_array().unwrap().clone();
+    let system_user = golden["conversations"]["system_user"]["messages"].clone();
+    for (file, tools) in [
+        ("meta-llama-Llama-3.1-8B-Instruct.jinja", tools),
+        ("google-gemma-2-2b-it.jinja", Vec::new()),
+    ] {
+        let path = corpus.join(file);
+        let server =
+            common::server::Server::start(&model, &["--chat-template", path.to_str().unwrap()]);
+        let mut body = json!({"messages": system_user, "max_tokens": 1});
+        if !tools.is_empty() {
+            body["tools"] = json!(tools);
+        }
+        let response = reqwest::blocking::Client::new()
+            .post(server.url("/v1/chat/completions"))
+            .json(&body)
+            .send()
+            .unwrap();
+        let status = response.status();
+        let answer: Value = response.json().unwrap();
+        assert!(status.is_success(), "{file}: {status} {answer}");
+
+        let mut tok = mlx_bun::tokenizer::Tokenizer::load(&model).unwrap();
+        let source = std::fs::read_to_string(&path).unwrap();
+        tok.chat_template =
+            Some(ChatTemplate::new(source, tok.bos_token.clone(), tok.eos_token.clone()).unwrap());
+        let chat = ChatInput {
+            messages: serde_json::from_value(system_user.clone()).unwrap(),
+            tools,
+            kwargs: Map::new(),
+        };
+        let (_, ids) = build_prompt(&tok, &PromptInput::Chat(chat)).unwrap();
+        assert_eq!(
+            answer["usage"]["prompt_tokens"],
+            ids.len(),
+            "{file}: {answer}"
+        );
+    }
 }
