@@ -90,16 +90,17 @@ fn bad(field: &str, message: impl Into<String>) -> ApiError {
     ApiError::invalid(field, message)
 }
 
-fn unknown_response(id: &str, param: Option<&str>) -> ApiError {
-    let mut e = ApiError::invalid(
-        param.unwrap_or("response_id"),
-        format!("no stored response has the id {id:?}; responses are kept in memory, the last {STORE_CAPACITY}"),
-    )
-    .with_code("previous_response_not_found");
-    if param.is_none() {
-        e.param = None;
-        e.code = Some("not_found");
+/// 404 for an id no stored response has; as `previous_response_id`, an
+/// error about that field.
+fn unknown_response(id: &str, previous: bool) -> ApiError {
+    let message = format!(
+        "no stored response has the id {id:?}; the server keeps the last {STORE_CAPACITY} in memory"
+    );
+    if !previous {
+        return ApiError::not_found(message);
     }
+    let mut e =
+        ApiError::invalid("previous_response_id", message).with_code("previous_response_not_found");
     e.status = StatusCode::NOT_FOUND;
     e
 }
@@ -421,7 +422,7 @@ fn read_request(
     let mut items = match previous {
         Some(id) => match store.get(id) {
             Some(stored) => stored.items.clone(),
-            None => return Err(unknown_response(id, Some("previous_response_id"))),
+            None => return Err(unknown_response(id, true)),
         },
         None => Vec::new(),
     };
@@ -994,7 +995,7 @@ pub async fn retrieve(
 ) -> Response {
     match store.get(&id) {
         Some(stored) => Json(stored.response.clone()).into_response(),
-        None => unknown_response(&id, None).into_response(),
+        None => unknown_response(&id, false).into_response(),
     }
 }
 
@@ -1005,7 +1006,7 @@ pub async fn delete(
     if store.remove(&id) {
         Json(json!({"id": id, "object": "response.deleted", "deleted": true})).into_response()
     } else {
-        unknown_response(&id, None).into_response()
+        unknown_response(&id, false).into_response()
     }
 }
 
