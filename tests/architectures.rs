@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 29] = [
+const CASES: [&str; 31] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -47,6 +47,8 @@ const CASES: [&str; 29] = [
     "glm4_moe",
     // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "glm4_moe_q4",
+    "olmo3",
+    "olmo3_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -126,7 +128,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3"),
         "{err:#}"
     );
 

@@ -176,6 +176,24 @@ GLM4_MOE = {
     "routed_scaling_factor": 2.5,
 }
 
+# Post-norm layers, q/k norms over all heads at once; layers 0 and 2 slide
+# over 5 positions with plain RoPE, layer 1 is global with YaRN.
+OLMO3 = {
+    "model_type": "olmo3",
+    "num_hidden_layers": 3,
+    "tie_word_embeddings": False,
+    "sliding_window": 5,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "rope_scaling": {
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "original_max_position_embeddings": 64,
+        "attention_factor": 1.2,
+    },
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -222,6 +240,8 @@ CASES = {
     "llama4_text_q4": {**LLAMA4_TEXT, "quantize": {"group_size": 32, "bits": 4}},
     "glm4_moe": {**GLM4_MOE},
     "glm4_moe_q4": {**GLM4_MOE, "quantize": Q4_MOE},
+    "olmo3": {**OLMO3},
+    "olmo3_q4": {**OLMO3, "quantize": {"group_size": 32, "bits": 4}},
 }
 
 

@@ -44,6 +44,18 @@ pub struct Attention {
     /// Per-head attention sink logits `[heads]` (GPT-OSS): a virtual key
     /// every query attends to, carrying no value.
     pub sinks: Option<Array>,
+    /// What `q_norm` / `k_norm` normalize over.
+    pub qk_norm_span: QkNormSpan,
+}
+
+/// The span of the q/k RMS norms.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum QkNormSpan {
+    /// Each head on its own (Qwen3, Gemma 3).
+    #[default]
+    Head,
+    /// All heads of the projection at once, before the split (OLMo 3).
+    AllHeads,
 }
 
 impl Attention {
@@ -84,16 +96,18 @@ impl Attention {
             )?),
             logit_softcap: None,
             sinks: None,
+            qk_norm_span: QkNormSpan::Head,
         })
     }
 
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = proj.forward(x)?.reshape(&[b, l, n, -1])?;
-            let y = match norm {
-                Some(norm) => norm.forward(&y)?,
-                None => y,
+            let y = proj.forward(x)?;
+            let y = match (norm, self.qk_norm_span) {
+                (Some(norm), QkNormSpan::Head) => norm.forward(&y.reshape(&[b, l, n, -1])?)?,
+                (Some(norm), QkNormSpan::AllHeads) => norm.forward(&y)?.reshape(&[b, l, n, -1])?,
+                (None, _) => y.reshape(&[b, l, n, -1])?,
             };
             Ok(y.transpose_axes(&[0, 2, 1, 3])?)
         };
@@ -250,6 +264,11 @@ pub enum Residual {
     /// Gemma's norms around the MLP; `post_attention_layernorm` then
     /// normalizes the attention output instead of the MLP input.
     Sandwich(super::gemma2::SandwichNorms),
+    /// No norm before attention or the MLP; `post_attention_layernorm`
+    /// normalizes the attention output and this one the MLP output:
+    /// `h = x + norm(attn(x))`, `h + norm(mlp(h))` (OLMo 3, EXAONE 4).
+    /// The block's `input_layernorm` is then unused.
+    PostNorm { post_feedforward_layernorm: RmsNorm },
 }
 
 impl Block {
@@ -274,9 +293,39 @@ impl Block {
         })
     }
 
+    /// A post-norm block (`Residual::PostNorm`) of `self_attn` and `mlp`,
+    /// with its `post_attention_layernorm` and `post_feedforward_layernorm`.
+    pub(super) fn post_norm(
+        w: &mut Weights,
+        prefix: &str,
+        args: &ModelArgs,
+        self_attn: Attention,
+        mlp: FeedForward,
+    ) -> Result<Self> {
+        let eps = args.rms_norm_eps;
+        let norm = |w: &mut Weights, name: &str| RmsNorm::load(w, &format!("{prefix}.{name}"), eps);
+        Ok(Self {
+            self_attn,
+            mlp,
+            input_layernorm: RmsNorm::unscaled(args.hidden_size, eps, w.compute_dtype())?,
+            post_attention_layernorm: norm(w, "post_attention_layernorm")?,
+            residual: Residual::PostNorm {
+                post_feedforward_layernorm: norm(w, "post_feedforward_layernorm")?,
+            },
+        })
+    }
+
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let scale = match &self.residual {
             Residual::Sandwich(norms) => return norms.forward(self, x, cache),
+            Residual::PostNorm {
+                post_feedforward_layernorm,
+            } => {
+                let r = self.self_attn.forward(x, cache)?;
+                let h = x + &self.post_attention_layernorm.forward(&r)?;
+                let r = self.mlp.forward(&h)?;
+                return Ok(&h + &post_feedforward_layernorm.forward(&r)?);
+            }
             Residual::Scaled(m) => Some(Array::from_f32(*m).as_dtype(x.dtype())?),
             Residual::PreNorm => None,
         };

@@ -12,6 +12,7 @@ pub mod llama;
 pub mod llama4_text;
 pub mod mixtral;
 pub mod moe;
+pub mod olmo3;
 pub mod phi3;
 pub mod quantized_attention;
 pub mod qwen2;
@@ -49,7 +50,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 15] = [
+pub(crate) const SUPPORTED: [&str; 16] = [
     "llama",
     "mistral",
     "qwen2",
@@ -65,6 +66,7 @@ pub(crate) const SUPPORTED: [&str; 15] = [
     "seed_oss",
     "llama4_text",
     "glm4_moe",
+    "olmo3",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -98,6 +100,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "seed_oss" => seed_oss::load(w, args),
         "llama4_text" => llama4_text::load(w, args, raw),
         "glm4_moe" => glm4_moe::load(w, args, raw),
+        "olmo3" => olmo3::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }

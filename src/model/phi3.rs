@@ -156,6 +156,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
             rope: Some(rope.clone()),
             logit_softcap: None,
             sinks: None,
+            qk_norm_span: Default::default(),
         },
         mlp: FeedForward::Dense(Mlp {
             gate_proj,
