@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 31] = [
+const CASES: [&str; 33] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -49,6 +49,8 @@ const CASES: [&str; 31] = [
     "glm4_moe_q4",
     "olmo3",
     "olmo3_q4",
+    "exaone4",
+    "exaone4_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -128,7 +130,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4"),
         "{err:#}"
     );
 

@@ -23,7 +23,7 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 13] = [
+const FAMILIES: [&str; 14] = [
     "gemma2",
     "gemma3_text",
     "phi3",
@@ -37,6 +37,7 @@ const FAMILIES: [&str; 13] = [
     "llama4_text",
     "glm4_moe_q4",
     "olmo3",
+    "exaone4_q4",
 ];
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];
@@ -102,7 +103,7 @@ fn generation_batching_and_speculation_agree() {
 
         // Sliding-window layers keep rotating caches, which rows cannot
         // share: such models are served one request at a time.
-        let windowed = ["gemma3", "gpt_oss", "olmo3"]
+        let windowed = ["gemma3", "gpt_oss", "olmo3", "exaone4"]
             .iter()
             .any(|f| case.starts_with(f));
         assert_eq!(model.supports_batching(), !windowed, "{case}");

@@ -194,6 +194,25 @@ OLMO3 = {
     },
 }
 
+# Post-norm layers, per-head q/k norms; "LLG" repeated over 4 layers: local
+# layers slide over 5 positions with llama3-scaled RoPE, layer 2 is global
+# without positional encoding.
+EXAONE4 = {
+    "model_type": "exaone4",
+    "num_hidden_layers": 4,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+    "sliding_window": 5,
+    "sliding_window_pattern": "LLG",
+    "rope_scaling": {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+    },
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -242,6 +261,8 @@ CASES = {
     "glm4_moe_q4": {**GLM4_MOE, "quantize": Q4_MOE},
     "olmo3": {**OLMO3},
     "olmo3_q4": {**OLMO3, "quantize": {"group_size": 32, "bits": 4}},
+    "exaone4": {**EXAONE4},
+    "exaone4_q4": {**EXAONE4, "quantize": {"group_size": 32, "bits": 4}},
 }
 
 

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod decoder;
+pub mod exaone4;
 pub mod gemma2;
 pub mod gemma3_text;
 pub mod glm4_moe;
@@ -50,7 +51,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 16] = [
+pub(crate) const SUPPORTED: [&str; 17] = [
     "llama",
     "mistral",
     "qwen2",
@@ -67,6 +68,7 @@ pub(crate) const SUPPORTED: [&str; 16] = [
     "llama4_text",
     "glm4_moe",
     "olmo3",
+    "exaone4",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -81,7 +83,7 @@ fn unsupported(model_type: &str) -> anyhow::Error {
 fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let qk_norm = matches!(
         args.model_type.as_str(),
-        "qwen3" | "gemma3_text" | "qwen3_moe" | "glm4_moe"
+        "qwen3" | "gemma3_text" | "qwen3_moe" | "glm4_moe" | "exaone4"
     );
     w.check_shapes(args, qk_norm)
         .context("the weights do not match config.json")?;
@@ -101,6 +103,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "llama4_text" => llama4_text::load(w, args, raw),
         "glm4_moe" => glm4_moe::load(w, args, raw),
         "olmo3" => olmo3::load(w, args, raw),
+        "exaone4" => exaone4::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }
