@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 33] = [
+const CASES: [&str; 35] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -51,6 +51,8 @@ const CASES: [&str; 33] = [
     "olmo3_q4",
     "exaone4",
     "exaone4_q4",
+    "ministral3",
+    "ministral3_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -130,7 +132,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3"),
         "{err:#}"
     );
 

@@ -23,7 +23,7 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 14] = [
+const FAMILIES: [&str; 15] = [
     "gemma2",
     "gemma3_text",
     "phi3",
@@ -38,6 +38,7 @@ const FAMILIES: [&str; 14] = [
     "glm4_moe_q4",
     "olmo3",
     "exaone4_q4",
+    "ministral3",
 ];
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];
@@ -103,7 +104,7 @@ fn generation_batching_and_speculation_agree() {
 
         // Sliding-window layers keep rotating caches, which rows cannot
         // share: such models are served one request at a time.
-        let windowed = ["gemma3", "gpt_oss", "olmo3", "exaone4"]
+        let windowed = ["gemma3", "gpt_oss", "olmo3", "exaone4", "ministral3"]
             .iter()
             .any(|f| case.starts_with(f));
         assert_eq!(model.supports_batching(), !windowed, "{case}");

@@ -213,6 +213,27 @@ EXAONE4 = {
     },
 }
 
+# Layer 0 slides over 5 positions, layer 1 is global; YaRN from
+# rope_parameters (whose rope_theta wins over the top-level one); queries
+# scaled by 1 + 0.5 ln(1 + floor(pos / 4)).
+MINISTRAL3 = {
+    "model_type": "ministral3",
+    "tie_word_embeddings": False,
+    "sliding_window": 5,
+    "layer_types": ["sliding_attention", "full_attention"],
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4,
+        "rope_theta": 1000000.0,
+        "llama_4_scaling_beta": 0.5,
+    },
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -263,6 +284,8 @@ CASES = {
     "olmo3_q4": {**OLMO3, "quantize": {"group_size": 32, "bits": 4}},
     "exaone4": {**EXAONE4},
     "exaone4_q4": {**EXAONE4, "quantize": {"group_size": 32, "bits": 4}},
+    "ministral3": {**MINISTRAL3},
+    "ministral3_q4": {**MINISTRAL3, "quantize": {"group_size": 32, "bits": 4}},
 }
 
 

@@ -46,6 +46,8 @@ pub struct Attention {
     pub sinks: Option<Array>,
     /// What `q_norm` / `k_norm` normalize over.
     pub qk_norm_span: QkNormSpan,
+    /// A position-dependent factor on the queries (Ministral 3).
+    pub query_scaling: Option<QueryScaling>,
 }
 
 /// The span of the q/k RMS norms.
@@ -56,6 +58,40 @@ pub enum QkNormSpan {
     Head,
     /// All heads of the projection at once, before the split (OLMo 3).
     AllHeads,
+}
+
+/// Llama 4's attention temperature tuning: the query at position `p` is
+/// multiplied by `1 + beta * ln(1 + floor(p / max_position))`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QueryScaling {
+    pub beta: f32,
+    pub max_position: f32,
+}
+
+impl QueryScaling {
+    /// `q` `[B, H, L, D]` scaled for tokens at `positions`, in the factor's
+    /// float32 arithmetic rounded to `q`'s dtype.
+    fn apply(&self, q: &Array, positions: &crate::cache::Positions) -> Result<Array> {
+        use mlx_rs::ops::{arange, floor, log};
+        let l = q.shape()[2];
+        let steps = arange::<_, f32>(0, l, None)?;
+        let (pos, shape) = match positions {
+            crate::cache::Positions::Shared(offset) => {
+                (&steps + &Array::from_f32(*offset as f32), vec![l, 1])
+            }
+            crate::cache::Positions::PerRow(offsets) => (
+                &offsets
+                    .as_dtype(mlx_rs::Dtype::Float32)?
+                    .reshape(&[-1, 1])?
+                    + &steps,
+                vec![-1, 1, l, 1],
+            ),
+        };
+        let one = Array::from_f32(1.0);
+        let bucket = floor(&(&pos / &Array::from_f32(self.max_position)))?;
+        let factor = &one + &(&Array::from_f32(self.beta) * &log(&(&one + &bucket))?);
+        Ok(q * &factor.reshape(&shape)?.as_dtype(q.dtype())?)
+    }
 }
 
 impl Attention {
@@ -97,6 +133,7 @@ impl Attention {
             logit_softcap: None,
             sinks: None,
             qk_norm_span: QkNormSpan::Head,
+            query_scaling: None,
         })
     }
 
@@ -121,6 +158,10 @@ impl Attention {
                 rope.forward_at(&k, &positions)?,
             ),
             None => (q, k),
+        };
+        let q = match &self.query_scaling {
+            Some(scaling) => scaling.apply(&q, &positions)?,
+            None => q,
         };
         if let Some(kv) = cache.update_quantized(&k, &v)? {
             if self.sinks.is_some() || self.logit_softcap.is_some() {

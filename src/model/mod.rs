@@ -11,6 +11,7 @@ pub mod granite;
 pub mod layers;
 pub mod llama;
 pub mod llama4_text;
+pub mod ministral3;
 pub mod mixtral;
 pub mod moe;
 pub mod olmo3;
@@ -51,7 +52,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 17] = [
+pub(crate) const SUPPORTED: [&str; 18] = [
     "llama",
     "mistral",
     "qwen2",
@@ -69,6 +70,7 @@ pub(crate) const SUPPORTED: [&str; 17] = [
     "glm4_moe",
     "olmo3",
     "exaone4",
+    "ministral3",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -104,6 +106,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "glm4_moe" => glm4_moe::load(w, args, raw),
         "olmo3" => olmo3::load(w, args, raw),
         "exaone4" => exaone4::load(w, args, raw),
+        "ministral3" => ministral3::load(w, args, raw),
         other => Err(unsupported(other)),
     }
 }

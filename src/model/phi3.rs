@@ -157,6 +157,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
             logit_softcap: None,
             sinks: None,
             qk_norm_span: Default::default(),
+            query_scaling: None,
         },
         mlp: FeedForward::Dense(Mlp {
             gate_proj,
