@@ -7,6 +7,7 @@
 #   scripts/gpu-real-models.sh parity BUNDLE WORK OUT
 #   scripts/gpu-real-models.sh serve  BUNDLE WORK OUT
 #   scripts/gpu-real-models.sh bench  BUNDLE WORK OUT
+#   scripts/gpu-real-models.sh spec   BUNDLE WORK OUT   (speculative parity only)
 #
 # BUNDLE: from scripts/gpu-build.sh. WHEELS: the `mlx==0.32.2` and
 # `mlx-lm==0.32.2` wheels (mlx's CUDA library comes from the bundle).
@@ -75,7 +76,9 @@ import json, sys
 a, b = (json.loads(open(f).read().strip().splitlines()[-1])["token_ids"] for f in sys.argv[1:])
 print(f"  speculative (ngram) equals plain greedy: {bool(a) and a == b} ({len(a)} tokens)")
 PY
-    schema='{"type":"object","properties":{"name":{"type":"string","maxLength":40},"age":{"type":"integer"}},"required":["name","age"],"additionalProperties":false}'
+    python3 "$here/oracle/gpu_speculative.py" --bin "$BUNDLE/run.sh" --model "$WORK/models/$m" \
+      2>"$OUT/spec-parity-$m.log" | tee -a "$OUT/summary.txt"
+    schema='{"type":"object","properties":{"name":{"type":"string","maxLength":40},"age":{"type":"integer","minimum":0,"maximum":150}},"required":["name","age"],"additionalProperties":false}'
     "$BUNDLE/run.sh" generate -m "$WORK/models/$m" --prompt "A person as JSON." -n 96 \
       --json-schema "$schema" --json >"$OUT/schema-$m.json" 2>>"$OUT/gen-$m.log"
     python3 - "$OUT/schema-$m.json" <<'PY' | tee -a "$OUT/summary.txt"
@@ -110,6 +113,14 @@ serve)
     python3 "$here/oracle/gpu_logprobs.py" "$WORK/models/$m" "$OUT/logprobs-$m-warm.json" | tee -a "$OUT/summary.txt"
   done
   ;;
+spec)
+  BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
+  for m in "${MODELS[@]}"; do
+    note "speculative $m:"
+    python3 "$here/oracle/gpu_speculative.py" --bin "$BUNDLE/run.sh" --model "$WORK/models/$m" \
+      2>"$OUT/spec-parity-$m.log" | tee -a "$OUT/summary.txt"
+  done
+  ;;
 bench)
   BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
   m=llama8b-q4-bf16
@@ -128,6 +139,9 @@ bench)
     curl -s localhost:$port/v1/chat/completions -d '{"messages":[{"role":"user","content":"Warm up."}],"max_tokens":16}' >/dev/null
     note "bench: first request on :$port took $(since "$t0") s"
   done
+  curl -s localhost:8090/v1/chat/completions -d '{"messages":[{"role":"user","content":"Hi"}],"max_tokens":8,"temperature":0,"logprobs":true,"top_logprobs":5}' \
+    >"$OUT/logprobs-$m.json"
+  python3 "$here/oracle/gpu_logprobs.py" "$WORK/models/$m" "$OUT/logprobs-$m.json" | tee -a "$OUT/summary.txt"
   for clients in 1 4 8; do
     python3 "$here/bench_serve.py" --server mlx-bun=http://127.0.0.1:8090 --server mlx-lm=http://127.0.0.1:8091 \
       --clients $clients --max-tokens 128 --rounds 3 --json "$OUT/bench-$clients.json" >"$OUT/bench-$clients.md" 2>&1
