@@ -13,7 +13,12 @@ use serde_json::{json, Value};
 const MAX_TOKENS: u64 = 400;
 
 fn flight_tool() -> Value {
-    json!({"type": "function", "function": {
+    flight_tool_with(None)
+}
+
+/// The flight tool; `max_length` bounds its string fields.
+fn flight_tool_with(max_length: Option<u64>) -> Value {
+    let mut tool = json!({"type": "function", "function": {
         "name": "book_flight",
         "description": "Book a flight for a passenger.",
         "parameters": {
@@ -30,16 +35,37 @@ fn flight_tool() -> Value {
             },
             "required": ["origin", "destination", "date", "passengers", "cabin", "traveller"]
         }
-    }})
+    }});
+    if let Some(n) = max_length {
+        let params = &mut tool["function"]["parameters"]["properties"];
+        for key in ["origin", "destination", "date"] {
+            params[key]["maxLength"] = json!(n);
+        }
+        for key in ["first_name", "last_name"] {
+            params["traveller"]["properties"][key]["maxLength"] = json!(n);
+        }
+    }
+    tool
 }
 
 fn ask(client: &Client, server: &Server, choice: &Value, seed: u64) -> Value {
+    ask_with(client, server, choice, seed, 0.8, flight_tool())
+}
+
+fn ask_with(
+    client: &Client,
+    server: &Server,
+    choice: &Value,
+    seed: u64,
+    temperature: f64,
+    tool: Value,
+) -> Value {
     let body = json!({
         "messages": [{"role": "user", "content":
             "Book me, Ada Lovelace, one economy seat from London Heathrow to Paris on 2027-03-14."}],
-        "tools": [flight_tool()],
+        "tools": [tool],
         "tool_choice": choice,
-        "temperature": 0.8,
+        "temperature": temperature,
         "seed": seed,
         "max_tokens": MAX_TOKENS,
     });
@@ -112,4 +138,47 @@ fn check_call(call: &Value) -> Result<(), String> {
         return Err(format!("traveller keys {inner:?}"));
     }
     Ok(())
+}
+
+/// The formats whose arguments are not one JSON object force calls too:
+/// Qwen3-Coder's parameter blocks (strings as free text, other values as
+/// JSON of their schema) and Kimi K2's call section. The parser reads back
+/// exactly the schema's fields, with their types. (Free text ends at the
+/// schema's `maxLength`: without one, a model that does not know the format,
+/// as this one, may write text until `max_tokens`.)
+#[test]
+fn forced_calls_in_qwen3_coder_and_kimi_k2_formats_parse_back() {
+    for parser in ["qwen3_coder", "kimi_k2"] {
+        let server = Server::start(&common::model_dir(), &["--tool-call-parser", parser]);
+        let client = Client::new();
+        let named = json!({"type": "function", "function": {"name": "book_flight"}});
+        for seed in 0..3 {
+            let answer = ask_with(
+                &client,
+                &server,
+                &named,
+                seed,
+                if seed == 0 { 0.0 } else { 0.8 },
+                flight_tool_with(Some(24)),
+            );
+            let choice = &answer["choices"][0];
+            assert_eq!(
+                choice["finish_reason"], "tool_calls",
+                "{parser} seed {seed}: {answer}"
+            );
+            let calls = choice["message"]["tool_calls"]
+                .as_array()
+                .expect("tool_calls");
+            assert_eq!(calls.len(), 1, "{parser}: {answer}");
+            check_call(&calls[0]).unwrap_or_else(|e| panic!("{parser} seed {seed}: {e}: {answer}"));
+            let args: Value =
+                serde_json::from_str(calls[0]["function"]["arguments"].as_str().unwrap()).unwrap();
+            assert!(args["passengers"].is_i64(), "{parser}: {args}");
+            assert!(args["traveller"].is_object(), "{parser}: {args}");
+            assert!(
+                ["economy", "business", "first"].contains(&args["cabin"].as_str().unwrap()),
+                "{parser}: {args}"
+            );
+        }
+    }
 }

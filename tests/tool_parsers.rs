@@ -189,14 +189,12 @@ fn inference_follows_mlx_lm_order() {
         "gemma4",
         "glm47",
         "laguna",
-        "kimi_k2",
         "kimi_k3",
         "longcat",
         "minicpm5",
         "minimax_m2",
         "muse_spark",
         "pythonic",
-        "qwen3_coder",
     ] {
         assert_eq!(ToolFormat::from_name(name).unwrap().name(), name);
     }
@@ -268,14 +266,12 @@ fn forcing_a_call_in_a_format_without_a_grammar_is_a_clear_error() {
         "gemma4",
         "glm47",
         "laguna",
-        "kimi_k2",
         "kimi_k3",
         "longcat",
         "minicpm5",
         "minimax_m2",
         "muse_spark",
         "pythonic",
-        "qwen3_coder",
     ] {
         let format = ToolFormat::from_name(name).unwrap();
         let err = call_grammar(

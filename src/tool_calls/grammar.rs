@@ -256,22 +256,135 @@ pub fn call_grammar(
         ToolFormat::FunctionGemma => bail!(
             "tool_choice \"required\" or a named function cannot be enforced for the function_gemma format (its arguments are not JSON); use \"auto\""
         ),
+        ToolFormat::KimiK2 => {
+            let calls: Vec<String> = allowed
+                .iter()
+                .map(|f| {
+                    format!(
+                        "{} {} /[0-9]{{1,3}}/ {} %json {} {}",
+                        sp("<|tool_call_begin|>"),
+                        serde_json::to_string(&format!("functions.{}:", f.name)).expect("string"),
+                        sp("<|tool_call_argument_begin|>"),
+                        with_guidance(parameters_schema(f)),
+                        sp("<|tool_call_end|>")
+                    )
+                })
+                .collect();
+            let repeat = if many { "+" } else { "" };
+            format!(
+                "call: {}\nbody: {} (call){repeat} {}\n",
+                calls.join(" | "),
+                sp("<|tool_calls_section_begin|>"),
+                sp("<|tool_calls_section_end|>")
+            )
+        }
+        ToolFormat::Qwen3Coder => {
+            let mut rules = String::new();
+            let calls: Vec<String> = allowed
+                .iter()
+                .enumerate()
+                .map(|(i, f)| qwen3_coder_call(i, f, &sp, &mut rules))
+                .collect();
+            let one = calls.join(" | ");
+            if many {
+                format!("{rules}call: {one}\nbody: call ({} call)*\n", sp("\n"))
+            } else {
+                format!("{rules}body: {one}\n")
+            }
+        }
         ToolFormat::Gemma4
         | ToolFormat::Glm47
         | ToolFormat::Laguna
-        | ToolFormat::KimiK2
         | ToolFormat::KimiK3
         | ToolFormat::Longcat
         | ToolFormat::MiniCpm5
         | ToolFormat::MinimaxM2
         | ToolFormat::MuseSpark
-        | ToolFormat::Pythonic
-        | ToolFormat::Qwen3Coder => bail!(
+        | ToolFormat::Pythonic => bail!(
             "forcing a call is not supported for the {} format yet; use tool_choice \"auto\"",
             format.name()
         ),
     };
     Ok(format!("{}{body}", forced_head(reasoning, lookup)))
+}
+
+/// One Qwen3-Coder call to `f`: `<tool_call>\n<function=NAME>\n`, then a
+/// `<parameter=KEY>\nVALUE\n</parameter>\n` block per property (the
+/// required ones always, the others optionally, in the schema's order), then
+/// `</function>\n</tool_call>`. String values are free text that opens no
+/// tag; other values are JSON of their schema, as the parser reads them.
+/// Rules the call needs are appended to `rules`.
+fn qwen3_coder_call(
+    index: usize,
+    f: &Function,
+    sp: &dyn Fn(&str) -> String,
+    rules: &mut String,
+) -> String {
+    let schema = parameters_schema(f);
+    let required: Vec<&str> = schema["required"]
+        .as_array()
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut parts = vec![sp(&format!("<tool_call>\n<function={}>\n", f.name))];
+    let properties = schema["properties"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    for (j, (key, value_schema)) in properties.iter().enumerate() {
+        let open = format!("<parameter={key}>\n");
+        let rule = format!("p{index}_{j}");
+        let is_text = value_schema["type"] == "string" && value_schema.get("enum").is_none();
+        if is_text {
+            // Free text that opens no tag, so the block's closing tag is the
+            // only way on (a bare `<` or `<=` stays possible), within the
+            // schema's `maxLength`.
+            let repeat = match value_schema["maxLength"].as_u64() {
+                Some(n) => format!("{{0,{n}}}"),
+                None => "*".to_string(),
+            };
+            rules.push_str(&format!(
+                "{rule}: {} /([^<]|<[^A-Za-z\\/!?<]){repeat}/ {}\n",
+                serde_json::to_string(&open).expect("string"),
+                serde_json::to_string("\n</parameter>\n").expect("string")
+            ));
+        } else {
+            let mut value = value_schema.clone();
+            if let Some(values) = value
+                .get("enum")
+                .filter(|_| value_schema["type"] == "string")
+            {
+                let alternatives: Vec<String> = values
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .map(|v| serde_json::to_string(v).expect("string"))
+                    .collect();
+                rules.push_str(&format!(
+                    "{rule}: {} ({}) {}\n",
+                    serde_json::to_string(&open).expect("string"),
+                    alternatives.join(" | "),
+                    serde_json::to_string("\n</parameter>\n").expect("string")
+                ));
+            } else {
+                close_objects(&mut value);
+                rules.push_str(&format!(
+                    "{rule}: {} %json {} {}\n",
+                    serde_json::to_string(&open).expect("string"),
+                    with_guidance(value),
+                    serde_json::to_string("\n</parameter>\n").expect("string")
+                ));
+            }
+        }
+        let optional = if required.contains(&key.as_str()) {
+            ""
+        } else {
+            "?"
+        };
+        parts.push(format!("{rule}{optional}"));
+    }
+    parts.push(sp("</function>\n</tool_call>"));
+    format!("({})", parts.join(" "))
 }
 
 /// The top of a forced call's grammar: the call comes first, after the end
