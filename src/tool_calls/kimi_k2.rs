@@ -13,6 +13,7 @@ use super::{segments, ToolCall};
 
 pub(crate) const START: &str = "<|tool_calls_section_begin|>";
 const END: &str = "<|tool_calls_section_end|>";
+#[cfg(feature = "server")]
 pub(crate) const CALL: &str = "<|tool_call_begin|>";
 pub(crate) const ARGUMENTS: &str = "<|tool_call_argument_begin|>";
 

@@ -23,6 +23,7 @@ mod prompt;
 mod pylit;
 mod pythonic;
 mod qwen3_coder;
+#[cfg(feature = "server")]
 mod stream;
 mod values;
 
@@ -31,6 +32,7 @@ use serde_json::Value;
 
 pub use grammar::{call_grammar, grammar_head, Function, ReasoningPrefix, ToolChoice};
 pub use prompt::{template_supports_tools, with_tools_in_prompt};
+#[cfg(feature = "server")]
 pub(crate) use stream::{CallEvent, CallStream};
 
 /// One call the model asked for. `arguments` is the parsed JSON object.
