@@ -577,3 +577,87 @@ fn fit_counts_floats_in_the_compute_dtype() {
         assert_eq!(bytes(&float32, key), 2.0 * bytes(&model, key), "{key}");
     }
 }
+
+/// ORPO and DWQ train on the bf16 model with `--compute-dtype model`: finite
+/// losses every step, and their outputs written (an adapter; a quantized
+/// student mlx-lm's layout describes). Their float32 parity gates are in
+/// tests/train_orpo.rs and tests/dwq.rs; in bf16 this checks they run.
+#[test]
+fn orpo_and_dwq_train_in_bf16() {
+    let dir = variants(&goldens()).join("bf16");
+    let m = dir.to_str().unwrap();
+    let root = common::repo_root();
+    let work = tempfile::tempdir().unwrap();
+    let finite_steps = |out: &std::process::Output, key: &str| -> usize {
+        let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        let steps: Vec<f64> = lines
+            .iter()
+            .filter(|l| l["event"] == "step")
+            .map(|l| l[key].as_f64().expect("a loss"))
+            .collect();
+        assert!(steps.iter().all(|x| x.is_finite()), "{key}: {steps:?}");
+        steps.len()
+    };
+
+    let orpo = work.path().join("orpo");
+    let out = common::run_ok(&[
+        "train",
+        "--method",
+        "orpo",
+        "--model",
+        m,
+        "--compute-dtype",
+        "model",
+        "--data",
+        root.join("tests/data/orpo").to_str().unwrap(),
+        "--iters",
+        "2",
+        "--batch-size",
+        "2",
+        "--adapter-path",
+        orpo.to_str().unwrap(),
+        "--json",
+        "--no-db",
+    ]);
+    assert_eq!(finite_steps(&out, "loss"), 2);
+    assert!(orpo.join("adapters.safetensors").is_file());
+
+    let student = work.path().join("student");
+    let out = common::run_ok(&[
+        "train",
+        "--method",
+        "dwq",
+        "--model",
+        m,
+        "--compute-dtype",
+        "model",
+        "--data",
+        root.join("tests/data/eval/dwq.jsonl").to_str().unwrap(),
+        "--num-samples",
+        "4",
+        "--num-valid-samples",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-seq-length",
+        "24",
+        "--top-k",
+        "64",
+        "--target-dir",
+        work.path().join("targets").to_str().unwrap(),
+        "--mlx-path",
+        student.to_str().unwrap(),
+        "--learning-rate",
+        "1e-4",
+        "--json",
+        "--no-db",
+    ]);
+    assert!(finite_steps(&out, "loss") > 0);
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(student.join("config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["quantization"]["bits"], 4, "{config}");
+}
