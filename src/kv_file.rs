@@ -270,7 +270,9 @@ fn in_place<T: Copy>(data: &[u8]) -> Option<&[T]> {
     if !cfg!(target_endian = "little") || !aligned || !data.len().is_multiple_of(size) {
         return None;
     }
-    // SAFETY: aligned, in bounds, and every bit pattern is a valid f32/u32/i32.
+    // SAFETY: alignment and length are checked above, so the `len / size`
+    // elements lie within `data` and borrow it; the only callers pass f32, u32
+    // and i32, for which every bit pattern is a valid value.
     Some(unsafe { std::slice::from_raw_parts(data.as_ptr() as *const T, data.len() / size) })
 }
 

@@ -31,7 +31,9 @@ unsafe impl Sync for RawGroup {}
 
 impl Drop for RawGroup {
     fn drop(&mut self) {
-        // SAFETY: the handle was created by mlx_distributed_init and is freed once.
+        // SAFETY: the handle came from mlx_distributed_group_new and was filled
+        // by mlx_distributed_init; RawGroup is not Clone and lives in one Arc,
+        // so this is its only free.
         unsafe {
             mlx_sys::mlx_distributed_group_free(self.0);
         }
@@ -126,6 +128,9 @@ impl Group {
 
     /// The element-wise sum of `x` over all ranks (lazy).
     pub(crate) fn all_sum(&self, x: &Array) -> Result<Array> {
+        // SAFETY: `x` and the group handle stay alive (borrowed from `self` and the
+        // caller) for the call, which only reads them; `res` is the fresh handle
+        // `collective` owns, and `s` is its live stream.
         self.collective("all_sum", |res, s| unsafe {
             mlx_sys::mlx_distributed_all_sum(res, x.as_ptr(), self.raw.0, s)
         })
@@ -133,6 +138,9 @@ impl Group {
 
     /// `x` of every rank concatenated along the first axis, rank order (lazy).
     pub(crate) fn all_gather(&self, x: &Array) -> Result<Array> {
+        // SAFETY: `x` and the group handle stay alive (borrowed from `self` and the
+        // caller) for the call, which only reads them; `res` is the fresh handle
+        // `collective` owns, and `s` is its live stream.
         self.collective("all_gather", |res, s| unsafe {
             mlx_sys::mlx_distributed_all_gather(res, x.as_ptr(), self.raw.0, s)
         })
@@ -140,6 +148,9 @@ impl Group {
 
     /// Sends `x` to rank `dst`; the result must be evaluated for the send to happen.
     pub fn send(&self, x: &Array, dst: usize) -> Result<Array> {
+        // SAFETY: `x` and the group handle stay alive (borrowed from `self` and the
+        // caller) for the call, which only reads them; `res` is the fresh handle
+        // `collective` owns, and `s` is its live stream.
         self.collective("send", |res, s| unsafe {
             mlx_sys::mlx_distributed_send(res, x.as_ptr(), dst as i32, self.raw.0, s)
         })
@@ -147,6 +158,9 @@ impl Group {
 
     /// Receives an array shaped like `x` from rank `src` (lazy).
     pub(crate) fn recv_like(&self, x: &Array, src: usize) -> Result<Array> {
+        // SAFETY: `x` and the group handle stay alive (borrowed from `self` and the
+        // caller) for the call, which only reads them; `res` is the fresh handle
+        // `collective` owns, and `s` is its live stream.
         self.collective("recv", |res, s| unsafe {
             mlx_sys::mlx_distributed_recv_like(res, x.as_ptr(), src as i32, self.raw.0, s)
         })

@@ -329,7 +329,9 @@ fn verify(bytes: &[u8], cfg: &SsdConfig) -> Result<Vec<u32>> {
 
 fn host_bytes<T: mlx_rs::ArrayElement>(a: &Array) -> Result<Vec<u8>> {
     let s = a.try_as_slice::<T>().map_err(|e| anyhow!("{e:?}"))?;
-    // SAFETY: a plain-data slice viewed as its bytes (little-endian host).
+    // SAFETY: every `ArrayElement` is a scalar without padding, so all
+    // `size_of_val(s)` bytes are initialised; the view borrows `s` and is
+    // copied out before `a` can change.
     let bytes =
         unsafe { std::slice::from_raw_parts(s.as_ptr() as *const u8, std::mem::size_of_val(s)) };
     Ok(bytes.to_vec())

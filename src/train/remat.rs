@@ -65,6 +65,10 @@ where
     }
 }
 
+/// The arrays of `v` as owned handles (each a new reference).
+///
+/// # Safety
+/// `v` must be a live `mlx_vector_array` for the duration of the call.
 unsafe fn vector_values(v: mlx_sys::mlx_vector_array) -> Vec<Array> {
     let n = mlx_sys::mlx_vector_array_size(v);
     (0..n)
