@@ -136,18 +136,7 @@ pub struct Args {
 
 /// The KV cache kind from `--max-kv-size` and `--kv-*`.
 fn kv_settings(args: &Args, head_dim: i32) -> Result<mlx_bun::gateway::KvSettings> {
-    let quantization = match args.kv.kv_bits {
-        Some(bits) => {
-            let q = mlx_bun::cache::KvQuantization {
-                bits,
-                group_size: args.kv.kv_group_size,
-                start: args.kv.quantized_kv_start,
-            };
-            q.validate(head_dim)?;
-            Some(q)
-        }
-        None => None,
-    };
+    let quantization = args.kv.settings(head_dim)?;
     if args.max_kv_size.is_some() && quantization.is_some() {
         bail!("--max-kv-size and --kv-bits cannot be combined (as in mlx-lm)");
     }
