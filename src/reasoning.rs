@@ -80,7 +80,7 @@ impl ReasoningMarkers {
     }
 
     /// GPT-OSS's harmony channels.
-    pub fn is_harmony(&self) -> bool {
+    fn is_harmony(&self) -> bool {
         self.start == HARMONY.0 && self.end == HARMONY.1
     }
 

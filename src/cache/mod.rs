@@ -11,7 +11,8 @@ mod batch;
 mod quantized;
 
 pub use batch::BatchKvCache;
-pub use quantized::{cast_state, KvQuantization, QuantizedCache, QuantizedState};
+pub(crate) use quantized::cast_state;
+pub use quantized::{KvQuantization, QuantizedCache, QuantizedState};
 
 use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};

@@ -273,7 +273,7 @@ impl KvCache for QuantizedCache {
 }
 
 /// Casts the scales and biases of a quantized state to `dtype`.
-pub fn cast_state(state: QuantizedState, dtype: Dtype) -> Result<QuantizedState> {
+pub(crate) fn cast_state(state: QuantizedState, dtype: Dtype) -> Result<QuantizedState> {
     let cast = |a: [Array; 3]| -> Result<[Array; 3]> {
         let [w, s, b] = a;
         Ok([w, s.as_dtype(dtype)?, b.as_dtype(dtype)?])

@@ -161,7 +161,7 @@ impl DynamicOptions {
 }
 
 /// mlx-lm's calibration file (`mlx_lm.quant.utils.load_data` downloads it there).
-pub fn default_calibration_file() -> Option<PathBuf> {
+fn default_calibration_file() -> Option<PathBuf> {
     let home = std::env::var_os("HOME")?;
     let path = Path::new(&home).join(".cache/mlx-lm/calibration_v5.txt");
     path.is_file().then_some(path)
@@ -216,7 +216,7 @@ fn permutation(n: usize, seed: u64) -> Result<Vec<u32>> {
 /// The calibration rows, as `mlx_lm.quant.utils.load_data`: the whole text
 /// tokenized (special tokens added as the tokenizer says), cut into rows of
 /// `sequence_length`, shuffled with `seed`, the first `num_samples` kept.
-pub fn calibration_rows(tok: &Tokenizer, opts: &DynamicOptions) -> Result<Vec<Vec<i32>>> {
+fn calibration_rows(tok: &Tokenizer, opts: &DynamicOptions) -> Result<Vec<Vec<i32>>> {
     let text = calibration_text(opts.data.as_deref())?;
     let ids = tok
         .inner()
@@ -363,7 +363,7 @@ fn batches(rows: &[Vec<i32>], batch_size: usize) -> Vec<Array> {
 
 /// Estimates the sensitivity of every quantizable layer of `model` on
 /// `rows`, as mlx-lm's `estimate_sensitivities`.
-pub fn estimate_sensitivities(
+fn estimate_sensitivities(
     model: &Model,
     rows: &[Vec<i32>],
     opts: &DynamicOptions,
@@ -446,7 +446,7 @@ pub fn estimate_sensitivities(
 }
 
 /// Reads a sensitivities file (mlx-lm's: a JSON list of `[layer, value]`).
-pub fn read_sensitivities(path: &Path) -> Result<Sensitivities> {
+fn read_sensitivities(path: &Path) -> Result<Sensitivities> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading sensitivities {}", path.display()))?;
     let v: Value = serde_json::from_str(&text)
@@ -473,7 +473,7 @@ pub fn read_sensitivities(path: &Path) -> Result<Sensitivities> {
 }
 
 /// Writes sensitivities in mlx-lm's format.
-pub fn write_sensitivities(path: &Path, s: &Sensitivities) -> Result<()> {
+fn write_sensitivities(path: &Path, s: &Sensitivities) -> Result<()> {
     let list: Vec<Value> = s
         .layers
         .iter()
@@ -603,7 +603,7 @@ fn dtype_bytes(d: Dtype) -> u64 {
 
 /// The threshold above which a layer gets the high bits, by mlx-lm's
 /// bisection: narrowed until within 1e-3 of the sensitivities' range.
-pub fn estimate_threshold(
+fn estimate_threshold(
     inv: &Inventory,
     sens: &BTreeMap<String, f64>,
     target_bpw: f64,

@@ -41,7 +41,7 @@ fn data_files(spec: &str) -> Result<Vec<PathBuf>> {
 }
 
 /// The documents at `spec` (the `text` field of each row).
-pub fn load_documents(spec: &str) -> Result<Vec<String>> {
+pub(crate) fn load_documents(spec: &str) -> Result<Vec<String>> {
     let mut docs = Vec::new();
     for file in &data_files(spec)? {
         docs.extend(read_file(file)?);

@@ -93,7 +93,7 @@ pub fn load_items(
 }
 
 /// `s` up to the first occurrence of any of `until` (mlx-lm's `_rstrip_until`).
-pub fn cut_at_until(s: &str, until: &[&str]) -> String {
+fn cut_at_until(s: &str, until: &[&str]) -> String {
     let end = until
         .iter()
         .filter_map(|u| s.find(u))

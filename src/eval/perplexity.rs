@@ -67,12 +67,7 @@ impl RowFormat {
 
 /// The tokens of one row of a `format` dataset (mlx-lm's `process` of its
 /// `TextDataset`, `ChatDataset` or `CompletionsDataset`, no prompt mask).
-pub fn record_tokens(
-    tok: &Tokenizer,
-    eos: u32,
-    format: RowFormat,
-    rec: &Record,
-) -> Result<Vec<i32>> {
+fn record_tokens(tok: &Tokenizer, eos: u32, format: RowFormat, rec: &Record) -> Result<Vec<i32>> {
     let at = &rec.at;
     let field = |k: &str| rec.value.get(k).filter(|v| !v.is_null());
     let tools = field("tools").cloned().unwrap_or(Value::Null);

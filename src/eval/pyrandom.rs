@@ -88,7 +88,7 @@ impl PyRandom {
     }
 
     /// The next tempered 32-bit output (`genrand_uint32`).
-    pub fn next_u32(&mut self) -> u32 {
+    fn next_u32(&mut self) -> u32 {
         if self.index >= N {
             self.twist();
         }
@@ -116,7 +116,7 @@ impl PyRandom {
     }
 
     /// `_randbelow(n)`: rejection sampling on `n.bit_length()` bits.
-    pub fn randbelow(&mut self, n: u64) -> u64 {
+    fn randbelow(&mut self, n: u64) -> u64 {
         assert!(n > 0, "randbelow needs n > 0");
         let bits = 64 - n.leading_zeros();
         loop {

@@ -100,7 +100,7 @@ fn py_space(c: char) -> bool {
 
 /// The harness's `wikitext_detokenizer` (lm_eval/tasks/wikitext): undoes
 /// the dataset's tokenization (` @-@ `, spaced punctuation, brackets).
-pub fn wikitext_detokenize(page: &str) -> String {
+fn wikitext_detokenize(page: &str) -> String {
     let mut s = page.replace("s '", "s'");
     // The harness's `re.sub(r"/' [0-9]/", r"/'[0-9]/", s)`: a literal
     // replacement of "/' d/" by the text "/'[0-9]/".
@@ -152,7 +152,7 @@ pub fn wikitext_detokenize(page: &str) -> String {
 }
 
 /// The harness's `count_words`: `len(re.split(r"\s+", doc))`.
-pub fn count_words(doc: &str) -> usize {
+fn count_words(doc: &str) -> usize {
     let mut n = 1;
     let mut in_space = false;
     for c in doc.chars() {

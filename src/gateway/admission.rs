@@ -28,7 +28,7 @@ impl KvBudget {
     }
 
     /// Whether a request of `tokens` positions could ever run.
-    pub fn fits_alone(&self, tokens: usize) -> bool {
+    pub(crate) fn fits_alone(&self, tokens: usize) -> bool {
         self.bytes_for(tokens) <= self.budget_bytes
     }
 
@@ -61,7 +61,7 @@ impl Admitted {
 
 /// The default KV budget: a share of the memory available now (after the
 /// model is loaded). Falls back to 4 GiB where the figure is unknown.
-pub fn default_kv_budget_bytes() -> usize {
+pub(crate) fn default_kv_budget_bytes() -> usize {
     match available_memory_bytes() {
         Some(bytes) => (bytes as f64 * DEFAULT_SHARE) as usize,
         None => 4 << 30,
@@ -69,7 +69,7 @@ pub fn default_kv_budget_bytes() -> usize {
 }
 
 /// `MemAvailable` from `/proc/meminfo`.
-pub fn available_memory_bytes() -> Option<usize> {
+fn available_memory_bytes() -> Option<usize> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;

@@ -25,7 +25,6 @@ mod ssd_tier;
 mod stats;
 mod worker;
 
-pub use admission::{available_memory_bytes, default_kv_budget_bytes};
 pub use lockstep::{shard_serving, Sharding};
 pub use route::{route, Lane, RequestShape};
 pub use ssd_tier::{SsdConfig, SsdStats};
@@ -433,7 +432,7 @@ impl Gateway {
         }
     }
 
-    pub fn shape_of(&self, request: &GatewayRequest) -> RequestShape {
+    fn shape_of(&self, request: &GatewayRequest) -> RequestShape {
         RequestShape {
             has_grammar: request.constraint.is_some(),
             has_draft: self.has_draft,

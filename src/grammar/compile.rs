@@ -107,7 +107,7 @@ fn lark_grammar(src: &str) -> Result<TopLevelGrammar> {
 }
 
 /// The llguidance grammar for `spec`.
-pub fn grammar_for(spec: &ConstraintSpec) -> Result<TopLevelGrammar> {
+fn grammar_for(spec: &ConstraintSpec) -> Result<TopLevelGrammar> {
     match spec {
         ConstraintSpec::JsonSchema(schema) => json_schema_grammar(schema),
         ConstraintSpec::JsonObject => json_schema_grammar(&json!({"type": "object"})),

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use anyhow::Result;
 
-pub use compile::{clear_cache, grammar_for, CompileInfo};
+pub use compile::{clear_cache, CompileInfo};
 pub use matcher::GrammarConstraint;
 pub use request::constraint_from_request;
 
@@ -57,20 +57,5 @@ impl GrammarEngine {
     /// The same, behind the decode loop's constraint interface.
     pub fn constraint(&self, spec: &ConstraintSpec) -> Result<Box<dyn TokenConstraint>> {
         Ok(Box::new(self.matcher(spec)?))
-    }
-
-    /// Checks that `spec` compiles, without keeping a matcher.
-    pub fn validate(&self, spec: &ConstraintSpec) -> Result<()> {
-        compile::matcher_for(&self.env, spec).map(|_| ())
-    }
-
-    /// Token ids the grammar treats as end of sequence.
-    pub fn eos_ids(&self) -> &[u32] {
-        &self.env.eos_ids
-    }
-
-    /// Number of token ids the grammar knows (the tokenizer's vocabulary).
-    pub fn vocab_size(&self) -> usize {
-        self.env.vocab_size()
     }
 }

@@ -356,7 +356,7 @@ impl QuantMode {
     }
 
     /// Whether the layer stores `biases` (affine only).
-    pub fn has_biases(self) -> bool {
+    pub(crate) fn has_biases(self) -> bool {
         self == Self::Affine
     }
 
@@ -441,11 +441,6 @@ impl Quantization {
         self.layers.get(prefix).copied()
     }
 
-    /// The spec of `prefix`: its own entry, else the model's.
-    pub fn spec_of(&self, prefix: &str) -> Option<QuantSpec> {
-        self.named(prefix).unwrap_or(Some(self.default))
-    }
-
     /// Checks every `(group_size, bits)` against its mode, naming the field.
     pub fn validate(&self) -> Result<()> {
         let check = |path: &str, s: &QuantSpec| {
@@ -460,16 +455,6 @@ impl Quantization {
             }
         }
         Ok(())
-    }
-
-    /// The JSON block mlx-lm writes (`mode` included).
-    pub fn to_json(&self) -> serde_json::Value {
-        let spec = |s: &QuantSpec| serde_json::json!({"group_size": s.group_size, "bits": s.bits, "mode": s.mode.name()});
-        let mut block = spec(&self.default);
-        for (name, s) in &self.layers {
-            block[name] = s.as_ref().map_or(serde_json::Value::Bool(false), spec);
-        }
-        block
     }
 }
 
@@ -672,18 +657,20 @@ mod tests {
             mode: QuantMode::Mxfp4,
         };
         assert_eq!(q.default, mxfp4);
+        // A layer's spec: its own entry, else the model's.
+        let spec_of = |prefix| q.named(prefix).unwrap_or(Some(q.default));
         assert_eq!(
-            q.spec_of("model.layers.0.mlp.down_proj"),
+            spec_of("model.layers.0.mlp.down_proj"),
             Some(QuantSpec::affine(64, 8))
         );
         // As MLX's `to_quantized`: missing keys take the entry's mode defaults.
         assert_eq!(
-            q.spec_of("model.layers.1.mlp.down_proj"),
+            spec_of("model.layers.1.mlp.down_proj"),
             Some(QuantSpec::affine(64, 6))
         );
         assert_eq!(q.named("lm_head"), Some(None));
-        assert_eq!(q.spec_of("model.embed_tokens"), Some(mxfp4));
-        assert_eq!(q.spec_of("model.layers.0.mlp.up_proj"), Some(mxfp4));
+        assert_eq!(spec_of("model.embed_tokens"), Some(mxfp4));
+        assert_eq!(spec_of("model.layers.0.mlp.up_proj"), Some(mxfp4));
         // Without `mode`, affine.
         let plain = parse(json!({"quantization": {"group_size": 64, "bits": 4}})).unwrap();
         assert_eq!(

@@ -176,13 +176,13 @@ pub struct SwitchGlu {
 
 impl SwitchGlu {
     /// Projection `i` of `EXPERT_PROJS`.
-    pub fn proj(&self, i: usize) -> Option<&SwitchLinear> {
+    pub(crate) fn proj(&self, i: usize) -> Option<&SwitchLinear> {
         [&self.gate_proj, &self.up_proj, &self.down_proj]
             .get(i)
             .copied()
     }
 
-    pub fn proj_mut(&mut self, i: usize) -> Option<&mut SwitchLinear> {
+    pub(crate) fn proj_mut(&mut self, i: usize) -> Option<&mut SwitchLinear> {
         match i {
             0 => Some(&mut self.gate_proj),
             1 => Some(&mut self.up_proj),
@@ -300,7 +300,7 @@ impl SparseMoe {
 
     /// As `load`, with a router the family loaded itself (GLM-4.5's is a
     /// bare weight matrix, never quantized and not randomly initialised).
-    pub fn with_router(
+    pub(crate) fn with_router(
         w: &mut Weights,
         prefix: &str,
         experts: i32,

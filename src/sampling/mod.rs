@@ -163,7 +163,7 @@ impl Sampler {
     }
 
     /// Sets the tokens XTC keeps.
-    pub fn with_xtc_special(mut self, ids: Vec<u32>) -> Self {
+    pub(crate) fn with_xtc_special(mut self, ids: Vec<u32>) -> Self {
         self.xtc_special = ids;
         self
     }

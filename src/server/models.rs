@@ -347,7 +347,7 @@ impl ModelPool {
     }
 
     /// The default model, loaded (the server's start-up).
-    pub async fn acquire_default(self: &Arc<Self>) -> Result<Lease, ApiError> {
+    async fn acquire_default(self: &Arc<Self>) -> Result<Lease, ApiError> {
         let key = Key {
             dir: self.config.default_dir.clone(),
             adapter: self.config.default_adapter.clone(),

@@ -989,7 +989,7 @@ pub async fn input_tokens(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-pub async fn retrieve(
+pub(crate) async fn retrieve(
     Extension(store): Extension<Arc<ResponseStore>>,
     Path(id): Path<String>,
 ) -> Response {

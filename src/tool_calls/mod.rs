@@ -31,7 +31,7 @@ use anyhow::{bail, Result};
 use serde_json::Value;
 
 pub use grammar::{call_grammar, grammar_head, Function, ReasoningPrefix, ToolChoice};
-pub use prompt::{template_supports_tools, with_tools_in_prompt};
+pub(crate) use prompt::{template_supports_tools, with_tools_in_prompt};
 #[cfg(feature = "server")]
 pub(crate) use stream::{CallEvent, CallStream};
 

@@ -10,7 +10,7 @@ use serde_json::Value;
 use crate::chat_template::Message;
 
 /// Whether a template renders the `tools` it is given.
-pub fn template_supports_tools(source: &str) -> bool {
+pub(crate) fn template_supports_tools(source: &str) -> bool {
     source.contains("tools")
 }
 
@@ -24,7 +24,7 @@ fn tool_lines(tools: &[Value]) -> String {
 
 /// `messages` with the tools described in a system message (merged into the
 /// first one if there is one) and tool turns spelled out as text.
-pub fn with_tools_in_prompt(messages: &[Message], tools: &[Value]) -> Vec<Message> {
+pub(crate) fn with_tools_in_prompt(messages: &[Message], tools: &[Value]) -> Vec<Message> {
     let instructions = format!(
         "You may call one or more functions to assist with the user query.\n\n\
          You are provided with function signatures within <tools></tools> XML tags:\n\
