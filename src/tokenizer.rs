@@ -15,6 +15,9 @@ pub struct Tokenizer {
     pub bos_token: Option<String>,
     pub eos_token: Option<String>,
     pub chat_template: Option<ChatTemplate>,
+    /// `tool_parser_type` from `tokenizer_config.json`: the tool-call
+    /// format the model names for itself, before any inference.
+    pub tool_parser_type: Option<String>,
     /// The raw `tokenizer.json`, for consumers that build their own views
     /// of the vocabulary (the grammar engine).
     pub json: String,
@@ -53,6 +56,16 @@ impl Tokenizer {
         let config = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
         let bos_token = config.get("bos_token").and_then(token_text);
         let eos_token = config.get("eos_token").and_then(token_text);
+        let tool_parser_type = config
+            .get("tool_parser_type")
+            .and_then(|v| v.as_str())
+            .map(String::from);
+        if let Some(Err(e)) = tool_parser_type
+            .as_deref()
+            .map(crate::tool_calls::ToolFormat::from_name)
+        {
+            tracing::warn!("tokenizer_config.json tool_parser_type ignored: {e:#}");
+        }
 
         let mut eos_ids = BTreeSet::new();
         if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
@@ -94,6 +107,7 @@ impl Tokenizer {
             bos_token,
             eos_token,
             chat_template,
+            tool_parser_type,
             json,
         })
     }

@@ -249,7 +249,7 @@ fn forcing_grammars_compile_on_a_real_vocabulary() {
                     let g = call_grammar(format, &functions, &choice, parallel, reasoning, &lookup)
                         .unwrap();
                     engine
-                        .validate(&ConstraintSpec::Lark(g.clone()))
+                        .constraint(&ConstraintSpec::Lark(g.clone()))
                         .unwrap_or_else(|e| panic!("{format:?}: {e:#}\n{g}"));
                 }
             }
@@ -353,4 +353,83 @@ fn bad_agent_flags_are_clear_errors() {
         assert!(!out.status.success(), "{flags:?} should fail");
         assert!(stderr.contains(expected), "{flags:?}: {stderr}");
     }
+}
+
+#[test]
+fn anthropic_stream_sends_tool_input_in_pieces() {
+    let server = start_server(&common::model_dir(), &[]);
+    let client = reqwest::blocking::Client::new();
+    let mut body = json!({
+        "model": "m", "max_tokens": 60,
+        "messages": [{"role": "user", "content": "What is the weather in Paris, in celsius?"}],
+        "tools": [{"name": "get_weather", "description": "The weather in a city",
+            "input_schema": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 16},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"]}}],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+    });
+    let whole: Value = client
+        .post(format!("{}/v1/messages", server.base))
+        .json(&body)
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    assert_eq!(whole["stop_reason"], "tool_use", "{whole}");
+    let call = whole["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .unwrap_or_else(|| panic!("{whole}"));
+
+    body["stream"] = json!(true);
+    let text = client
+        .post(format!("{}/v1/messages", server.base))
+        .json(&body)
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
+    let events: Vec<Value> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let start = events
+        .iter()
+        .find(|e| e["type"] == "content_block_start" && e["content_block"]["type"] == "tool_use")
+        .unwrap_or_else(|| panic!("{text}"));
+    let index = &start["index"];
+    assert_eq!(start["content_block"]["name"], "get_weather", "{text}");
+    assert_eq!(start["content_block"]["input"], json!({}), "{text}");
+    let pieces: Vec<&str> = events
+        .iter()
+        .filter(|e| e["delta"]["type"] == "input_json_delta")
+        .map(|e| {
+            assert_eq!(&e["index"], index, "{text}");
+            e["delta"]["partial_json"].as_str().unwrap()
+        })
+        .collect();
+    assert!(pieces.len() > 1, "{text}");
+    let input: Value = serde_json::from_str(&pieces.concat()).unwrap();
+    assert_eq!(input, call["input"], "{text}");
+    // Every block that starts stops, in order, before the message ends.
+    let opened: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_start")
+        .map(|e| &e["index"])
+        .collect();
+    let closed: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "content_block_stop")
+        .map(|e| &e["index"])
+        .collect();
+    assert_eq!(opened, closed, "{text}");
+    let stop = events
+        .iter()
+        .find(|e| e["type"] == "message_delta")
+        .unwrap();
+    assert_eq!(stop["delta"]["stop_reason"], "tool_use", "{text}");
 }

@@ -180,6 +180,10 @@ impl AnswerPlan {
         let tools = (!request.tools.is_empty() && request.choice != ToolChoice::None).then(|| {
             config
                 .tool_call_parser
+                .or_else(|| {
+                    let name = tokenizer.tool_parser_type.as_deref()?;
+                    ToolFormat::from_name(name).ok()
+                })
                 .or_else(|| source.and_then(ToolFormat::infer))
                 .or_else(|| ToolFormat::infer_from_vocab(&|t| tokenizer.token_to_id(t).is_some()))
                 // Templates without tools get the Hermes format in the prompt.
@@ -274,8 +278,7 @@ impl AnswerPlan {
     }
 }
 
-/// One step of an answer, with each call whole (Anthropic's stream, and
-/// whole answers).
+/// One step of an answer, with each call whole (whole answers).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Delta {
     Reasoning(String),
@@ -284,7 +287,7 @@ pub(crate) enum Delta {
 }
 
 /// One step of an answer, with calls' arguments as they are written
-/// (OpenAI's streamed `tool_calls` deltas).
+/// (OpenAI's streamed `tool_calls` deltas, Anthropic's `input_json_delta`s).
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Step {
     Reasoning(String),
@@ -604,6 +607,46 @@ mod tests {
             msg["tool_calls"][0]["function"]["arguments"]
         );
         assert!(matches!(steps.last(), Some(Step::Call(c)) if c.name == "get_weather"));
+    }
+
+    /// A tokenizer of three tokens (two of LFM2's call markers) whose config names `tool_parser_type`.
+    fn tokenizer_naming(parser: &str) -> Tokenizer {
+        let dir = tempfile::tempdir().unwrap();
+        let tokenizer = json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+            "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+            "post_processor": null, "decoder": null,
+            "model": {"type": "WordLevel", "vocab": {"a": 0, "<|tool_call_start|>": 1, "<|tool_call_end|>": 2}, "unk_token": "a"}
+        });
+        std::fs::write(dir.path().join("tokenizer.json"), tokenizer.to_string()).unwrap();
+        let config = json!({"tool_parser_type": parser});
+        std::fs::write(dir.path().join("tokenizer_config.json"), config.to_string()).unwrap();
+        Tokenizer::load(dir.path()).unwrap()
+    }
+
+    #[test]
+    fn tool_parser_type_comes_after_the_flag_and_before_inference() {
+        let request = AgentRequest {
+            tools: vec![json!({"type": "function", "function": {"name": "f"}})],
+            functions: Vec::new(),
+            choice: ToolChoice::Auto,
+            parallel: true,
+        };
+        let plan_with = |config: &AgentConfig, tok: &Tokenizer| {
+            AnswerPlan::for_request(config, tok, &request, "").tools
+        };
+        let named = tokenizer_naming("qwen3_coder");
+        assert_eq!(named.tool_parser_type.as_deref(), Some("qwen3_coder"));
+        let none = AgentConfig::default();
+        assert_eq!(plan_with(&none, &named), Some(ToolFormat::Qwen3Coder));
+        let flag = AgentConfig {
+            tool_call_parser: Some(ToolFormat::Llama3),
+            ..AgentConfig::default()
+        };
+        assert_eq!(plan_with(&flag, &named), Some(ToolFormat::Llama3));
+        // An unknown name is passed over: the vocabulary decides.
+        let unknown = tokenizer_naming("no_such_parser");
+        assert_eq!(plan_with(&none, &unknown), Some(ToolFormat::Pythonic));
     }
 
     #[test]

@@ -17,7 +17,7 @@ use axum::Json;
 use futures::stream::{self, Stream, StreamExt};
 use serde_json::{json, Map, Value};
 
-use super::agent::{random_id, Answer, AnswerPlan, AnswerStream, Delta};
+use super::agent::{random_id, Answer, AnswerPlan, AnswerStream, Step};
 use super::error::ApiError;
 use super::handlers::{chat_prompt_ids, collect, read_json, start_generation, Started};
 use super::request::Endpoint;
@@ -295,12 +295,16 @@ fn event(name: &str, body: Value) -> Event {
 }
 
 /// The streamed message: blocks open and close as the answer moves from
-/// reasoning to text to calls.
+/// reasoning to text to calls. Calls come one after another, so a call's
+/// block closes when the next block opens or the message ends.
 struct Blocks {
     answer: AnswerStream,
     /// The open block's kind and index.
     open: Option<(&'static str, usize)>,
     next: usize,
+    /// The block index of each call, by the call's index.
+    calls: Vec<usize>,
+    /// Whether the answer parsed into calls.
     called: bool,
 }
 
@@ -331,11 +335,11 @@ impl Blocks {
         index
     }
 
-    fn deltas(&mut self, deltas: Vec<Delta>) -> Vec<Event> {
+    fn steps(&mut self, steps: Vec<Step>) -> Vec<Event> {
         let mut out = Vec::new();
-        for d in deltas {
-            let (index, delta) = match d {
-                Delta::Reasoning(t) => {
+        for step in steps {
+            let (index, delta) = match step {
+                Step::Reasoning(t) => {
                     let i = self.open(
                         "thinking",
                         json!({"type": "thinking", "thinking": ""}),
@@ -343,19 +347,30 @@ impl Blocks {
                     );
                     (i, json!({"type": "thinking_delta", "thinking": t}))
                 }
-                Delta::Content(t) => {
+                Step::Content(t) => {
                     let i = self.open("text", json!({"type": "text", "text": ""}), &mut out);
                     (i, json!({"type": "text_delta", "text": t}))
                 }
-                Delta::Call(call) => {
-                    self.called = true;
-                    let mut block = tool_use(&call);
-                    block["input"] = json!({});
+                Step::CallStart { id, name, .. } => {
+                    let block = json!({
+                        "type": "tool_use",
+                        "id": id.unwrap_or_else(|| random_id("toolu_")),
+                        "name": name,
+                        "input": {},
+                    });
                     let i = self.open("tool_use", block, &mut out);
-                    (
-                        i,
-                        json!({"type": "input_json_delta", "partial_json": call.arguments.to_string()}),
-                    )
+                    self.calls.push(i);
+                    continue;
+                }
+                Step::CallArguments { index, text } => {
+                    let Some(&i) = self.calls.get(index) else {
+                        continue;
+                    };
+                    (i, json!({"type": "input_json_delta", "partial_json": text}))
+                }
+                Step::Call(_) => {
+                    self.called = true;
+                    continue;
                 }
             };
             out.push(event(
@@ -383,19 +398,20 @@ fn stream_message(started: Started) -> Sse<impl Stream<Item = Result<Event, Infa
         answer: AnswerStream::new(reply.plan.clone().unwrap_or_else(AnswerPlan::default)),
         open: None,
         next: 0,
+        calls: Vec::new(),
         called: false,
     };
     let body = stream::unfold(Some((ticket, blocks)), |state| async move {
         let (mut ticket, mut blocks) = state?;
         let events = match ticket.events.recv().await {
             Some(GatewayEvent::Token { text, .. }) => {
-                let out = blocks.answer.push(&text);
-                blocks.deltas(out)
+                let steps = blocks.answer.push(&text);
+                blocks.steps(steps)
             }
             Some(GatewayEvent::Started { .. }) => Vec::new(),
             Some(GatewayEvent::Done(result)) => {
                 let rest = blocks.answer.finish();
-                let mut out = blocks.deltas(rest);
+                let mut out = blocks.steps(rest);
                 blocks.close(&mut out);
                 out.push(event(
                     "message_delta",
