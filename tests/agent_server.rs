@@ -24,27 +24,6 @@ fn start_server(model: &Path, extra: &[&str]) -> Server {
     Server::start(model, &[&["--max-tokens-default", "64"], extra].concat())
 }
 
-/// The clients' python, set up by the committed script; the test fails
-/// (unless skipping is allowed) when it cannot be.
-fn clients_python() -> Option<PathBuf> {
-    let out = Command::new("bash")
-        .arg(common::repo_root().join("scripts/clients-setup.sh"))
-        .output()
-        .expect("running scripts/clients-setup.sh");
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    if out.status.success() && path.is_file() {
-        return Some(path);
-    }
-    common::missing(
-        "the openai/anthropic client environment",
-        &format!(
-            "run scripts/clients-setup.sh ({})",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-    );
-    None
-}
-
 /// Runs the driver for each client, streamed and not; returns their reports.
 fn conversations(python: &Path, base: &str, extra: &[&str]) -> Vec<Value> {
     let script = common::repo_root().join("scripts/clients/tool_conversation.py");
@@ -72,7 +51,7 @@ fn conversations(python: &Path, base: &str, extra: &[&str]) -> Vec<Value> {
 
 #[test]
 fn default_model_tool_conversation_with_both_clients() {
-    let Some(python) = clients_python() else {
+    let Some(python) = common::clients_python() else {
         return;
     };
     let server = start_server(&common::model_dir(), &[]);
@@ -131,7 +110,7 @@ fn qwen_template() -> String {
 
 #[test]
 fn qwen_template_model_tool_conversation_and_reasoning() {
-    let Some(python) = clients_python() else {
+    let Some(python) = common::clients_python() else {
         return;
     };
     let template = qwen_template();

@@ -12,31 +12,10 @@ mod common;
 
 use common::server::Server;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use serde_json::{json, Value};
-
-/// The clients' python, set up by the committed script; the test fails
-/// (unless skipping is allowed) when it cannot be.
-fn clients_python() -> Option<PathBuf> {
-    let out = Command::new("bash")
-        .arg(common::repo_root().join("scripts/clients-setup.sh"))
-        .output()
-        .expect("running scripts/clients-setup.sh");
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    if out.status.success() && path.is_file() {
-        return Some(path);
-    }
-    common::missing(
-        "the openai/anthropic client environment",
-        &format!(
-            "run scripts/clients-setup.sh ({})",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-    );
-    None
-}
 
 /// Runs `scripts/clients/SCRIPT ARGS…`; returns its JSON report.
 fn client_script(python: &Path, script: &str, args: &[&str]) -> Value {
@@ -63,7 +42,7 @@ fn server(extra: &[&str]) -> Server {
 
 #[test]
 fn tool_conversation_with_the_openai_client() {
-    let Some(python) = clients_python() else {
+    let Some(python) = common::clients_python() else {
         return;
     };
     let server = server(&[]);
@@ -88,7 +67,7 @@ fn tool_conversation_with_the_openai_client() {
 
 #[test]
 fn count_tokens_equals_the_messages_usage() {
-    let Some(python) = clients_python() else {
+    let Some(python) = common::clients_python() else {
         return;
     };
     let server = server(&[]);

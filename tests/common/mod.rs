@@ -93,3 +93,24 @@ pub fn float32_model() -> PathBuf {
     ]);
     dir
 }
+
+/// The clients' python, set up by the committed script; the test fails
+/// (unless skipping is allowed) when it cannot be.
+pub fn clients_python() -> Option<PathBuf> {
+    let out = Command::new("bash")
+        .arg(repo_root().join("scripts/clients-setup.sh"))
+        .output()
+        .expect("running scripts/clients-setup.sh");
+    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    if out.status.success() && path.is_file() {
+        return Some(path);
+    }
+    missing(
+        "the openai/anthropic client environment",
+        &format!(
+            "run scripts/clients-setup.sh ({})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ),
+    );
+    None
+}
