@@ -8,13 +8,21 @@
 //! [`BatchKvCache::extend`] (already running rows are never re-merged or
 //! re-prefilled) and leave by [`BatchKvCache::filter`], which also drops
 //! padding no remaining row needs.
+//!
+//! Speculative rows drop different numbers of rejected drafts in the same
+//! step. The positions every row drops are cut from the end; a row dropping
+//! more leaves holes, masked like padding, until the holes are worth a
+//! repack (one gather that right-aligns every row's live keys again).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
-use mlx_rs::ops::{arange, concatenate, expand_dims, ge, logical_and, zeros_dtype};
+use mlx_rs::ops::{arange, broadcast_to, concatenate, expand_dims, ge, logical_and, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{KvCache, Mask, Positions, StandardCache, STEP};
+use super::{BatchCache, KvCache, Mask, Positions, STEP};
+
+/// Repack once the holes reach this many positions in some row.
+const REPACK_HOLES: usize = 64;
 
 #[derive(Clone, Default)]
 pub struct BatchKvCache {
@@ -24,6 +32,8 @@ pub struct BatchKvCache {
     left_padding: Vec<i32>,
     /// Per row: tokens it holds, which is also the RoPE offset of its next token.
     lengths: Vec<i32>,
+    /// Per row: positions after its padding that hold dropped drafts, ascending.
+    holes: Vec<Vec<i32>>,
     /// Keys in use: every row ends here.
     idx: i32,
 }
@@ -44,12 +54,14 @@ impl BatchKvCache {
                     values: Some(v),
                     left_padding: vec![0],
                     lengths: vec![len],
+                    holes: vec![Vec::new()],
                     idx: len,
                 }
             }
             None => Self {
                 left_padding: vec![0],
                 lengths: vec![0],
+                holes: vec![Vec::new()],
                 ..Self::default()
             },
         }
@@ -64,6 +76,10 @@ impl BatchKvCache {
         &self.lengths
     }
 
+    fn has_holes(&self) -> bool {
+        self.holes.iter().any(|h| !h.is_empty())
+    }
+
     /// Keeps only the rows at `keep` (in that order), then drops the leading
     /// positions that are padding for every remaining row.
     pub fn filter(&mut self, keep: &[usize]) -> Result<()> {
@@ -73,6 +89,7 @@ impl BatchKvCache {
         }
         self.left_padding = keep.iter().map(|&i| self.left_padding[i]).collect();
         self.lengths = keep.iter().map(|&i| self.lengths[i]).collect();
+        self.holes = keep.iter().map(|&i| self.holes[i].clone()).collect();
         let identity = keep.len() == self.rows_before_filter()
             && keep.iter().enumerate().all(|(a, &b)| a == b);
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
@@ -89,6 +106,9 @@ impl BatchKvCache {
                 v = v.index((.., .., shift.., ..));
                 self.idx -= shift;
                 self.left_padding.iter_mut().for_each(|p| *p -= shift);
+                for h in self.holes.iter_mut().flatten() {
+                    *h -= shift;
+                }
             }
             self.keys = Some(k);
             self.values = Some(v);
@@ -114,6 +134,7 @@ impl BatchKvCache {
             (None, None) => {
                 self.left_padding.extend(other.left_padding);
                 self.lengths.extend(other.lengths);
+                self.holes.extend(other.holes);
                 return Ok(());
             }
         };
@@ -124,23 +145,25 @@ impl BatchKvCache {
             .unwrap()
             .clone();
         let idx = self.idx.max(other.idx);
-        let (k_a, v_a, pad_a) = self.right_aligned(idx, &like, &like_v)?;
-        let (k_b, v_b, pad_b) = other.right_aligned(idx, &like, &like_v)?;
+        let (k_a, v_a, pad_a, holes_a) = self.right_aligned(idx, &like, &like_v)?;
+        let (k_b, v_b, pad_b, holes_b) = other.right_aligned(idx, &like, &like_v)?;
         self.keys = Some(concatenate(&[k_a, k_b], 0)?);
         self.values = Some(concatenate(&[v_a, v_b], 0)?);
         self.left_padding = pad_a.into_iter().chain(pad_b).collect();
+        self.holes = holes_a.into_iter().chain(holes_b).collect();
         self.lengths.extend(other.lengths);
         self.idx = idx;
         Ok(())
     }
 
     /// This cache's live keys and values padded on the left to `idx` positions.
+    #[allow(clippy::type_complexity)]
     fn right_aligned(
         &self,
         idx: i32,
         like_k: &Array,
         like_v: &Array,
-    ) -> Result<(Array, Array, Vec<i32>)> {
+    ) -> Result<(Array, Array, Vec<i32>, Vec<Vec<i32>>)> {
         let b = self.rows() as i32;
         let extra = idx - self.idx;
         let pad = |live: Option<&Array>, like: &Array| -> Result<Array> {
@@ -162,23 +185,127 @@ impl BatchKvCache {
         let k = pad(self.keys.as_ref(), like_k)?;
         let v = pad(self.values.as_ref(), like_v)?;
         let padding = self.left_padding.iter().map(|p| p + extra).collect();
-        Ok((k, v, padding))
+        let holes = self
+            .holes
+            .iter()
+            .map(|h| h.iter().map(|p| p + extra).collect())
+            .collect();
+        Ok((k, v, padding, holes))
+    }
+
+    /// Row `row`'s live positions, ascending.
+    fn live_positions(&self, row: usize) -> Vec<i32> {
+        let holes = &self.holes[row];
+        (self.left_padding[row]..self.idx)
+            .filter(|p| holes.binary_search(p).is_err())
+            .collect()
     }
 
     /// Row `row`'s keys and values as a single-sequence cache.
-    pub fn extract(&self, row: usize) -> Result<StandardCache> {
-        let mut cache = StandardCache::new();
+    pub fn extract_standard(&self, row: usize) -> Result<super::StandardCache> {
+        let mut cache = super::StandardCache::new();
         if let (Some(k), Some(v)) = (&self.keys, &self.values) {
             let r = row as i32;
             let start = self.left_padding[row];
-            let k = k.index((r..r + 1, .., start..self.idx, ..)).contiguous()?;
-            let v = v.index((r..r + 1, .., start..self.idx, ..)).contiguous()?;
-            let n = (self.idx - start) as usize;
+            let (k, v) = (
+                k.index((r..r + 1, .., .., ..)),
+                v.index((r..r + 1, .., .., ..)),
+            );
+            let (k, v) = if self.holes[row].is_empty() {
+                (
+                    k.index((.., .., start..self.idx, ..)),
+                    v.index((.., .., start..self.idx, ..)),
+                )
+            } else {
+                let live = self.live_positions(row);
+                let ids = Array::from_slice(&live, &[live.len() as i32]);
+                (k.take_axis(&ids, 2)?, v.take_axis(&ids, 2)?)
+            };
+            let n = k.shape()[2] as usize;
             if n > 0 {
-                cache.set_state(k, v, n)?;
+                cache.set_state(k.contiguous()?, v.contiguous()?, n)?;
             }
         }
         Ok(cache)
+    }
+
+    /// Right-aligns every row's live keys again, without holes.
+    fn repack(&mut self) -> Result<()> {
+        let (Some(k), Some(v)) = (&self.keys, &self.values) else {
+            self.holes.iter_mut().for_each(Vec::clear);
+            return Ok(());
+        };
+        let live: Vec<Vec<i32>> = (0..self.rows()).map(|r| self.live_positions(r)).collect();
+        let idx = live.iter().map(Vec::len).max().unwrap_or(0) as i32;
+        let mut gather = Vec::with_capacity(self.rows() * idx as usize);
+        for row in &live {
+            let pad = idx as usize - row.len();
+            gather.extend(std::iter::repeat_n(0, pad));
+            gather.extend_from_slice(row);
+        }
+        let b = self.rows() as i32;
+        let ids = Array::from_slice(&gather, &[b, 1, idx, 1]);
+        let take = |a: &Array| -> Result<Array> {
+            let s = a.shape();
+            let ids = broadcast_to(&ids, &[b, s[1], idx, s[3]])?;
+            Ok(a.index((.., .., ..self.idx, ..)).take_along_axis(&ids, 2)?)
+        };
+        let (k, v) = (take(k)?, take(v)?);
+        self.keys = Some(k);
+        self.values = Some(v);
+        self.left_padding = live.iter().map(|r| idx - r.len() as i32).collect();
+        self.holes.iter_mut().for_each(Vec::clear);
+        self.idx = idx;
+        Ok(())
+    }
+}
+
+impl BatchCache for BatchKvCache {
+    fn rows(&self) -> usize {
+        self.lengths.len()
+    }
+
+    fn push_row(&mut self, single: &dyn KvCache) -> Result<()> {
+        if single.kind() != "KVCache" {
+            bail!("a {} cannot join a dense batch cache", single.kind());
+        }
+        self.extend(BatchKvCache::from_single(single.state()))
+    }
+
+    fn filter(&mut self, keep: &[usize]) -> Result<()> {
+        BatchKvCache::filter(self, keep)
+    }
+
+    fn extract(&self, row: usize) -> Result<Box<dyn KvCache>> {
+        Ok(Box::new(self.extract_standard(row)?))
+    }
+
+    fn trim_rows(&mut self, n: &[usize]) -> Result<()> {
+        ensure!(
+            n.len() == self.rows(),
+            "{} trims for {} rows",
+            n.len(),
+            self.rows()
+        );
+        let common = *n.iter().min().unwrap_or(&0) as i32;
+        ensure!(
+            common <= self.idx,
+            "cannot drop {common} of {} positions",
+            self.idx
+        );
+        self.idx -= common;
+        let idx = self.idx;
+        for (r, &drop) in n.iter().enumerate() {
+            let extra = drop as i32 - common;
+            self.lengths[r] -= drop as i32;
+            let holes = &mut self.holes[r];
+            holes.retain(|&p| p < idx);
+            holes.extend(idx - extra..idx);
+        }
+        if self.holes.iter().any(|h| h.len() >= REPACK_HOLES) {
+            self.repack()?;
+        }
+        Ok(())
     }
 }
 
@@ -258,8 +385,16 @@ impl KvCache for BatchKvCache {
     fn mask(&self, l: i32, kv_len: i32) -> Result<Mask> {
         let b = self.rows() as i32;
         let keys = expand_dims(&arange::<_, i32>(0, kv_len, None)?, 0)?; // [1, K]
-        let pad = Array::from_slice(&self.left_padding, &[b, 1, 1, 1]);
-        let live = ge(&keys, &pad)?; // [B, 1, 1, K]
+        let live = if self.has_holes() {
+            let mut bits = Vec::with_capacity((b * kv_len) as usize);
+            for (pad, holes) in self.left_padding.iter().zip(&self.holes) {
+                bits.extend((0..kv_len).map(|p| p >= *pad && holes.binary_search(&p).is_err()));
+            }
+            Array::from_slice(&bits, &[b, 1, 1, kv_len])
+        } else {
+            let pad = Array::from_slice(&self.left_padding, &[b, 1, 1, 1]);
+            ge(&keys, &pad)? // [B, 1, 1, K]
+        };
         if l == 1 {
             return Ok(Mask::Array(live));
         }
@@ -268,8 +403,12 @@ impl KvCache for BatchKvCache {
         Ok(Mask::Array(logical_and(&live, &causal)?))
     }
 
-    fn as_batch_mut(&mut self) -> Option<&mut BatchKvCache> {
+    fn as_batch_mut(&mut self) -> Option<&mut dyn BatchCache> {
         Some(self)
+    }
+
+    fn empty_batch(&self) -> Option<Box<dyn BatchCache>> {
+        Some(Box::new(BatchKvCache::new()))
     }
 }
 
@@ -283,7 +422,7 @@ mod tests {
     }
 
     fn live_keys(c: &BatchKvCache, r: usize) -> Vec<f32> {
-        let (k, _) = c.extract(r).unwrap().state().unwrap();
+        let (k, _) = c.extract_standard(r).unwrap().state().unwrap();
         k.as_slice::<f32>().to_vec()
     }
 
@@ -319,5 +458,56 @@ mod tests {
         };
         let m = m.as_dtype(mlx_rs::Dtype::Int32).unwrap();
         assert_eq!(m.as_slice::<i32>(), &[0, 0, 1, 1, 1, 1]);
+    }
+
+    fn keys_of(c: &BatchKvCache, r: usize) -> Vec<f32> {
+        live_keys(c, r).iter().step_by(2).copied().collect()
+    }
+
+    fn step(c: &mut BatchKvCache, values: &[&[f32]]) {
+        let b = values.len() as i32;
+        let n = values[0].len() as i32;
+        let flat: Vec<f32> = values
+            .iter()
+            .flat_map(|row| row.iter().flat_map(|&x| [x, x]))
+            .collect();
+        let a = Array::from_slice(&flat, &[b, 1, n, 2]);
+        c.update_and_fetch(&a, &a).unwrap();
+    }
+
+    #[test]
+    fn trim_rows_drops_each_rows_rejected_tail() {
+        let mut c = row(2, 1.0);
+        c.extend(row(3, 2.0)).unwrap();
+        step(&mut c, &[&[10.0, 11.0, 12.0], &[20.0, 21.0, 22.0]]);
+        c.trim_rows(&[2, 0]).unwrap();
+        assert_eq!(c.lengths(), &[3, 6]);
+        assert_eq!(keys_of(&c, 0), vec![1.0, 1.0, 10.0]);
+        assert_eq!(keys_of(&c, 1), vec![2.0, 2.0, 2.0, 20.0, 21.0, 22.0]);
+        let Mask::Array(m) = c.mask(1, c.offset() as i32).unwrap() else {
+            panic!("expected an array mask");
+        };
+        let m = m.as_dtype(mlx_rs::Dtype::Int32).unwrap();
+        assert_eq!(m.as_slice::<i32>(), &[0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1]);
+        step(&mut c, &[&[13.0], &[23.0]]);
+        assert_eq!(keys_of(&c, 0), vec![1.0, 1.0, 10.0, 13.0]);
+        assert_eq!(c.lengths(), &[4, 7]);
+        c.repack().unwrap();
+        assert_eq!(keys_of(&c, 0), vec![1.0, 1.0, 10.0, 13.0]);
+        assert_eq!(keys_of(&c, 1), vec![2.0, 2.0, 2.0, 20.0, 21.0, 22.0, 23.0]);
+        assert_eq!((c.offset(), c.left_padding.clone()), (7, vec![3, 0]));
+    }
+
+    #[test]
+    fn holes_move_with_filter_and_extend() {
+        let mut c = row(4, 1.0);
+        c.extend(row(1, 2.0)).unwrap();
+        step(&mut c, &[&[10.0, 11.0], &[20.0, 21.0]]);
+        c.trim_rows(&[0, 1]).unwrap();
+        c.extend(row(9, 3.0)).unwrap();
+        assert_eq!(keys_of(&c, 1), vec![2.0, 20.0]);
+        c.filter(&[1]).unwrap();
+        assert_eq!(keys_of(&c, 0), vec![2.0, 20.0]);
+        assert_eq!(c.lengths(), &[2]);
     }
 }

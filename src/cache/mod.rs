@@ -96,7 +96,12 @@ pub trait KvCache: Send {
         attention_mask(l, self.offset() as i32 - l, kv_len, self.max_size())
     }
     /// The batch cache behind this layer, when it is one.
-    fn as_batch_mut(&mut self) -> Option<&mut BatchKvCache> {
+    fn as_batch_mut(&mut self) -> Option<&mut dyn BatchCache> {
+        None
+    }
+    /// An empty batch cache that rows of this kind join; `None` when this
+    /// kind of cache cannot be batched.
+    fn empty_batch(&self) -> Option<Box<dyn BatchCache>> {
         None
     }
     /// Leading positions a sliding window never evicts.
@@ -121,6 +126,40 @@ pub trait KvCache: Send {
     fn arrays(&self) -> Vec<Array> {
         self.state().map(|(k, v)| vec![k, v]).unwrap_or_default()
     }
+}
+
+/// One layer's cache for several rows of different lengths: rows join from
+/// single-sequence caches of the matching kind, leave by [`BatchCache::filter`]
+/// or [`BatchCache::extract`], and drop rejected drafts per row.
+pub trait BatchCache: KvCache {
+    fn rows(&self) -> usize;
+    /// Appends a row holding `single`'s contents (a cache of the kind whose
+    /// [`KvCache::empty_batch`] made this one).
+    fn push_row(&mut self, single: &dyn KvCache) -> Result<()>;
+    /// Keeps only the rows at `keep`, in that order.
+    fn filter(&mut self, keep: &[usize]) -> Result<()>;
+    /// Row `row`'s contents as a single-sequence cache.
+    fn extract(&self, row: usize) -> Result<Box<dyn KvCache>>;
+    /// Drops the last `n[r]` positions of each row `r` (rejected drafts).
+    fn trim_rows(&mut self, n: &[usize]) -> Result<()>;
+}
+
+/// Empty batch caches for a row whose single-sequence caches are `caches`,
+/// or why they cannot batch.
+pub(crate) fn empty_batch_like(caches: &[Box<dyn KvCache>]) -> Result<Vec<Box<dyn KvCache>>> {
+    caches
+        .iter()
+        .map(|c| {
+            c.empty_batch()
+                .map(|b| b as Box<dyn KvCache>)
+                .ok_or_else(|| anyhow::anyhow!("a {} layer cannot join a batch", c.kind()))
+        })
+        .collect()
+}
+
+/// Whether rows with caches like `caches` can be decoded together.
+pub fn can_batch(caches: &[Box<dyn KvCache>]) -> bool {
+    caches.iter().all(|c| c.empty_batch().is_some())
 }
 
 /// The standard cache: grows in steps of 256 positions, trimmable.
@@ -216,6 +255,10 @@ impl KvCache for StandardCache {
 
     fn kind(&self) -> &'static str {
         "KVCache"
+    }
+
+    fn empty_batch(&self) -> Option<Box<dyn BatchCache>> {
+        Some(Box::new(BatchKvCache::new()))
     }
 }
 

@@ -12,7 +12,7 @@ use mlx_rs::transforms::async_eval;
 use mlx_rs::{Array, Dtype};
 
 use super::row::Row;
-use crate::cache::{BatchKvCache, KvCache};
+use crate::cache::{empty_batch_like, KvCache};
 use crate::generate::GenerationResult;
 use crate::model::Model;
 
@@ -84,15 +84,13 @@ impl<'a> DecodeBatch<'a> {
             self.model.num_layers()
         );
         if self.caches.is_empty() {
-            self.caches = (0..self.model.num_layers())
-                .map(|_| Box::new(BatchKvCache::new()) as Box<dyn KvCache>)
-                .collect();
+            self.caches = empty_batch_like(&caches)?;
         }
         for (batch, single) in self.caches.iter_mut().zip(caches) {
             let batch = batch
                 .as_batch_mut()
                 .expect("batch layers hold batch caches");
-            batch.extend(BatchKvCache::from_single(single.state()))?;
+            batch.push_row(single.as_ref())?;
         }
         let token = Array::from_slice(&[last as i32], &[1]);
         self.inputs = Some(match self.inputs.take() {
@@ -184,7 +182,7 @@ impl<'a> DecodeBatch<'a> {
                 .iter_mut()
                 .map(|c| -> Result<Box<dyn KvCache>> {
                     let batch = c.as_batch_mut().expect("batch layers hold batch caches");
-                    Ok(Box::new(batch.extract(i)?))
+                    batch.extract(i)
                 })
                 .collect::<Result<Vec<_>>>()?;
             finished.push(Finished {

@@ -260,7 +260,6 @@ pub struct Gateway {
     worker: Mutex<Option<JoinHandle<()>>>,
     has_draft: bool,
     can_batch: bool,
-    default_kv: bool,
     max_queue: usize,
     budget: KvBudget,
     decode_concurrency: usize,
@@ -330,7 +329,12 @@ impl Gateway {
                         .unwrap_or_else(admission::default_kv_budget_bytes),
                     bytes_per_token: models.model.kv_bytes_per_token(),
                 };
-                let can_batch = decode_concurrency > 1 && models.model.supports_batching();
+                let kv_caches = models
+                    .model
+                    .decoder
+                    .make_caches_with(config.kv.max_kv_size, config.kv.quantization);
+                let can_batch =
+                    decode_concurrency > 1 && kv_caches.is_ok_and(|c| crate::cache::can_batch(&c));
                 if sharding.is_some() && !can_batch {
                     let why = "a sharded server runs requests as rows of its batch: it needs \
                                --decode-concurrency 2 or more and a model whose caches batch \
@@ -393,7 +397,6 @@ impl Gateway {
             worker: Mutex::new(Some(handle)),
             has_draft: loaded.has_draft,
             can_batch: loaded.can_batch,
-            default_kv,
             max_queue,
             budget: loaded.budget,
             decode_concurrency,
@@ -438,13 +441,12 @@ impl Gateway {
             has_draft: self.has_draft,
             wants_logprobs: request.options.logprobs.is_some(),
             can_batch: self.can_batch,
-            default_kv: self.default_kv,
         }
     }
 
     /// Whether requests without a draft run as rows of the batch.
     pub fn batches(&self) -> bool {
-        self.can_batch && self.default_kv
+        self.can_batch
     }
 
     /// Queues `request`; fails at once when the queue is full.

@@ -6,12 +6,10 @@ pub struct RequestShape {
     pub has_grammar: bool,
     pub has_draft: bool,
     pub wants_logprobs: bool,
-    /// The server batches (decode concurrency above one, and a model whose
-    /// caches can be batched).
+    /// The server batches: decode concurrency above one, and caches (of
+    /// the model's layers, with the server's `--kv-bits`/`--max-kv-size`)
+    /// that have a batch layout.
     pub can_batch: bool,
-    /// The server's KV caches are dense and unbounded (no `--kv-bits`,
-    /// no `--max-kv-size`).
-    pub default_kv: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -28,14 +26,11 @@ pub enum Lane {
 /// (as mlx-lm does: speculation and batching do not mix), except those
 /// asking for log-probabilities, which the speculative lane does not report.
 /// Everything else runs as a row of the batch when the server batches, else
-/// serially. A server with quantized (`--kv-bits`) or bounded
-/// (`--max-kv-size`) caches runs every request serially: the batch cache
-/// aligns rows of dense, unbounded caches only (as mlx-lm's
-/// `BatchGenerator`, which has no quantized or rotating batch cache).
+/// serially.
 pub fn route(shape: RequestShape) -> Lane {
     if shape.has_draft && !shape.wants_logprobs {
         Lane::Speculative
-    } else if shape.can_batch && shape.default_kv {
+    } else if shape.can_batch {
         Lane::Batch
     } else {
         Lane::Serial
@@ -53,7 +48,6 @@ mod tests {
             has_draft,
             wants_logprobs,
             can_batch,
-            default_kv: true,
         };
         assert_eq!(route(shape(false, false, false, false)), Lane::Serial);
         assert_eq!(route(shape(false, true, true, false)), Lane::Serial);
@@ -64,15 +58,5 @@ mod tests {
         assert_eq!(route(shape(false, true, true, true)), Lane::Batch);
         assert_eq!(route(shape(true, true, false, true)), Lane::Speculative);
         assert_eq!(route(shape(true, false, true, true)), Lane::Batch);
-        let quantized = RequestShape {
-            default_kv: false,
-            ..shape(false, false, false, true)
-        };
-        assert_eq!(route(quantized), Lane::Serial);
-        let draft = RequestShape {
-            default_kv: false,
-            ..shape(true, false, false, true)
-        };
-        assert_eq!(route(draft), Lane::Speculative);
     }
 }

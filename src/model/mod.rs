@@ -225,11 +225,7 @@ impl Model {
     /// (rotating) caches cannot be right-aligned across rows, so those
     /// models decode one request at a time.
     pub fn supports_batching(&self) -> bool {
-        self.decoder
-            .options
-            .layer_windows
-            .iter()
-            .all(Option::is_none)
+        crate::cache::can_batch(&self.make_caches())
     }
 
     /// KV bytes one position costs across all layers.
