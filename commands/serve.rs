@@ -51,14 +51,15 @@ pub struct Args {
     /// LoRA adapter directory to apply to the model.
     #[arg(long)]
     adapter_path: Option<PathBuf>,
-    /// Draft model for speculative decoding.
+    /// Draft model for speculative decoding (a directory, a repo id, or
+    /// `ngram` for prompt-lookup drafting without a model).
     #[arg(long)]
     draft_model: Option<String>,
-    /// Tokens the draft model proposes per step.
+    /// Tokens the drafter proposes per step.
     #[arg(long, default_value_t = 3)]
     num_draft_tokens: usize,
     /// Rows decoded together in one batch (continuous batching); 1 turns
-    /// batching off. Requests with a draft model run speculatively instead.
+    /// batching off. Drafting rows verify inside the batch.
     #[arg(long, default_value_t = 8)]
     decode_concurrency: usize,
     /// Prompts prefilled at once while the batch keeps decoding.
@@ -321,6 +322,7 @@ fn gateway_config(
         max_queue: args.max_queue,
         prompt_cache_bytes: gib(args.prompt_cache),
         num_draft_tokens: args.num_draft_tokens,
+        ngram_draft: args.draft_model.as_deref() == Some("ngram"),
         decode_concurrency: args.decode_concurrency,
         prompt_concurrency: args.prompt_concurrency,
         kv_budget_bytes: args.kv_budget.map(gib),
@@ -357,9 +359,9 @@ pub fn run(args: Args) -> Result<()> {
         None => None,
     };
     let agent = agent_config(&args)?;
-    let draft_dir = match &args.draft_model {
+    let draft_dir = match args.draft_model.as_deref() {
+        Some("ngram") | None => None,
         Some(spec) => Some(mlx_bun::hub::resolve_model(spec)?),
-        None => None,
     };
     let allowed = args
         .allowed_models

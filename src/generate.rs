@@ -429,6 +429,6 @@ impl<'m, 'a> SerialDecoder<'m, 'a> {
     }
 
     pub(crate) fn into_result(self) -> Result<GenerationResult> {
-        self.row.into_result(None)
+        self.row.into_result()
     }
 }

@@ -35,8 +35,15 @@ pub trait DraftSource {
     fn prefill(&mut self, tokens: &[u32], prefill_step: usize) -> Result<()>;
     /// Proposes up to `n` tokens following `history` (prompt and every
     /// emitted token). Returns a `[k]` uint32 array, `k <= n`, which may still
-    /// be lazy; `None` when there is nothing to propose.
-    fn draft(&mut self, history: &[u32], n: usize) -> Result<Option<Array>>;
+    /// be lazy; `None` when there is nothing to propose. With a `guide` (the
+    /// row's grammar after `history`) only tokens it allows are proposed; the
+    /// guide itself is left where it was.
+    fn draft(
+        &mut self,
+        history: &[u32],
+        n: usize,
+        guide: Option<&mut dyn TokenConstraint>,
+    ) -> Result<Option<Array>>;
     /// Told after verification how many of the `drafted` tokens were accepted.
     fn rewind(&mut self, drafted: usize, accepted: usize) -> Result<()>;
     /// Device bytes held (weights and cache), for memory admission.
@@ -84,24 +91,45 @@ impl DraftSource for ModelDrafter<'_> {
         Ok(())
     }
 
-    fn draft(&mut self, history: &[u32], n: usize) -> Result<Option<Array>> {
+    fn draft(
+        &mut self,
+        history: &[u32],
+        n: usize,
+        guide: Option<&mut dyn TokenConstraint>,
+    ) -> Result<Option<Array>> {
         if n == 0 || self.seen >= history.len() {
             return Ok(None);
         }
+        let mut guide = match guide {
+            Some(g) if !g.is_finished() => g.fork().ok(),
+            _ => None,
+        };
         self.history_len = history.len();
         let fresh: Vec<i32> = history[self.seen..].iter().map(|&t| t as i32).collect();
         let mut input = Array::from_slice(&fresh, &[1, fresh.len() as i32]);
+        let vocab = self.model.vocab_size();
         let mut drafted = Vec::with_capacity(n);
         for _ in 0..n {
             let logits = self.model.forward(&input, &mut self.caches)?;
-            let last = logits.index((.., -1, ..));
+            let mut last = logits.index((.., -1, ..));
+            if let Some(g) = guide.as_mut() {
+                if let Some(mask) = g.mask(vocab)? {
+                    last = apply_mask(&last, &mask)?;
+                }
+            }
             let token = self.sampler.sample(&log_softmax(&last)?)?;
             async_eval([&token])?;
             input = token.reshape(&[1, 1])?;
-            drafted.push(token);
+            drafted.push(token.clone());
+            if let Some(g) = guide.as_mut() {
+                g.commit(token.item_cast::<u32>())?;
+                if g.is_finished() {
+                    break;
+                }
+            }
         }
         // Fed: the fresh history tokens and all drafts but the last.
-        self.fed = fresh.len() + n - 1;
+        self.fed = fresh.len() + drafted.len() - 1;
         Ok(Some(concatenate(&drafted, 0)?))
     }
 
@@ -172,8 +200,16 @@ impl DraftSource for NgramDrafter {
         Ok(())
     }
 
-    fn draft(&mut self, history: &[u32], n: usize) -> Result<Option<Array>> {
-        let proposal = self.propose(history, n);
+    fn draft(
+        &mut self,
+        history: &[u32],
+        n: usize,
+        guide: Option<&mut dyn TokenConstraint>,
+    ) -> Result<Option<Array>> {
+        let mut proposal = self.propose(history, n);
+        if let Some(guide) = guide {
+            proposal.truncate(allowed_prefix(&proposal, guide)?);
+        }
         if proposal.is_empty() {
             return Ok(None);
         }
@@ -191,6 +227,27 @@ impl DraftSource for NgramDrafter {
     fn name(&self) -> String {
         "ngram".into()
     }
+}
+
+/// How many leading tokens of `proposal` the grammar allows in sequence,
+/// walked on a fork so `guide` stays where it was.
+fn allowed_prefix(proposal: &[u32], guide: &mut dyn TokenConstraint) -> Result<usize> {
+    if proposal.is_empty() || guide.is_finished() {
+        return Ok(0);
+    }
+    let Ok(mut walk) = guide.fork() else {
+        // Unfiltered proposals are still verified under the grammar.
+        return Ok(proposal.len());
+    };
+    let mut allowed = 0;
+    for &token in proposal {
+        if walk.is_finished() || !walk.allows(token)? {
+            break;
+        }
+        walk.commit(token)?;
+        allowed += 1;
+    }
+    Ok(allowed)
 }
 
 /// Refuses a draft model from another tokenizer family; warns on a vocabulary
@@ -265,7 +322,10 @@ pub fn generate_speculative(
             0
         };
         let drafts = if want > 0 {
-            drafter.draft(&history, want)?
+            let guide = constraint
+                .as_deref_mut()
+                .map(|c| c as &mut dyn TokenConstraint);
+            drafter.draft(&history, want, guide)?
         } else {
             None
         };

@@ -17,6 +17,7 @@ fn config(warmup: Warmup) -> GatewayConfig {
         max_queue: 4,
         prompt_cache_bytes: 0,
         num_draft_tokens: 2,
+        ngram_draft: false,
         decode_concurrency: 2,
         prompt_concurrency: 1,
         kv_budget_bytes: None,

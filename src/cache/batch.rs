@@ -307,6 +307,9 @@ impl BatchCache for BatchKvCache {
         }
         Ok(())
     }
+    fn can_trim_rows(&self) -> bool {
+        true
+    }
 }
 
 impl KvCache for BatchKvCache {

@@ -142,6 +142,10 @@ pub trait BatchCache: KvCache {
     fn extract(&self, row: usize) -> Result<Box<dyn KvCache>>;
     /// Drops the last `n[r]` positions of each row `r` (rejected drafts).
     fn trim_rows(&mut self, n: &[usize]) -> Result<()>;
+    /// Whether [`BatchCache::trim_rows`] can drop positions (speculative rows).
+    fn can_trim_rows(&self) -> bool {
+        false
+    }
 }
 
 /// Empty batch caches for a row whose single-sequence caches are `caches`,
@@ -160,6 +164,14 @@ pub(crate) fn empty_batch_like(caches: &[Box<dyn KvCache>]) -> Result<Vec<Box<dy
 /// Whether rows with caches like `caches` can be decoded together.
 pub fn can_batch(caches: &[Box<dyn KvCache>]) -> bool {
     caches.iter().all(|c| c.empty_batch().is_some())
+}
+
+/// Whether rows with caches like `caches` can also speculate in a batch
+/// (every layer's batch cache drops rejected drafts per row).
+pub fn can_batch_speculate(caches: &[Box<dyn KvCache>]) -> bool {
+    caches
+        .iter()
+        .all(|c| c.empty_batch().is_some_and(|b| b.can_trim_rows()))
 }
 
 /// The standard cache: grows in steps of 256 positions, trimmable.

@@ -8,12 +8,12 @@
 use anyhow::{ensure, Result};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
-use mlx_rs::transforms::async_eval;
+use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
 use super::row::Row;
 use crate::cache::{empty_batch_like, KvCache};
-use crate::generate::GenerationResult;
+use crate::generate::{FinishReason, GenerationResult};
 use crate::model::Model;
 
 /// A row that left the batch: its result and its cache (which holds
@@ -109,6 +109,9 @@ impl<'a> DecodeBatch<'a> {
     /// One step: forward every row's input, emit the tokens drawn at the
     /// previous step, sample the next ones, and let finished rows go.
     pub fn step(&mut self) -> Result<Vec<Finished>> {
+        if self.members.iter().any(|m| m.row.drafts()) {
+            return self.speculative_step();
+        }
         let Some(inputs) = self.inputs.take() else {
             return Ok(Vec::new());
         };
@@ -132,7 +135,7 @@ impl<'a> DecodeBatch<'a> {
             if alive {
                 keep.push(i);
             } else if !m.row.is_finished() {
-                m.row.finish_with(crate::generate::FinishReason::Cancelled);
+                m.row.finish_with(FinishReason::Cancelled);
             }
         }
         let finished = self.release(&keep)?;
@@ -164,6 +167,118 @@ impl<'a> DecodeBatch<'a> {
         Ok(finished)
     }
 
+    /// A step with drafts: emit every row's pending token, let each drafting
+    /// row propose up to its `k` tokens, verify all rows in one forward pass
+    /// over `[rows, 1 + widest proposal]` (shorter rows padded), walk each
+    /// row's proposal with its own sampler and grammar, and drop every row's
+    /// rejected positions from the caches.
+    fn speculative_step(&mut self) -> Result<Vec<Finished>> {
+        let Some(inputs) = self.inputs.take() else {
+            return Ok(Vec::new());
+        };
+        let inputs = inputs.as_dtype(Dtype::Int32)?;
+        eval([&inputs])?;
+        let pending: Vec<u32> = inputs.as_slice::<i32>().iter().map(|&t| t as u32).collect();
+
+        let mut keep = Vec::with_capacity(self.members.len());
+        for (i, m) in self.members.iter_mut().enumerate() {
+            let alive = if m.joining {
+                m.joining = false;
+                m.row.is_alive()
+            } else {
+                m.row.emit(pending[i], m.logprobs.as_ref())? && m.row.is_alive()
+            };
+            if alive {
+                keep.push(i);
+            } else if !m.row.is_finished() {
+                m.row.finish_with(FinishReason::Cancelled);
+            }
+        }
+        let mut finished = self.release(&keep)?;
+        if self.members.is_empty() {
+            return Ok(finished);
+        }
+        let pending: Vec<u32> = keep.iter().map(|&i| pending[i]).collect();
+
+        let drafts = self
+            .members
+            .iter_mut()
+            .zip(&pending)
+            .map(|(m, &p)| m.row.propose(p))
+            .collect::<Result<Vec<_>>>()?;
+        let width = drafts.iter().map(Vec::len).max().unwrap_or(0);
+        let mut input = Vec::with_capacity(pending.len() * (width + 1));
+        for (&p, d) in pending.iter().zip(&drafts) {
+            input.push(p as i32);
+            input.extend(d.iter().map(|&t| t as i32));
+            input.extend(std::iter::repeat_n(p as i32, width - d.len()));
+        }
+        let rows = pending.len() as i32;
+        let input = Array::from_slice(&input, &[rows, width as i32 + 1]);
+        let logits = self.model.forward(&input, &mut self.caches)?;
+        let greedy: Option<Vec<i32>> = if self.members.iter().any(|m| m.row.is_plain_greedy()) {
+            let g = argmax_axis(&logits, -1, None)?.as_dtype(Dtype::Int32)?;
+            eval([&g])?;
+            Some(g.as_slice::<i32>().to_vec())
+        } else {
+            None
+        };
+
+        let mut keep = Vec::with_capacity(self.members.len());
+        let mut next = Vec::with_capacity(self.members.len());
+        let mut trims = Vec::with_capacity(self.members.len());
+        for (r, m) in self.members.iter_mut().enumerate() {
+            let proposal = &drafts[r];
+            m.row.fed.push(pending[r]);
+            let mut accepted = 0;
+            let mut drawn = None;
+            for i in 0..=proposal.len() {
+                let (token, logprobs) = match &greedy {
+                    Some(g) if m.row.is_plain_greedy() => (g[r * (width + 1) + i] as u32, None),
+                    _ => {
+                        let (ri, ii) = (r as i32, i as i32);
+                        let (t, lp) = m.row.sample(logits.index((ri, ii..ii + 1, ..)))?;
+                        (t.item_cast::<u32>(), Some(lp))
+                    }
+                };
+                if i < proposal.len() && token == proposal[i] {
+                    accepted += 1;
+                    m.row.fed.push(token);
+                    if !m.row.emit(token, logprobs.as_ref())? {
+                        break;
+                    }
+                } else {
+                    drawn = Some((token, logprobs));
+                    break;
+                }
+            }
+            m.row.settle_drafts(proposal.len(), accepted)?;
+            trims.push(width - accepted);
+            match drawn {
+                Some((token, logprobs)) if m.row.is_alive() => {
+                    keep.push(r);
+                    next.push(token as i32);
+                    m.logprobs = logprobs;
+                }
+                _ => {
+                    if !m.row.is_finished() {
+                        m.row.finish_with(FinishReason::Cancelled);
+                    }
+                }
+            }
+        }
+        for c in self.caches.iter_mut() {
+            c.as_batch_mut()
+                .expect("batch layers hold batch caches")
+                .trim_rows(&trims)?;
+        }
+        finished.extend(self.release(&keep)?);
+        if !next.is_empty() {
+            self.inputs = Some(Array::from_slice(&next, &[next.len() as i32]));
+        }
+        Ok(finished)
+    }
+
     /// Removes every row not in `keep` (indices into the current members),
     /// handing back its result and its cache.
     fn release(&mut self, keep: &[usize]) -> Result<Vec<Finished>> {
@@ -187,7 +302,7 @@ impl<'a> DecodeBatch<'a> {
                 .collect::<Result<Vec<_>>>()?;
             finished.push(Finished {
                 id: m.id,
-                result: m.row.into_result(None)?,
+                result: m.row.into_result()?,
                 caches,
             });
         }

@@ -15,6 +15,7 @@ use crate::generate::{
 };
 use crate::model::Model;
 use crate::sampling::{log_softmax, Sampler};
+use crate::speculative::DraftSource;
 use crate::tokenizer::Tokenizer;
 
 /// A row's grammar constraint: borrowed from the caller (one call decodes
@@ -41,6 +42,15 @@ fn xtc_special_tokens(tokenizer: &Tokenizer) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
+/// A row's drafter: proposes tokens that one forward pass then verifies.
+struct Drafting<'a> {
+    drafter: Box<dyn DraftSource + 'a>,
+    per_step: usize,
+    /// The drafter has seen the prompt.
+    primed: bool,
+    stats: SpeculationStats,
+}
+
 pub struct Row<'a> {
     prompt: Vec<u32>,
     cached: usize,
@@ -56,6 +66,8 @@ pub struct Row<'a> {
     vocab: usize,
     /// Polled between steps: false once the consumer is gone.
     alive: Option<Box<dyn Fn() -> bool + 'a>>,
+    drafting: Option<Drafting<'a>>,
+    prefill_step: usize,
 }
 
 impl<'a> Row<'a> {
@@ -86,7 +98,64 @@ impl<'a> Row<'a> {
             first_token_at: None,
             vocab: model.vocab_size(),
             alive: None,
+            drafting: None,
+            prefill_step: opts.prefill_step,
         })
+    }
+
+    /// Decodes speculatively: `drafter` proposes up to `per_step` tokens at
+    /// every step, which the batch's forward pass verifies.
+    pub fn with_drafter(mut self, drafter: Box<dyn DraftSource + 'a>, per_step: usize) -> Self {
+        self.drafting = Some(Drafting {
+            drafter,
+            per_step: per_step.max(1),
+            primed: false,
+            stats: SpeculationStats::default(),
+        });
+        self
+    }
+
+    pub(crate) fn drafts(&self) -> bool {
+        self.drafting.is_some()
+    }
+
+    /// The drafter's proposal to follow `pending` (the token this step
+    /// feeds), under the row's grammar; empty for a row without a drafter.
+    pub(crate) fn propose(&mut self, pending: u32) -> Result<Vec<u32>> {
+        let Some(d) = self.drafting.as_mut() else {
+            return Ok(Vec::new());
+        };
+        if !d.primed {
+            d.drafter.prefill(&self.fed, self.prefill_step)?;
+            d.primed = true;
+        }
+        let remaining = self.max_tokens.saturating_sub(self.sink.tokens.len());
+        let want = d.per_step.min(remaining.saturating_sub(1));
+        if want == 0 {
+            return Ok(Vec::new());
+        }
+        let mut history = Vec::with_capacity(self.fed.len() + 1);
+        history.extend_from_slice(&self.fed);
+        history.push(pending);
+        let guide = self.constraint.as_mut().map(|c| c.get());
+        let Some(drafts) = d.drafter.draft(&history, want, guide)? else {
+            return Ok(Vec::new());
+        };
+        let drafts = drafts.as_dtype(mlx_rs::Dtype::Uint32)?;
+        mlx_rs::transforms::eval([&drafts])?;
+        Ok(drafts.as_slice::<u32>().to_vec())
+    }
+
+    /// Tells the drafter how many of its `drafted` tokens were accepted.
+    pub(crate) fn settle_drafts(&mut self, drafted: usize, accepted: usize) -> Result<()> {
+        let Some(d) = self.drafting.as_mut() else {
+            return Ok(());
+        };
+        d.drafter.rewind(drafted, accepted)?;
+        d.stats.target_calls += 1;
+        d.stats.drafted += drafted;
+        d.stats.accepted += accepted;
+        Ok(())
     }
 
     /// Adds a check the batch polls between steps (client still connected).
@@ -174,10 +243,7 @@ impl<'a> Row<'a> {
     }
 
     /// Closes the row: held-back text, timings, counts.
-    pub(crate) fn into_result(
-        self,
-        speculation: Option<SpeculationStats>,
-    ) -> Result<GenerationResult> {
+    pub(crate) fn into_result(self) -> Result<GenerationResult> {
         let Row {
             prompt,
             cached,
@@ -185,8 +251,10 @@ impl<'a> Row<'a> {
             fed,
             start,
             first_token_at,
+            drafting,
             ..
         } = self;
+        let speculation = drafting.map(|d| d.stats);
         sink.into_result(&prompt, cached, start, first_token_at, fed, speculation)
     }
 }

@@ -230,7 +230,7 @@ impl<'a> BatchScheduler<'a> {
 fn close(p: Prefilling<'_>, reason: FinishReason) -> Result<Finished> {
     let mut row = p.row;
     row.finish_with(reason);
-    let mut result = row.into_result(None)?;
+    let mut result = row.into_result()?;
     // The caches hold only the prompt tokens prefilled so far.
     result.cache_tokens.truncate(p.done);
     Ok(Finished {

@@ -15,6 +15,7 @@ use super::worker::Shared;
 use super::{GatewayError, GatewayEvent};
 use crate::decode::{BatchLimits, BatchScheduler, ConstraintSlot, Finished, Row};
 use crate::model::Model;
+use crate::speculative::{DraftSource, ModelDrafter, NgramDrafter};
 use crate::tokenizer::Tokenizer;
 
 struct RowInfo {
@@ -37,6 +38,14 @@ pub(crate) struct BatchLane<'a> {
     /// sees, so a client that leaves cancels its row through
     /// [`BatchLane::cancel`], never from inside a step.
     lockstep: bool,
+    drafting: Option<Drafting<'a>>,
+}
+
+/// How rows of a drafting server propose tokens.
+struct Drafting<'a> {
+    /// The draft model; `None`: prompt lookup.
+    model: Option<&'a Model>,
+    per_step: usize,
 }
 
 impl<'a> BatchLane<'a> {
@@ -56,7 +65,36 @@ impl<'a> BatchLane<'a> {
             admitted: Admitted::default(),
             next_id: 0,
             lockstep: false,
+            drafting: None,
         }
+    }
+
+    /// Rows draft with `draft` (or by prompt lookup when `ngram`), `per_step`
+    /// tokens at a time, and verify in the batch's forward pass.
+    pub(crate) fn with_drafting(
+        mut self,
+        draft: Option<&'a Model>,
+        ngram: bool,
+        per_step: usize,
+    ) -> Self {
+        if draft.is_some() || ngram {
+            self.drafting = Some(Drafting {
+                model: draft,
+                per_step,
+            });
+        }
+        self
+    }
+
+    fn drafter(&self, job: &Job) -> anyhow::Result<Option<(Box<dyn DraftSource + 'a>, usize)>> {
+        let Some(d) = &self.drafting else {
+            return Ok(None);
+        };
+        let drafter: Box<dyn DraftSource + 'a> = match d.model {
+            Some(model) => Box::new(ModelDrafter::new(model, &job.request.options.sampling)?),
+            None => Box::new(NgramDrafter::default()),
+        };
+        Ok(Some((drafter, d.per_step)))
     }
 
     /// Rows end only through [`BatchLane::cancel`] or by their own tokens.
@@ -155,7 +193,13 @@ impl<'a> BatchLane<'a> {
             &job.request.options,
             constraint,
             on_token,
-        ) {
+        )
+        .and_then(|row| {
+            Ok(match self.drafter(&job)? {
+                Some((drafter, per_step)) => row.with_drafter(drafter, per_step),
+                None => row,
+            })
+        }) {
             Ok(row) => row.with_liveness(alive),
             Err(e) => return reporter.fail(&job.client, GatewayError::Internal(format!("{e:#}"))),
         };

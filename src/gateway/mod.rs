@@ -60,8 +60,10 @@ pub struct GatewayConfig {
     pub max_queue: usize,
     /// Byte cap of the RAM prompt cache; 0 disables it.
     pub prompt_cache_bytes: usize,
-    /// Tokens the draft model proposes per round (speculative lane).
+    /// Tokens the drafter proposes per round.
     pub num_draft_tokens: usize,
+    /// Draft by prompt lookup (`--draft-model ngram`) when no draft model is loaded.
+    pub ngram_draft: bool,
     /// Rows that decode together; 1 turns batching off.
     pub decode_concurrency: usize,
     /// Prompts that prefill at once in the batch lane.
@@ -260,6 +262,7 @@ pub struct Gateway {
     worker: Mutex<Option<JoinHandle<()>>>,
     has_draft: bool,
     can_batch: bool,
+    batch_speculates: bool,
     max_queue: usize,
     budget: KvBudget,
     decode_concurrency: usize,
@@ -271,6 +274,7 @@ pub struct Gateway {
 struct Loaded {
     has_draft: bool,
     can_batch: bool,
+    batch_speculates: bool,
     budget: KvBudget,
 }
 
@@ -333,8 +337,13 @@ impl Gateway {
                     .model
                     .decoder
                     .make_caches_with(config.kv.max_kv_size, config.kv.quantization);
-                let can_batch =
-                    decode_concurrency > 1 && kv_caches.is_ok_and(|c| crate::cache::can_batch(&c));
+                let (can_batch, batch_speculates) = match &kv_caches {
+                    Ok(c) if decode_concurrency > 1 => (
+                        crate::cache::can_batch(c),
+                        crate::cache::can_batch_speculate(c),
+                    ),
+                    _ => (false, false),
+                };
                 if sharding.is_some() && !can_batch {
                     let why = "a sharded server runs requests as rows of its batch: it needs \
                                --decode-concurrency 2 or more and a model whose caches batch \
@@ -343,8 +352,9 @@ impl Gateway {
                     return;
                 }
                 let _ = loaded_tx.send(Ok(Loaded {
-                    has_draft: models.draft.is_some(),
+                    has_draft: models.draft.is_some() || config.ngram_draft,
                     can_batch,
+                    batch_speculates,
                     budget,
                 }));
                 let shared = Shared {
@@ -358,6 +368,7 @@ impl Gateway {
                     }),
                     reporter,
                     num_draft_tokens: config.num_draft_tokens,
+                    ngram_draft: config.ngram_draft,
                     kv: config.kv,
                     ssd,
                 };
@@ -397,6 +408,7 @@ impl Gateway {
             worker: Mutex::new(Some(handle)),
             has_draft: loaded.has_draft,
             can_batch: loaded.can_batch,
+            batch_speculates: loaded.batch_speculates,
             max_queue,
             budget: loaded.budget,
             decode_concurrency,
@@ -441,6 +453,7 @@ impl Gateway {
             has_draft: self.has_draft,
             wants_logprobs: request.options.logprobs.is_some(),
             can_batch: self.can_batch,
+            batch_speculates: self.batch_speculates,
         }
     }
 
@@ -463,7 +476,17 @@ impl Gateway {
                 budget_bytes: self.budget.budget_bytes,
             });
         }
-        let lane = route(self.shape_of(&request));
+        let shape = self.shape_of(&request);
+        let lane = route(shape);
+        if let Some(reason) = route::serial_reason(shape) {
+            *self
+                .counters
+                .outside_batch
+                .lock()
+                .unwrap()
+                .entry(reason)
+                .or_default() += 1;
+        }
         let (events, rx) = unbounded_channel();
         let cancel = Arc::new(AtomicBool::new(false));
         let job = Job {
@@ -541,6 +564,7 @@ impl Gateway {
             completion_tokens: c.completion_tokens.load(Ordering::Relaxed),
             drafted_tokens: c.drafted_tokens.load(Ordering::Relaxed),
             accepted_tokens: c.accepted_tokens.load(Ordering::Relaxed),
+            outside_batch: c.outside_batch.lock().unwrap().clone(),
             prompt_cache: *c.prompt_cache.lock().unwrap(),
             ssd: c.ssd.lock().unwrap().as_ref().map(|h| h.get()),
             ttft_p50_s: quantile(&ttft, 0.5),

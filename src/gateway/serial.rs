@@ -12,7 +12,7 @@ use super::worker::Shared;
 use super::{GatewayError, GatewayEvent, LoadedModels};
 use crate::cache::KvCache;
 use crate::generate::{generate, prefill};
-use crate::speculative::{generate_speculative, ModelDrafter};
+use crate::speculative::{generate_speculative, DraftSource, ModelDrafter, NgramDrafter};
 
 /// Prefill runs in steps with a cancellation check between them. Steps start
 /// at this many tokens and double or halve to take about a second, so a slow
@@ -57,8 +57,14 @@ pub(crate) fn run(shared: &mut Shared, models: &LoadedModels, job: &Job) {
         };
         let tokenizer = shared.tokenizer.clone();
         match (job.lane, &models.draft) {
-            (Lane::Speculative, Some(draft)) => ModelDrafter::new(draft, &request.options.sampling)
-                .and_then(|mut drafter| {
+            (Lane::Speculative, draft) => {
+                let drafter: Result<Box<dyn DraftSource>> = match draft {
+                    Some(draft) => ModelDrafter::new(draft, &request.options.sampling)
+                        .map(|d| Box::new(d) as Box<dyn DraftSource>),
+                    None if shared.ngram_draft => Ok(Box::new(NgramDrafter::default())),
+                    None => Err(anyhow!("no draft model is loaded")),
+                };
+                drafter.and_then(|mut drafter| {
                     generate_speculative(
                         &models.model,
                         &tokenizer,
@@ -66,13 +72,13 @@ pub(crate) fn run(shared: &mut Shared, models: &LoadedModels, job: &Job) {
                         &request.prompt,
                         prefilled,
                         &request.options,
-                        &mut drafter,
+                        drafter.as_mut(),
                         shared.num_draft_tokens,
                         constraint.as_deref_mut(),
                         &mut on_token,
                     )
-                }),
-            (Lane::Speculative, None) => Err(anyhow!("no draft model is loaded")),
+                })
+            }
             _ => generate(
                 &models.model,
                 &tokenizer,

@@ -59,6 +59,8 @@ pub(crate) struct Counters {
     pub completion_tokens: AtomicU64,
     pub drafted_tokens: AtomicU64,
     pub accepted_tokens: AtomicU64,
+    /// Requests routed outside the batch, by reason.
+    pub outside_batch: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     pub samples: Mutex<Samples>,
     pub prompt_cache: Mutex<PromptCacheStats>,
     pub ssd: Mutex<Option<SsdStatsHandle>>,
@@ -88,6 +90,8 @@ pub struct GatewayStats {
     /// Speculative lane: tokens the draft model proposed and the target kept.
     pub drafted_tokens: u64,
     pub accepted_tokens: u64,
+    /// Requests routed outside the batch, by reason.
+    pub outside_batch: std::collections::BTreeMap<&'static str, u64>,
     pub prompt_cache: PromptCacheStats,
     /// The SSD tier, when the server has one.
     pub ssd: Option<SsdStats>,

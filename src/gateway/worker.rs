@@ -34,6 +34,8 @@ pub(crate) struct Shared {
     pub prompt_cache: PromptCache,
     pub reporter: Reporter,
     pub num_draft_tokens: usize,
+    /// Prompt-lookup drafting when no draft model is loaded.
+    pub ngram_draft: bool,
     pub kv: KvSettings,
     pub ssd: Option<SsdTier>,
 }
@@ -241,7 +243,12 @@ pub(crate) fn run(
         return;
     }
     let tokenizer = shared.tokenizer.clone();
-    let mut batch = BatchLane::new(&models.model, &tokenizer, plan.limits, plan.budget);
+    let mut batch = BatchLane::new(&models.model, &tokenizer, plan.limits, plan.budget)
+        .with_drafting(
+            models.draft.as_ref(),
+            shared.ngram_draft,
+            shared.num_draft_tokens,
+        );
     if let Some(sharding) = &plan.sharding {
         let mut batch = batch.in_lockstep();
         return super::lockstep::run(&sharding.group, &mut shared, &mut batch, rx);

@@ -86,6 +86,7 @@ pub(crate) fn stats_json(model: &str, ready: bool, http: &HttpMetrics, g: &Gatew
         },
         "batch": {
             "decode_concurrency": g.decode_concurrency,
+            "requests_outside_batch": g.outside_batch,
             "active_rows": g.batch_rows,
             "prefilling_rows": g.prefilling_rows,
             "waiting_rows": g.queue_depth,

@@ -705,6 +705,7 @@ mod tests {
                 max_queue: 1,
                 prompt_cache_bytes: 0,
                 num_draft_tokens: 1,
+                ngram_draft: false,
                 decode_concurrency: 1,
                 prompt_concurrency: 1,
                 kv_budget_bytes: None,
