@@ -43,67 +43,66 @@ pub struct Args {
     json: bool,
 }
 
+/// How a cell's server drafts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Draft {
+    None,
+    /// Prompt lookup (`--draft-model ngram`).
+    Ngram,
+    /// A draft model (`--draft-model`, default: the model itself).
+    Model,
+}
+
 /// One feature combination.
 #[derive(Clone, Copy, Debug)]
 pub struct Cell {
     pub name: &'static str,
     pub batch: bool,
     pub grammar: bool,
-    pub spec: bool,
+    pub draft: Draft,
+    /// 8-bit KV cache from the first token (`--kv-bits 8 --quantized-kv-start 0`).
+    pub kv8: bool,
+}
+
+const fn cell(name: &'static str, batch: bool, grammar: bool, draft: Draft, kv8: bool) -> Cell {
+    Cell {
+        name,
+        batch,
+        grammar,
+        draft,
+        kv8,
+    }
 }
 
 pub const CELLS: &[Cell] = &[
-    Cell {
-        name: "serial",
-        batch: false,
-        grammar: false,
-        spec: false,
-    },
-    Cell {
-        name: "batch4",
-        batch: true,
-        grammar: false,
-        spec: false,
-    },
-    Cell {
-        name: "serial+grammar",
-        batch: false,
-        grammar: true,
-        spec: false,
-    },
-    Cell {
-        name: "batch4+grammar",
-        batch: true,
-        grammar: true,
-        spec: false,
-    },
-    Cell {
-        name: "serial+spec",
-        batch: false,
-        grammar: false,
-        spec: true,
-    },
-    Cell {
-        name: "serial+grammar+spec",
-        batch: false,
-        grammar: true,
-        spec: true,
-    },
-    Cell {
-        name: "batch4+spec",
-        batch: true,
-        grammar: false,
-        spec: true,
-    },
+    cell("serial", false, false, Draft::None, false),
+    cell("batch4", true, false, Draft::None, false),
+    cell("serial+grammar", false, true, Draft::None, false),
+    cell("batch4+grammar", true, true, Draft::None, false),
+    cell("serial+spec", false, false, Draft::Ngram, false),
+    cell("serial+grammar+spec", false, true, Draft::Model, false),
+    cell("batch4+spec", true, false, Draft::Ngram, false),
+    cell("batch4+grammar+spec", true, true, Draft::Ngram, false),
+    cell("batch4+draft", true, false, Draft::Model, false),
+    cell("batch4+kv8", true, false, Draft::None, true),
 ];
 
 impl Cell {
+    fn spec(&self) -> bool {
+        self.draft != Draft::None
+    }
+
     /// The same cell without grammar: the baseline of the grammar overhead.
     fn without_grammar(&self) -> Option<&'static str> {
         self.grammar.then(|| {
             CELLS
                 .iter()
-                .find(|c| c.batch == self.batch && c.spec == self.spec && !c.grammar)
+                .find(|c| {
+                    c.batch == self.batch
+                        && c.draft == self.draft
+                        && c.kv8 == self.kv8
+                        && !c.grammar
+                })
                 .map(|c| c.name)
         })?
     }
@@ -118,6 +117,8 @@ struct Sizes {
     /// Extraction without a grammar (its output is not validated).
     extract_free_tokens: usize,
     long_tokens: usize,
+    /// Copying a given text with one edit (what prompt lookup drafts well).
+    copy_tokens: usize,
     agent_tokens: usize,
     agent_turns: usize,
     /// Requests per workload in a serial cell; batch cells send this many
@@ -134,6 +135,7 @@ impl Sizes {
                 extract_tokens: 32,
                 extract_free_tokens: 8,
                 long_tokens: 8,
+                copy_tokens: 16,
                 agent_tokens: 4,
                 agent_turns: 2,
                 requests: 1,
@@ -145,6 +147,7 @@ impl Sizes {
                 extract_tokens: 128,
                 extract_free_tokens: 128,
                 long_tokens: 512,
+                copy_tokens: 160,
                 agent_tokens: 48,
                 agent_turns: 4,
                 requests: 2,
@@ -173,6 +176,21 @@ const PEOPLE: &[&str] = &[
     "Tom Becker, 58, runs a bakery in Hamburg.",
     "Aiko Tanaka moved to Osaka last year; she is 27.",
     "Samuel Okafor (41) works as a nurse in Lagos.",
+];
+
+const COPY_TEXTS: &[&str] = &[
+    "The old lighthouse stood at the edge of the cliff. Every night its keeper climbed \
+     the spiral stairs, lit the lamp, and watched the ships pass far below. In winter the \
+     storms shook the windows, but the light never went out.",
+    "Our team meets every Monday at nine. We review last week's tickets, agree on the \
+     priorities for the coming week, and assign each ticket to one person. The meeting \
+     ends at ten, and the notes go to the shared folder.",
+    "To make the dough, mix the flour with the salt, add the water slowly, and knead for \
+     ten minutes. Let it rest for an hour under a cloth, then shape it into a round loaf \
+     and bake it for forty minutes.",
+    "The library opens at eight and closes at six. Members may borrow up to five books \
+     for three weeks. Late returns cost ten cents a day, and lost books must be replaced \
+     or paid for at the desk.",
 ];
 
 const CHATS: &[&str] = &[
@@ -523,6 +541,21 @@ fn one_sequence(
                 },
             ),
         )?],
+        "copy" => vec![chat(
+            http,
+            base,
+            &body(
+                json!([msg(
+                    "user",
+                    &format!(
+                        "Repeat the following text exactly, word for word, but write every \
+                         number as digits:\n\n{}",
+                        COPY_TEXTS[i % COPY_TEXTS.len()]
+                    )
+                )]),
+                sizes.copy_tokens,
+            ),
+        )?],
         "long" => vec![chat(
             http,
             base,
@@ -560,7 +593,7 @@ fn one_sequence(
     })
 }
 
-pub const WORKLOADS: &[&str] = &["chat", "extraction", "long", "agent"];
+pub const WORKLOADS: &[&str] = &["chat", "extraction", "copy", "long", "agent"];
 
 /// One phase (cold or warm) of one cell.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -625,16 +658,22 @@ fn run_phase(
     let streams: Vec<f64> = all().flat_map(|w| w.stream_tok_s.clone()).collect();
     let tokens: u64 = all().map(|w| w.completion_tokens).sum();
     let wall: f64 = all().map(|w| w.wall_s).sum();
-    if cell.spec {
-        // The documented routing: a server with a draft model runs requests
-        // on the speculative lane, batched or not.
+    if cell.spec() {
+        // A drafting server drafts for every request: as rows of the batch,
+        // or on the speculative lane when it does not batch.
         let requests: usize = all().map(|w| w.requests).sum();
         let speculated: usize = all().map(|w| w.speculated).sum();
         if speculated != requests || drafted <= 0.0 {
             bail!(
-                "routing: {speculated} of {requests} requests went to the speculative lane \
-                 ({drafted} tokens drafted); every request with a draft model must"
+                "routing: {speculated} of {requests} requests decoded speculatively \
+                 ({drafted} tokens drafted); every request of a drafting server must"
             );
+        }
+    }
+    if cell.batch {
+        let outside = &after["batch"]["requests_outside_batch"];
+        if outside.as_object().is_some_and(|o| !o.is_empty()) {
+            bail!("routing: requests ran outside the batch: {outside}");
         }
     }
     Ok(PhaseResult {
@@ -671,11 +710,15 @@ fn serve_args(cell: &Cell, model: &str, draft: &str) -> Vec<String> {
         .iter()
         .map(|s| s.to_string())
         .collect();
-    if cell.batch {
-        a.extend(["--decode-concurrency".into(), "4".into()]);
+    let concurrency = if cell.batch { "4" } else { "1" };
+    a.extend(["--decode-concurrency".into(), concurrency.into()]);
+    match cell.draft {
+        Draft::None => {}
+        Draft::Ngram => a.extend(["--draft-model".into(), "ngram".into()]),
+        Draft::Model => a.extend(["--draft-model".into(), draft.to_string()]),
     }
-    if cell.spec {
-        a.extend(["--draft-model".into(), draft.to_string()]);
+    if cell.kv8 {
+        a.extend(["--kv-bits", "8", "--quantized-kv-start", "0"].map(String::from));
     }
     // Extra serve flags for every cell (whitespace-separated).
     if let Ok(extra) = std::env::var("MLX_BUN_FEATURE_MATRIX_SERVE_ARGS") {
@@ -968,7 +1011,7 @@ fn markdown(
         "# Feature matrix, {date}{}\n\n\
          `mlx-bun bench feature-matrix{}` on host `{}`, commit `{}`, model `{}` \
          (fingerprint `{}`).\n\n\
-         Token budgets: chat {}, extraction {} ({} without grammar), long-form {}, \
+         Token budgets: chat {}, extraction {} ({} without grammar), copy {}, long-form {}, \
          agent {} × {} turns; \
          {} request(s) per workload per stream, {} concurrent streams in batch cells.\n\n",
         if smoke { " (smoke)" } else { "" },
@@ -980,6 +1023,7 @@ fn markdown(
         sizes.chat_tokens,
         sizes.extract_tokens,
         sizes.extract_free_tokens,
+        sizes.copy_tokens,
         sizes.long_tokens,
         sizes.agent_tokens,
         sizes.agent_turns,
@@ -990,16 +1034,18 @@ fn markdown(
         "![aggregate tok/s per cell]({})\n\n",
         png.file_name().unwrap_or_default().to_string_lossy()
     );
-    md += "| cell | phase | aggregate tok/s | per-stream tok/s p50 | TTFT p50 s | TTFT p95 s | \
-           acceptance | grammar overhead | schema valid | cache hit rate | peak RSS MiB | eval run |\n\
-           |---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "| cell | phase | aggregate tok/s | copy tok/s | per-stream tok/s p50 | TTFT p50 s | \
+           TTFT p95 s | acceptance | grammar overhead | schema valid | cache hit rate | \
+           peak RSS MiB | eval run |\n\
+           |---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in results {
         for (i, p) in r.phases.iter().enumerate() {
             md += &format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}/{} | {} | {} | {} |\n",
                 r.cell,
                 p.phase,
                 fmt(Some(p.aggregate_tok_s), 2),
+                fmt(p.workloads.get("copy").map(|w| w.aggregate_tok_s), 2),
                 fmt(Some(p.stream_tok_s_p50), 2),
                 fmt(Some(p.ttft_p50_s), 3),
                 fmt(Some(p.ttft_p95_s), 3),
@@ -1029,7 +1075,9 @@ fn markdown(
             );
         }
     }
-    md += "\nGrammar overhead is the no-grammar twin's aggregate tok/s over this cell's \
+    md += "\nCopy tok/s is the aggregate of the copy workload alone (repeating a given \
+           text with one edit), where prompt-lookup drafting pays. \
+           Grammar overhead is the no-grammar twin's aggregate tok/s over this cell's \
            (cold phase, same run): 1.00 means free. The schema column counts complete \
            extraction outputs that validate against the schema (grammar cells only).\n";
     md
@@ -1050,7 +1098,8 @@ mod tests {
         };
         assert_eq!(twin("serial+grammar"), Some("serial"));
         assert_eq!(twin("batch4+grammar"), Some("batch4"));
-        assert_eq!(twin("serial+grammar+spec"), Some("serial+spec"));
+        assert_eq!(twin("batch4+grammar+spec"), Some("batch4+spec"));
+        assert_eq!(twin("serial+grammar+spec"), None);
         assert_eq!(twin("serial"), None);
     }
 
