@@ -419,7 +419,7 @@ fn run_batch_file(args: Args) -> Result<()> {
     let tokenizer = Tokenizer::load(&dir)?;
     if !model.supports_batching() {
         bail!(
-            "{} uses sliding-window attention, which does not batch yet; run its prompts one at a time",
+            "{} has layer caches that cannot batch; run its prompts one at a time",
             dir.display()
         );
     }

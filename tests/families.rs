@@ -1,8 +1,8 @@
 //! The features on every family added beside LLaMA/Qwen, on the tiny
 //! mlx-lm-made checkpoints of `goldens/arch/` (their logits are checked in
-//! `architectures.rs`): serial generation, continuous batching (or its clear
-//! refusal for sliding-window models), speculative decoding with a draft
-//! model, and LoRA training gradients on attention (and the MoE router and experts).
+//! `architectures.rs`): serial generation, continuous batching (sliding-window
+//! layers included), speculative decoding with a draft model, and LoRA
+//! training gradients on attention (and the MoE router and experts).
 
 mod common;
 
@@ -102,31 +102,25 @@ fn generation_batching_and_speculation_agree() {
             .map(|p| serial_tokens(&model, &tok, p))
             .collect();
 
-        // Sliding-window layers keep rotating caches, which rows cannot
-        // share: such models are served one request at a time.
-        let windowed = ["gemma3", "gpt_oss", "olmo3", "exaone4", "ministral3"]
+        // Every family batches, sliding-window layers too (their rows join
+        // a rotating batch cache), and each row decodes as it does alone.
+        assert!(model.supports_batching(), "{case}");
+        let items = PROMPTS
             .iter()
-            .any(|f| case.starts_with(f));
-        assert_eq!(model.supports_batching(), !windowed, "{case}");
-        if !windowed {
-            let items = PROMPTS
-                .iter()
-                .map(|p| BatchItem {
-                    prompt: p.to_vec(),
-                    options: greedy(8),
-                    constraint: None,
-                    on_token: Box::new(|_| true),
-                })
-                .collect();
-            let batch =
-                mlx_bun::decode::generate_batch(&model, &tok, items, BatchLimits::default())
-                    .unwrap_or_else(|e| panic!("{case}: {e:#}"));
-            for (row, want) in batch.iter().zip(&serial) {
-                assert_eq!(
-                    &row.token_ids, want,
-                    "{case}: batch row differs from serial"
-                );
-            }
+            .map(|p| BatchItem {
+                prompt: p.to_vec(),
+                options: greedy(8),
+                constraint: None,
+                on_token: Box::new(|_| true),
+            })
+            .collect();
+        let batch = mlx_bun::decode::generate_batch(&model, &tok, items, BatchLimits::default())
+            .unwrap_or_else(|e| panic!("{case}: {e:#}"));
+        for (row, want) in batch.iter().zip(&serial) {
+            assert_eq!(
+                &row.token_ids, want,
+                "{case}: batch row differs from serial"
+            );
         }
 
         // Greedy speculative decoding with an unrelated draft model of the

@@ -8,6 +8,7 @@
 //! sequence and for a batch of rows of different lengths.
 
 mod batch;
+mod batch_rotating;
 mod quantized;
 
 pub use batch::BatchKvCache;
@@ -399,6 +400,13 @@ impl KvCache for RotatingCache {
 
     fn keep(&self) -> usize {
         self.keep
+    }
+
+    fn empty_batch(&self) -> Option<Box<dyn BatchCache>> {
+        Some(Box::new(batch_rotating::BatchRotatingCache::new(
+            self.max_size,
+            self.keep,
+        )))
     }
 }
 

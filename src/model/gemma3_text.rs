@@ -4,8 +4,8 @@
 //! when `(i + 1) % sliding_window_pattern == 0`. Sliding layers use
 //! `rope_local_base_freq` and no scaling; global layers `rope_theta` with
 //! `rope_scaling`. Embeddings are scaled by `sqrt(hidden_size)` rounded to
-//! bfloat16, as mlx-lm does. The windowed layers keep rotating caches, so
-//! these models decode one request at a time (see `Model::supports_batching`).
+//! bfloat16, as mlx-lm does. The windowed layers keep rotating caches, which
+//! batch as `BatchRotatingCache` beside the global layers' dense batch caches.
 
 use anyhow::{bail, Result};
 use mlx_rs::{Array, Dtype};
