@@ -8,6 +8,7 @@
 //! sequence and for a batch of rows of different lengths.
 
 mod batch;
+mod batch_quantized;
 mod batch_rotating;
 mod quantized;
 

@@ -7,13 +7,16 @@
 //! the same from the inside: it stays a [`StandardCache`] until an update
 //! begins at or past the start, then quantizes what it holds and continues
 //! quantized, so a forward pass sees exactly the keys mlx-lm's would.
+//! Rows of these caches decode together in a `BatchQuantizedCache`
+//! (`batch_quantized.rs`).
 
 use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::{concatenate, quantize, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
-use super::{KvCache, StandardCache};
+use super::batch_quantized::BatchQuantizedCache;
+use super::{BatchCache, KvCache, StandardCache};
 
 const STEP: i32 = 256;
 
@@ -81,7 +84,7 @@ pub struct QuantizedCache {
     q: KvQuantization,
 }
 
-fn quantize3(a: &Array, q: &KvQuantization) -> Result<[Array; 3]> {
+pub(super) fn quantize3(a: &Array, q: &KvQuantization) -> Result<[Array; 3]> {
     let (w, s, b) = quantize(a, q.group_size, q.bits)?;
     Ok([w, s, b])
 }
@@ -109,10 +112,34 @@ impl QuantizedCache {
 
     /// A quantized cache holding `state` (`offset` live positions).
     pub(crate) fn from_state(state: QuantizedState, offset: usize) -> Result<Self> {
+        let q = KvQuantization {
+            bits: state.bits,
+            group_size: state.group_size,
+            start: 0,
+        };
+        Self::with_state(state, offset, q)
+    }
+
+    /// A quantized cache holding `state` (`offset` live positions) whose
+    /// settings are `q` (a row leaving a batch keeps the batch's start).
+    pub(crate) fn with_state(
+        state: QuantizedState,
+        offset: usize,
+        q: KvQuantization,
+    ) -> Result<Self> {
         if state.len() as usize != offset {
             bail!(
                 "quantized state has {} positions, offset says {offset}",
                 state.len()
+            );
+        }
+        if (state.bits, state.group_size) != (q.bits, q.group_size) {
+            bail!(
+                "quantized state has {} bits (group {}), the cache {} (group {})",
+                state.bits,
+                state.group_size,
+                q.bits,
+                q.group_size
             );
         }
         Ok(Self {
@@ -121,11 +148,7 @@ impl QuantizedCache {
                 values: state.values,
             },
             offset,
-            q: KvQuantization {
-                bits: state.bits,
-                group_size: state.group_size,
-                start: 0,
-            },
+            q,
         })
     }
 
@@ -269,6 +292,10 @@ impl KvCache for QuantizedCache {
             Store::Dense(_) if self.offset < self.q.start => "KVCache",
             _ => "QuantizedKVCache",
         }
+    }
+
+    fn empty_batch(&self) -> Option<Box<dyn BatchCache>> {
+        Some(Box::new(BatchQuantizedCache::new(self.q)))
     }
 }
 
