@@ -11,10 +11,12 @@ mod batch;
 mod batch_quantized;
 mod batch_rotating;
 mod quantized;
+mod state;
 
 pub use batch::BatchKvCache;
 pub(crate) use quantized::cast_state;
 pub use quantized::{KvQuantization, QuantizedCache, QuantizedState};
+pub use state::StateCache;
 
 use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
@@ -104,6 +106,11 @@ pub trait KvCache: Send {
     /// An empty batch cache that rows of this kind join; `None` when this
     /// kind of cache cannot be batched.
     fn empty_batch(&self) -> Option<Box<dyn BatchCache>> {
+        None
+    }
+    /// The recurrent state behind this layer, when it keeps one instead of
+    /// keys and values (gated DeltaNet layers).
+    fn as_state_mut(&mut self) -> Option<&mut StateCache> {
         None
     }
     /// Leading positions a sliding window never evicts.
