@@ -121,15 +121,7 @@ pub(crate) struct OutputSink<'a> {
 }
 
 impl<'a> OutputSink<'a> {
-    pub fn new(
-        tokenizer: &'a Tokenizer,
-        opts: &GenerateOptions,
-        on_token: &'a mut dyn FnMut(&TokenEvent) -> bool,
-    ) -> Self {
-        Self::boxed(tokenizer, opts, Box::new(on_token))
-    }
-
-    /// A sink whose callback it owns (rows of a batch outlive any one call).
+    /// A sink that owns its callback (rows of a batch outlive any one call).
     pub(crate) fn boxed(
         tokenizer: &'a Tokenizer,
         opts: &GenerateOptions,

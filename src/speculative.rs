@@ -9,20 +9,16 @@
 //! emitted token is one the grammar allows; the matcher only advances on
 //! emitted tokens.
 
-use std::time::Instant;
-
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::{async_eval, eval};
+use mlx_rs::transforms::async_eval;
 use mlx_rs::Array;
 
 use crate::cache::{total_bytes, trim_all, KvCache};
 use crate::constraint::TokenConstraint;
-use crate::generate::{
-    apply_mask, prefill, FinishReason, GenerateOptions, GenerationResult, OutputSink,
-    SpeculationStats, TokenEvent,
-};
+use crate::decode::{ConstraintSlot, Row, SpeculativeDecoder};
+use crate::generate::{apply_mask, prefill, GenerateOptions, GenerationResult, TokenEvent};
 use crate::model::Model;
 use crate::sampling::{log_softmax, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -49,6 +45,33 @@ pub trait DraftSource {
     /// Device bytes held (weights and cache), for memory admission.
     fn resident_bytes(&self) -> usize;
     fn name(&self) -> String;
+}
+
+impl<D: DraftSource + ?Sized> DraftSource for &mut D {
+    fn prefill(&mut self, tokens: &[u32], prefill_step: usize) -> Result<()> {
+        (**self).prefill(tokens, prefill_step)
+    }
+
+    fn draft(
+        &mut self,
+        history: &[u32],
+        n: usize,
+        guide: Option<&mut dyn TokenConstraint>,
+    ) -> Result<Option<Array>> {
+        (**self).draft(history, n, guide)
+    }
+
+    fn rewind(&mut self, drafted: usize, accepted: usize) -> Result<()> {
+        (**self).rewind(drafted, accepted)
+    }
+
+    fn resident_bytes(&self) -> usize {
+        (**self).resident_bytes()
+    }
+
+    fn name(&self) -> String {
+        (**self).name()
+    }
 }
 
 /// Drafting with a second, cheaper model sharing the target's tokenizer.
@@ -281,7 +304,7 @@ pub fn generate_speculative(
     opts: &GenerateOptions,
     drafter: &mut dyn DraftSource,
     num_draft: usize,
-    mut constraint: Option<&mut (dyn TokenConstraint + 'static)>,
+    constraint: Option<&mut (dyn TokenConstraint + 'static)>,
     on_token: &mut dyn FnMut(&TokenEvent) -> bool,
 ) -> Result<GenerationResult> {
     if prompt.is_empty() {
@@ -293,141 +316,20 @@ pub fn generate_speculative(
     if !caches.iter().all(|c| c.is_trimmable()) {
         bail!("speculative decoding needs a trimmable cache");
     }
-    let start = Instant::now();
     crate::mlx_ext::reset_peak_memory();
-    let vocab = model.vocab_size();
-    let mut sampler = Sampler::new(opts.sampling.clone())?;
-    let batched_sampling = constraint.is_none() && !opts.sampling.has_processors();
-
-    let (last, rest) = prompt[cached..].split_last().unwrap();
-    drafter.prefill(&prompt[..prompt.len() - 1], opts.prefill_step)?;
-    prefill(model, caches, rest, opts.prefill_step)?;
-
-    let mut history = prompt.to_vec();
-    let mut pending = *last;
-    let mut stats = SpeculationStats::default();
-    let mut sink = OutputSink::new(tokenizer, opts, on_token);
-    let mut first_token_at = None;
-    let mut cache_len = prompt.len() - 1;
-    if opts.max_tokens == 0 {
-        sink.finish_with(FinishReason::Length);
-    }
-
-    while sink.finish.is_none() {
-        let remaining = opts.max_tokens - sink.tokens.len();
-        let trimmable = caches.iter().all(|c| c.is_trimmable());
-        let want = if trimmable {
-            num_draft.min(remaining)
-        } else {
-            0
-        };
-        let drafts = if want > 0 {
-            let guide = constraint
-                .as_deref_mut()
-                .map(|c| c as &mut dyn TokenConstraint);
-            drafter.draft(&history, want, guide)?
-        } else {
-            None
-        };
-        let n = drafts.as_ref().map_or(0, |d| d.shape()[0] as usize);
-
-        let head = Array::from_slice(&[pending], &[1]);
-        let input = match &drafts {
-            Some(d) => concatenate(&[head, d.as_dtype(mlx_rs::Dtype::Uint32)?], 0)?,
-            None => head,
-        };
-        let logits = model.forward(&input.reshape(&[1, -1])?, caches)?;
-        let logits = logits.index((0, .., ..)); // [n + 1, vocab]
-        stats.target_calls += 1;
-        stats.drafted += n;
-        cache_len += n + 1;
-
-        let draft_ids: Vec<u32> = match &drafts {
-            Some(d) => {
-                let d = d.as_dtype(mlx_rs::Dtype::Uint32)?;
-                eval([&d])?;
-                d.as_slice::<u32>().to_vec()
-            }
-            None => Vec::new(),
-        };
-
-        let mut accepted = 0;
-        let mut emitted: Vec<u32> = Vec::with_capacity(n + 1);
-        if batched_sampling {
-            let tokens = sampler.sample(&log_softmax(&logits)?)?;
-            let tokens = tokens.as_dtype(mlx_rs::Dtype::Uint32)?;
-            eval([&tokens])?;
-            let tokens = tokens.as_slice::<u32>().to_vec();
-            while accepted < n && tokens[accepted] == draft_ids[accepted] {
-                accepted += 1;
-            }
-            emitted.extend_from_slice(&tokens[..=accepted]);
-        } else {
-            #[allow(clippy::needless_range_loop)]
-            for i in 0..=n {
-                let generated: Vec<u32> = sink.tokens.iter().chain(&emitted).copied().collect();
-                let row = logits.index((i as i32..i as i32 + 1, ..));
-                let mut row = sampler.process(row, prompt, &generated)?;
-                if let Some(c) = constraint.as_deref_mut() {
-                    if let Some(mask) = c.mask(vocab)? {
-                        row = apply_mask(&row, &mask)?;
-                    }
-                }
-                let token = sampler.sample(&log_softmax(&row)?)?.item_cast::<u32>();
-                emitted.push(token);
-                let mut finished = false;
-                if let Some(c) = constraint.as_deref_mut() {
-                    c.commit(token)?;
-                    finished = c.is_finished();
-                }
-                let matches = i < n && token == draft_ids[i];
-                if matches {
-                    accepted += 1;
-                }
-                if finished || !matches {
-                    break;
-                }
-            }
-        }
-        if first_token_at.is_none() {
-            first_token_at = Some(Instant::now());
-        }
-
-        // Rewind both caches to the tokens that were actually kept.
-        let trim = n - accepted;
-        if !trim_all(caches, trim) {
-            bail!("the target cache cannot be trimmed");
-        }
-        cache_len -= trim;
-        drafter.rewind(n, accepted)?;
-        for (i, &token) in emitted.iter().enumerate() {
-            history.push(token);
-            let before = sink.tokens.len();
-            let go_on = sink.emit(token, None)?;
-            if i < accepted && sink.tokens.len() > before {
-                stats.accepted += 1;
-            }
-            if !go_on {
-                break;
-            }
-        }
-        if sink.finish.is_none() {
-            if let Some(c) = constraint.as_deref() {
-                if c.is_finished() {
-                    sink.finish_with(FinishReason::Stop);
-                }
-            }
-        }
-        pending = *emitted.last().context("verification produced no token")?;
-    }
-    let mut cache_tokens = history;
-    cache_tokens.truncate(cache_len.min(cache_tokens.len()));
-    sink.into_result(
-        prompt,
+    let row = Row::new(
+        model,
+        tokenizer,
+        prompt.to_vec(),
         cached,
-        start,
-        first_token_at,
-        cache_tokens,
-        Some(stats),
-    )
+        opts,
+        constraint.map(ConstraintSlot::Borrowed),
+        Box::new(on_token),
+    )?
+    .with_drafter(Box::new(drafter), num_draft);
+    let (last, rest) = prompt[cached..].split_last().unwrap();
+    prefill(model, caches, rest, opts.prefill_step)?;
+    let mut decoder = SpeculativeDecoder::start(model, caches, row, *last)?;
+    while decoder.step()? {}
+    decoder.into_result()
 }

@@ -227,34 +227,16 @@ impl<'a> DecodeBatch<'a> {
         let mut keep = Vec::with_capacity(self.members.len());
         let mut next = Vec::with_capacity(self.members.len());
         let mut trims = Vec::with_capacity(self.members.len());
+        let stride = width + 1;
         for (r, m) in self.members.iter_mut().enumerate() {
             let proposal = &drafts[r];
             m.row.fed.push(pending[r]);
-            let mut accepted = 0;
-            let mut drawn = None;
-            for i in 0..=proposal.len() {
-                let (token, logprobs) = match &greedy {
-                    Some(g) if m.row.is_plain_greedy() => (g[r * (width + 1) + i] as u32, None),
-                    _ => {
-                        let (ri, ii) = (r as i32, i as i32);
-                        let (t, lp) = m.row.sample(logits.index((ri, ii..ii + 1, ..)))?;
-                        (t.item_cast::<u32>(), Some(lp))
-                    }
-                };
-                if i < proposal.len() && token == proposal[i] {
-                    accepted += 1;
-                    m.row.fed.push(token);
-                    if !m.row.emit(token, logprobs.as_ref())? {
-                        break;
-                    }
-                } else {
-                    drawn = Some((token, logprobs));
-                    break;
-                }
-            }
-            m.row.settle_drafts(proposal.len(), accepted)?;
-            trims.push(width - accepted);
-            match drawn {
+            let positions = (proposal.len() + 1) as i32;
+            let row_logits = logits.index((r as i32, ..positions, ..));
+            let row_greedy = greedy.as_ref().map(|g| &g[r * stride..(r + 1) * stride]);
+            let verdict = m.row.verify(&row_logits, proposal, row_greedy)?;
+            trims.push(width - verdict.accepted);
+            match verdict.next {
                 Some((token, logprobs)) if m.row.is_alive() => {
                     keep.push(r);
                     next.push(token as i32);

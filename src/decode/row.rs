@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use anyhow::Result;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use crate::constraint::TokenConstraint;
@@ -40,6 +41,15 @@ fn xtc_special_tokens(tokenizer: &Tokenizer) -> Result<Vec<u32>> {
     let mut ids = tokenizer.encode("\n")?;
     ids.extend(tokenizer.eos_ids.iter().copied());
     Ok(ids)
+}
+
+/// The outcome of checking a row's drafts against the target's logits.
+pub(crate) struct Verdict {
+    /// Drafts the target agreed with (emitted, and in the cache).
+    pub accepted: usize,
+    /// The target's own token after them, with its log-probabilities when
+    /// the row reports them; `None` once the row finished.
+    pub next: Option<(u32, Option<Array>)>,
 }
 
 /// A row's drafter: proposes tokens that one forward pass then verifies.
@@ -129,8 +139,9 @@ impl<'a> Row<'a> {
             d.drafter.prefill(&self.fed, self.prefill_step)?;
             d.primed = true;
         }
+        // As mlx-lm: never more drafts than tokens left to emit.
         let remaining = self.max_tokens.saturating_sub(self.sink.tokens.len());
-        let want = d.per_step.min(remaining.saturating_sub(1));
+        let want = d.per_step.min(remaining);
         if want == 0 {
             return Ok(Vec::new());
         }
@@ -146,15 +157,84 @@ impl<'a> Row<'a> {
         Ok(drafts.as_slice::<u32>().to_vec())
     }
 
-    /// Tells the drafter how many of its `drafted` tokens were accepted.
-    pub(crate) fn settle_drafts(&mut self, drafted: usize, accepted: usize) -> Result<()> {
+    /// Checks `proposal` against the target's `logits` `[n + 1, vocab]` (the
+    /// positions after this row's pending token, whose key the caller has
+    /// put in `fed`): position `i` is sampled as it would be without drafts
+    /// (penalties over what was emitted before it, the grammar after it);
+    /// drafts are accepted while they equal the samples, and each accepted
+    /// one is emitted. `greedy`, the argmax of each position when the caller
+    /// computed it for many rows, serves plain greedy rows. Rows without a
+    /// grammar or penalties draw every position in one sampler call, as
+    /// mlx-lm's speculative loop does.
+    pub(crate) fn verify(
+        &mut self,
+        logits: &Array,
+        proposal: &[u32],
+        greedy: Option<&[i32]>,
+    ) -> Result<Verdict> {
+        let n = proposal.len();
+        let at_once = self.constraint.is_none() && !self.sampler.params.has_processors();
+        let (drawn, logprobs): (Option<Vec<u32>>, Option<Array>) = match greedy {
+            Some(g) if self.is_plain_greedy() => {
+                (Some(g[..=n].iter().map(|&t| t as u32).collect()), None)
+            }
+            _ if at_once => {
+                let logprobs = log_softmax(logits)?;
+                let tokens = self
+                    .sampler
+                    .sample(&logprobs)?
+                    .as_dtype(mlx_rs::Dtype::Uint32)?;
+                mlx_rs::transforms::eval([&tokens])?;
+                let keep = self.logprobs_k.is_some().then_some(logprobs);
+                (Some(tokens.as_slice::<u32>().to_vec()), keep)
+            }
+            _ => (None, None),
+        };
+        let mut accepted = 0;
+        // Accepted drafts that reached the output (an end token does not).
+        let mut delivered = 0;
+        for i in 0..=n {
+            let at = i as i32;
+            let (token, lp) = match &drawn {
+                Some(tokens) => (tokens[i], logprobs.as_ref().map(|l| l.index(at..at + 1))),
+                None => {
+                    let (t, lp) = self.sample(logits.index(at..at + 1))?;
+                    (t.item_cast::<u32>(), Some(lp))
+                }
+            };
+            if i == n || token != proposal[i] {
+                self.settle_drafts(n, accepted, delivered)?;
+                return Ok(Verdict {
+                    accepted,
+                    next: Some((token, lp)),
+                });
+            }
+            accepted += 1;
+            self.fed.push(token);
+            let before = self.generated();
+            let go_on = self.emit(token, lp.as_ref())?;
+            delivered += usize::from(self.generated() > before);
+            if !go_on {
+                break;
+            }
+        }
+        self.settle_drafts(n, accepted, delivered)?;
+        Ok(Verdict {
+            accepted,
+            next: None,
+        })
+    }
+
+    /// Tells the drafter how many of its `drafted` tokens were accepted;
+    /// counts the `delivered` ones.
+    fn settle_drafts(&mut self, drafted: usize, accepted: usize, delivered: usize) -> Result<()> {
         let Some(d) = self.drafting.as_mut() else {
             return Ok(());
         };
         d.drafter.rewind(drafted, accepted)?;
         d.stats.target_calls += 1;
         d.stats.drafted += drafted;
-        d.stats.accepted += accepted;
+        d.stats.accepted += delivered;
         Ok(())
     }
 
