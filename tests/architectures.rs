@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 35] = [
+const CASES: [&str; 41] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -53,6 +53,14 @@ const CASES: [&str; 35] = [
     "exaone4_q4",
     "ministral3",
     "ministral3_q4",
+    "qwen3_next",
+    // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "qwen3_next_q4",
+    "qwen3_5",
+    "qwen3_5_q4",
+    "qwen3_5_moe",
+    // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "qwen3_5_moe_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -132,7 +140,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3, qwen3_next, qwen3_5, qwen3_5_moe"),
         "{err:#}"
     );
 

@@ -277,3 +277,102 @@ fn lora_gradients_on_attention_router_and_experts() {
         );
     }
 }
+
+/// The hybrid Qwen families: their gated DeltaNet layers keep a recurrent
+/// state (`StateCache`, mlx-lm's `ArraysCache`) beside the attention layers'
+/// KV caches.
+const HYBRID: [&str; 4] = ["qwen3_next", "qwen3_next_q4", "qwen3_5", "qwen3_5_moe_q4"];
+
+#[test]
+fn hybrid_families_batch_and_refuse_what_needs_trimming() {
+    let tmp = tempfile::tempdir().unwrap();
+    let draft = Model::load(&with_tokenizer("llama", tmp.path())).unwrap();
+    for case in HYBRID {
+        let dir = with_tokenizer(case, tmp.path());
+        let model = Model::load(&dir).unwrap_or_else(|e| panic!("{case}: {e:#}"));
+        let tok = Tokenizer::load(&dir).unwrap();
+
+        // Rows of 5 and 9 prompt tokens decoded as one batch: each row's
+        // state joins the batch as it is, and decodes as it does alone.
+        let serial: Vec<Vec<u32>> = PROMPTS
+            .iter()
+            .map(|p| serial_tokens(&model, &tok, p))
+            .collect();
+        assert!(model.supports_batching(), "{case}");
+        let items = PROMPTS
+            .iter()
+            .map(|p| BatchItem {
+                prompt: p.to_vec(),
+                options: greedy(8),
+                constraint: None,
+                on_token: Box::new(|_| true),
+            })
+            .collect();
+        let batch = mlx_bun::decode::generate_batch(&model, &tok, items, BatchLimits::default())
+            .unwrap_or_else(|e| panic!("{case}: {e:#}"));
+        for (row, want) in batch.iter().zip(&serial) {
+            assert_eq!(
+                &row.token_ids, want,
+                "{case}: batch row differs from serial"
+            );
+        }
+
+        // A state cannot drop rejected drafts: speculative decoding is
+        // refused, by name, before anything runs.
+        let opts = greedy(8);
+        let mut drafter = ModelDrafter::new(&draft, &opts.sampling).unwrap();
+        let mut caches = model.make_caches();
+        let err = generate_speculative(
+            &model,
+            &tok,
+            &mut caches,
+            PROMPTS[1],
+            0,
+            &opts,
+            &mut drafter,
+            3,
+            None,
+            &mut |_| true,
+        )
+        .err()
+        .unwrap_or_else(|| panic!("{case}: speculative decoding must be refused"));
+        assert!(format!("{err:#}").contains("trimmable"), "{case}: {err:#}");
+    }
+
+    // The CLI generates text with a hybrid model; saving its prompt cache
+    // (keys and values only) is a clear error.
+    let dir = tmp.path().join("qwen3_next");
+    let dir = dir.to_str().unwrap();
+    let prompt = "t1 t17 t42 t99";
+    let out = common::run_ok(&[
+        "generate",
+        "-m",
+        dir,
+        "-p",
+        prompt,
+        "--ignore-chat-template",
+        "-n",
+        "8",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.split_whitespace().count(), 8, "{text}");
+    let file = tmp.path().join("prompt-cache.safetensors");
+    let out = common::bin()
+        .args([
+            "cache-prompt",
+            "-m",
+            dir,
+            "-p",
+            prompt,
+            "--prompt-cache-file",
+        ])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("ArraysCache cache cannot be saved"),
+        "{stderr}"
+    );
+}

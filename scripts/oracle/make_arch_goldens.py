@@ -234,6 +234,62 @@ MINISTRAL3 = {
     },
 }
 
+# Hybrid layers: 0 and 2 gated DeltaNet (2 key heads, 4 value heads,
+# convolution kernel 4), 1 full attention with an output gate, q/k norms and
+# half the head rotated. Qwen3-Next: layers 0 and 2 sparse (4 experts, top 2,
+# renormalized, gated shared expert), layer 1 dense (`mlp_only_layers`).
+HYBRID = {
+    "num_hidden_layers": 3,
+    "head_dim": 16,
+    "tie_word_embeddings": False,
+    "full_attention_interval": 2,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "linear_conv_kernel_dim": 4,
+}
+QWEN3_NEXT = {
+    **HYBRID,
+    "model_type": "qwen3_next",
+    "partial_rotary_factor": 0.5,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [1],
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "norm_topk_prob": True,
+}
+# The router and shared-expert gate at 8 bits, as mlx-lm's quant_predicate.
+HYBRID_8BIT = {
+    "mlp.gate": {"group_size": 64, "bits": 8},
+    "shared_expert_gate": {"group_size": 64, "bits": 8},
+}
+# Qwen3.5 nests the decoder in text_config (written nested: "nest") and
+# takes RoPE from rope_parameters; layer_types agrees with the interval.
+QWEN3_5 = {
+    **HYBRID,
+    "model_type": "qwen3_5",
+    "nest": True,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention"],
+    "rope_parameters": {
+        "type": "default",
+        "mrope_section": [2, 2, 0],
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+    },
+}
+# Every layer sparse; top-k weights renormalized by default.
+QWEN3_5_MOE = {
+    **QWEN3_5,
+    "model_type": "qwen3_5_moe",
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -286,6 +342,12 @@ CASES = {
     "exaone4_q4": {**EXAONE4, "quantize": {"group_size": 32, "bits": 4}},
     "ministral3": {**MINISTRAL3},
     "ministral3_q4": {**MINISTRAL3, "quantize": {"group_size": 32, "bits": 4}},
+    "qwen3_next": {**QWEN3_NEXT},
+    "qwen3_next_q4": {**QWEN3_NEXT, "quantize": {**Q4_MOE, "overrides": HYBRID_8BIT}},
+    "qwen3_5": {**QWEN3_5},
+    "qwen3_5_q4": {**QWEN3_5, "quantize": {"group_size": 32, "bits": 4}},
+    "qwen3_5_moe": {**QWEN3_5_MOE},
+    "qwen3_5_moe_q4": {**QWEN3_5_MOE, "quantize": {**Q4_MOE, "overrides": HYBRID_8BIT}},
 }
 
 
@@ -340,6 +402,8 @@ def main():
         extra = dict(extra)
         quant = extra.pop("quantize", None)
         config = {**BASE, **extra}
+        if config.pop("nest", False):
+            config = {"model_type": config["model_type"], "text_config": config}
         mx.random.seed(7)
         model_class, args_class = _get_classes(config)
         model = model_class(args_class.from_dict(config))

@@ -9,6 +9,7 @@ use mlx_rs::ops::sigmoid;
 use mlx_rs::Array;
 
 use super::config::ModelArgs;
+use super::gated_delta::{self, GatedDeltaNet};
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
 use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
@@ -48,6 +49,9 @@ pub struct Attention {
     pub qk_norm_span: QkNormSpan,
     /// A position-dependent factor on the queries (Ministral 3).
     pub query_scaling: Option<QueryScaling>,
+    /// `q_proj` also yields, per head, a gate on the attention output:
+    /// `o_proj(out * sigmoid(gate))` (Qwen3-Next, Qwen3.5).
+    pub output_gate: bool,
 }
 
 /// The span of the q/k RMS norms.
@@ -134,13 +138,73 @@ impl Attention {
             sinks: None,
             qk_norm_span: QkNormSpan::Head,
             query_scaling: None,
+            output_gate: false,
+        })
+    }
+
+    /// The queries `[B, L, heads, head_dim]` and, with `output_gate`, the
+    /// gate `[B, L, heads × head_dim]`: each head's `q_proj` rows are its
+    /// query followed by its gate.
+    fn queries(&self, x: &Array) -> Result<(Array, Option<Array>)> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let y = self.q_proj.forward(x)?;
+        if !self.output_gate {
+            return Ok((y, None));
+        }
+        let y = y.reshape(&[b, l, self.n_heads, 2 * self.head_dim])?;
+        let q = y.index((.., .., .., ..self.head_dim));
+        let gate = y
+            .index((.., .., .., self.head_dim..))
+            .reshape(&[b, l, -1])?;
+        Ok((q, Some(gate)))
+    }
+
+    /// `o_proj` of the attention output `[B, L, heads × head_dim]`, gated.
+    fn output(&self, out: &Array, gate: Option<&Array>) -> Result<Array> {
+        match gate {
+            Some(g) => self.o_proj.forward(&(out * &sigmoid(g)?)),
+            None => self.o_proj.forward(out),
+        }
+    }
+
+    /// The attention slot of a layer whose tokens another mixer mixes
+    /// (`Block::linear_attn`): empty projections, never run.
+    pub(super) fn absent(dtype: mlx_rs::Dtype) -> Result<Self> {
+        let empty = || -> Result<Linear> {
+            Ok(Linear {
+                weight: super::layers::LinearWeight::Dense(mlx_rs::ops::zeros_dtype(
+                    &[0, 0],
+                    dtype,
+                )?),
+                bias: None,
+                lora: None,
+                all_sum: None,
+            })
+        };
+        Ok(Self {
+            q_proj: empty()?,
+            k_proj: empty()?,
+            v_proj: empty()?,
+            o_proj: empty()?,
+            q_norm: None,
+            k_norm: None,
+            n_heads: 0,
+            n_kv_heads: 0,
+            head_dim: 0,
+            scale: 1.0,
+            rope: None,
+            logit_softcap: None,
+            sinks: None,
+            qk_norm_span: QkNormSpan::Head,
+            query_scaling: None,
+            output_gate: false,
         })
     }
 
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let heads = |proj: &Linear, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = proj.forward(x)?;
+        let (q, gate) = self.queries(x)?;
+        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
             let y = match (norm, self.qk_norm_span) {
                 (Some(norm), QkNormSpan::Head) => norm.forward(&y.reshape(&[b, l, n, -1])?)?,
                 (Some(norm), QkNormSpan::AllHeads) => norm.forward(&y)?.reshape(&[b, l, n, -1])?,
@@ -148,9 +212,9 @@ impl Attention {
             };
             Ok(y.transpose_axes(&[0, 2, 1, 3])?)
         };
-        let q = heads(&self.q_proj, self.n_heads, &self.q_norm)?;
-        let k = heads(&self.k_proj, self.n_kv_heads, &self.k_norm)?;
-        let v = heads(&self.v_proj, self.n_kv_heads, &None)?;
+        let q = heads(q, self.n_heads, &self.q_norm)?;
+        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
         let positions = cache.positions();
         let (q, k) = match &self.rope {
             Some(rope) => (
@@ -173,14 +237,14 @@ impl Attention {
             let mask = cache.mask(l, kv.len())?;
             let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
             let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-            return self.o_proj.forward(&out);
+            return self.output(&out, gate.as_ref());
         }
         let (k, v) = cache.update_and_fetch(&k, &v)?;
         if let Some(cap) = self.logit_softcap {
             let mask = cache.mask(l, k.shape()[2])?;
             let out = super::gemma2::softcapped_attention(&q, &k, &v, self.scale, cap, mask)?;
             let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-            return self.o_proj.forward(&out);
+            return self.output(&out, gate.as_ref());
         }
         let out = match cache.mask(l, k.shape()[2])? {
             Mask::None => {
@@ -199,7 +263,7 @@ impl Attention {
             }
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.o_proj.forward(&out)
+        self.output(&out, gate.as_ref())
     }
 }
 
@@ -288,7 +352,12 @@ impl FeedForward {
 
 #[derive(Clone)]
 pub struct Block {
+    /// The token mixer, unless `linear_attn` replaces it.
     pub self_attn: Attention,
+    /// A gated DeltaNet mixing tokens in place of attention (the linear
+    /// layers of the hybrid Qwen families); `self_attn` is then
+    /// [`Attention::absent`] and the layer's cache a [`crate::cache::StateCache`].
+    pub linear_attn: Option<Box<GatedDeltaNet>>,
     pub mlp: FeedForward,
     pub input_layernorm: RmsNorm,
     pub post_attention_layernorm: RmsNorm,
@@ -331,7 +400,25 @@ impl Block {
                 eps,
             )?,
             residual: Residual::PreNorm,
+            linear_attn: None,
         })
+    }
+
+    /// A pre-norm block of `self_attn` and `mlp` with the given norms.
+    pub(super) fn pre_norm_with(
+        input_layernorm: RmsNorm,
+        post_attention_layernorm: RmsNorm,
+        self_attn: Attention,
+        mlp: FeedForward,
+    ) -> Self {
+        Self {
+            self_attn,
+            mlp,
+            input_layernorm,
+            post_attention_layernorm,
+            residual: Residual::PreNorm,
+            linear_attn: None,
+        }
     }
 
     /// A post-norm block (`Residual::PostNorm`) of `self_attn` and `mlp`,
@@ -353,6 +440,7 @@ impl Block {
             residual: Residual::PostNorm {
                 post_feedforward_layernorm: norm(w, "post_feedforward_layernorm")?,
             },
+            linear_attn: None,
         })
     }
 
@@ -374,9 +462,11 @@ impl Block {
             Some(m) => &r * m,
             None => r,
         };
-        let r = self
-            .self_attn
-            .forward(&self.input_layernorm.forward(x)?, cache)?;
+        let normed = self.input_layernorm.forward(x)?;
+        let r = match &self.linear_attn {
+            Some(delta) => delta.forward(&normed, cache)?,
+            None => self.self_attn.forward(&normed, cache)?,
+        };
         let h = x + &scaled(r);
         let r = self
             .mlp
@@ -420,6 +510,7 @@ impl Decoder {
                         args.rms_norm_eps,
                     )?,
                     residual: Residual::PreNorm,
+                    linear_attn: None,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
@@ -449,15 +540,27 @@ impl Decoder {
         layers: Vec<Block>,
         options: DecoderOptions,
     ) -> Result<Self> {
-        let lm_head = if w.contains("lm_head.weight") {
-            Some(Linear::load(w, "lm_head")?)
+        Self::assemble_at(w, args, "", layers, options)
+    }
+
+    /// As `assemble`, the tensors named under `root` (`language_model.`).
+    pub(super) fn assemble_at(
+        w: &mut Weights,
+        args: &ModelArgs,
+        root: &str,
+        layers: Vec<Block>,
+        options: DecoderOptions,
+    ) -> Result<Self> {
+        let head = format!("{root}lm_head");
+        let lm_head = if w.contains(&format!("{head}.weight")) {
+            Some(Linear::load(w, &head)?)
         } else {
             None
         };
         Ok(Self {
-            embed_tokens: Embedding::load(w, "model.embed_tokens")?,
+            embed_tokens: Embedding::load(w, &format!("{root}model.embed_tokens"))?,
             layers,
-            norm: RmsNorm::load(w, "model.norm", args.rms_norm_eps)?,
+            norm: RmsNorm::load(w, &format!("{root}model.norm"), args.rms_norm_eps)?,
             lm_head,
             options,
             embed_scale: None,
@@ -531,6 +634,9 @@ impl Decoder {
         }
         Ok((0..self.layers.len())
             .map(|i| -> Box<dyn KvCache> {
+                if self.layers[i].linear_attn.is_some() {
+                    return gated_delta::new_cache();
+                }
                 match (
                     self.options.layer_windows.get(i).copied().flatten(),
                     max_kv_size,
@@ -548,6 +654,9 @@ impl Decoder {
     pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
         (0..self.layers.len())
             .map(|i| -> Box<dyn KvCache> {
+                if self.layers[i].linear_attn.is_some() {
+                    return gated_delta::new_cache();
+                }
                 match self.options.layer_windows.get(i).copied().flatten() {
                     Some(w) => Box::new(RotatingCache::new(w, 0)),
                     None => Box::new(StandardCache::new()),

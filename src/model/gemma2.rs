@@ -168,6 +168,7 @@ pub(super) fn gemma_block(
                 eps,
             )?,
         }),
+        linear_attn: None,
     })
 }
 

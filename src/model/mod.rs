@@ -3,6 +3,7 @@
 pub mod config;
 pub mod decoder;
 pub mod exaone4;
+pub mod gated_delta;
 pub mod gemma2;
 pub mod gemma3_text;
 pub mod glm4_moe;
@@ -19,7 +20,9 @@ pub mod phi3;
 pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen3_5;
 pub mod qwen3_moe;
+pub mod qwen3_next;
 pub mod seed_oss;
 pub mod smollm3;
 pub mod synthetic;
@@ -52,7 +55,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 18] = [
+pub(crate) const SUPPORTED: [&str; 21] = [
     "llama",
     "mistral",
     "qwen2",
@@ -71,6 +74,9 @@ pub(crate) const SUPPORTED: [&str; 18] = [
     "olmo3",
     "exaone4",
     "ministral3",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -83,6 +89,12 @@ fn unsupported(model_type: &str) -> anyhow::Error {
 /// Builds the decoder of each supported `model_type` from its weights,
 /// after checking their shapes against the config.
 fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
+    // The hybrid families' layers differ from the shapes `check_shapes` knows.
+    match args.model_type.as_str() {
+        "qwen3_next" => return qwen3_next::load(w, args, raw),
+        "qwen3_5" | "qwen3_5_moe" => return qwen3_5::load(w, args, raw),
+        _ => {}
+    }
     let qk_norm = matches!(
         args.model_type.as_str(),
         "qwen3" | "gemma3_text" | "qwen3_moe" | "glm4_moe" | "exaone4"
@@ -117,6 +129,10 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let raw: serde_json::Value =
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let raw = match raw.get("model_type").and_then(|t| t.as_str()) {
+        Some("qwen3_5" | "qwen3_5_moe") => qwen3_5::flatten_text_config(raw),
+        _ => raw,
+    };
     // The path names the field: `hidden_size: invalid type: string "wide"`.
     let mut args: ModelArgs = serde_path_to_error::deserialize(raw.clone())
         .map_err(|e| anyhow::anyhow!("{}: {}", e.path(), e.inner()))

@@ -1,5 +1,5 @@
 //! Sparse Mixture-of-Experts feed-forward, shared by Qwen3-MoE, Mixtral,
-//! GPT-OSS and GLM-4.5:
+//! GPT-OSS, GLM-4.5 and the hybrid Qwen families:
 //! a router picks `top_k` experts per token, each expert is a SwiGLU MLP
 //! whose weights are stacked `[experts, out, in]` (dense, or quantized
 //! per expert in any MLX mode) and run through `gather_mm` / `gather_qmm`, so only
@@ -280,6 +280,9 @@ pub struct SparseMoe {
     pub routed_scale: f32,
     /// A dense MLP every token also goes through (GLM-4.5's `shared_experts`).
     pub shared_experts: Option<Box<Mlp>>,
+    /// A one-output linear whose sigmoid scales the shared experts' output
+    /// (Qwen3-Next's `shared_expert_gate`).
+    pub shared_expert_gate: Option<Box<Linear>>,
 }
 
 impl SparseMoe {
@@ -343,6 +346,7 @@ impl SparseMoe {
             score_bias: None,
             routed_scale: 1.0,
             shared_experts: None,
+            shared_expert_gate: None,
         })
     }
 
@@ -419,9 +423,13 @@ impl SparseMoe {
         let y = self.switch_mlp.forward(x, &inds)?;
         let weighted = &y * &expand_dims_axes(&scores, &[-1])?;
         let out = weighted.sum_axis(-2, false)?.as_dtype(y.dtype())?;
-        match &self.shared_experts {
-            Some(mlp) => Ok(&out + &mlp.forward(x)?),
-            None => Ok(out),
+        let Some(mlp) = &self.shared_experts else {
+            return Ok(out);
+        };
+        let shared = mlp.forward(x)?;
+        match &self.shared_expert_gate {
+            Some(gate) => Ok(&out + &(&sigmoid(&gate.forward(x)?)? * &shared)),
+            None => Ok(&out + &shared),
         }
     }
 }

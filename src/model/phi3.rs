@@ -158,6 +158,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
             sinks: None,
             qk_norm_span: Default::default(),
             query_scaling: None,
+            output_gate: false,
         },
         mlp: FeedForward::Dense(Mlp {
             gate_proj,
@@ -168,6 +169,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
         input_layernorm: RmsNorm::load(w, &format!("{p}.input_layernorm"), eps)?,
         post_attention_layernorm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), eps)?,
         residual: Residual::PreNorm,
+        linear_attn: None,
     })
 }
 

@@ -1,0 +1,48 @@
+//! Qwen3.5 (`qwen3_5`, dense) and Qwen3.5-MoE (`qwen3_5_moe`): the hybrid
+//! decoder of Qwen3-Next (`qwen3_next.rs`) with the gated DeltaNet's
+//! projections stored apart (`in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+//! `in_proj_a`), every layer sparse when the model has experts, top-k
+//! weights renormalized unless `norm_topk_prob` is false, and RoPE from
+//! `rope_parameters` (its `mrope_section` is for images: text positions are
+//! plain RoPE). The checkpoints are the text model of a vision-language
+//! model: `config.json` nests the decoder's fields in `text_config`
+//! (flattened at load, see `model::read_config`) and the tensors sit under
+//! `language_model.`; vision-tower tensors are dropped.
+
+use anyhow::Result;
+
+use super::config::ModelArgs;
+use super::decoder::Decoder;
+use super::qwen3_next::{load_hybrid, Hybrid};
+use super::weights::Weights;
+
+pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
+    let family = Hybrid {
+        root: "language_model.",
+        grouped_in_proj: false,
+        every_layer_sparse: true,
+        norm_topk_default: true,
+        rope_from_parameters: true,
+    };
+    load_hybrid(w, args, raw, &family)
+}
+
+/// The decoder's config of a Qwen3.5 `config.json`: `text_config`'s fields
+/// over the top-level ones (the top level keeps `model_type` and the
+/// quantization), as mlx-lm reads it; a flat config is returned as is.
+pub(crate) fn flatten_text_config(raw: serde_json::Value) -> serde_json::Value {
+    let serde_json::Value::Object(mut top) = raw else {
+        return raw;
+    };
+    let Some(serde_json::Value::Object(text)) = top.remove("text_config") else {
+        return serde_json::Value::Object(top);
+    };
+    for (key, value) in text {
+        if key != "model_type" {
+            top.insert(key, value);
+        }
+    }
+    // mlx-lm's default, read only by dense layers.
+    top.entry("intermediate_size").or_insert(14336.into());
+    serde_json::Value::Object(top)
+}
