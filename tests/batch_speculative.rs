@@ -272,3 +272,52 @@ fn a_self_draft_under_a_grammar_in_the_batch_accepts_what_the_target_samples() {
         assert!(acceptance >= 0.95, "acceptance {acceptance:.2}: {s:?}");
     }
 }
+
+#[test]
+fn drafting_rows_report_the_log_probabilities_of_plain_decoding() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = common::model_dir();
+    let model = Model::load(&dir).unwrap();
+    let tok = Tokenizer::load(&dir).unwrap();
+    let engine = GrammarEngine::new(&tok).unwrap();
+    let spec = ConstraintSpec::JsonSchema(json!({"type": "object"}));
+    let cases = vec![
+        Case {
+            prompt: encode(&tok, COPY_TEXT),
+            draft: Some((false, 3)),
+            grammar: false,
+            join_at: 0,
+        },
+        Case {
+            prompt: encode(
+                &tok,
+                "Repeat exactly: the red fox, the red fox, the red fox jumps.",
+            ),
+            draft: Some((false, 2)),
+            grammar: false,
+            join_at: 2,
+        },
+    ];
+    let opts = GenerateOptions {
+        logprobs: Some(3),
+        ..greedy(24)
+    };
+    let batch = run_batch(&model, &model, &tok, &engine, &spec, &cases, &opts);
+    for (i, (case, got)) in cases.iter().zip(&batch).enumerate() {
+        let want = alone(&model, &tok, &case.prompt, &opts, None, &spec);
+        assert_eq!(got.token_ids, want.token_ids, "row {i}");
+        assert!(got.speculation.as_ref().unwrap().accepted > 0, "row {i}");
+        assert_eq!(got.logprobs.len(), want.logprobs.len(), "row {i}");
+        for (g, w) in got.logprobs.iter().zip(&want.logprobs) {
+            assert_eq!(g.token, w.token);
+            assert!(
+                (g.logprob - w.logprob).abs() < 1e-3,
+                "row {i}: logprob {} vs {} alone",
+                g.logprob,
+                w.logprob
+            );
+            let ids = |t: &[(u32, f32)]| t.iter().map(|p| p.0).collect::<Vec<_>>();
+            assert_eq!(ids(&g.top), ids(&w.top), "row {i}: top tokens");
+        }
+    }
+}
