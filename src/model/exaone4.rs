@@ -4,8 +4,7 @@
 //! the layers) marks local layers `L`, which attend over `sliding_window`
 //! positions with RoPE, and global layers `G`, which use no positional
 //! encoding; without a pattern every layer is global with RoPE. The
-//! windowed layers keep rotating caches, so such models decode one request
-//! at a time.
+//! windowed layers keep rotating caches.
 
 use anyhow::{bail, Result};
 use serde::Deserialize;

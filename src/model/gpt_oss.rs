@@ -4,8 +4,7 @@
 //! top `num_experts_per_tok` logits and softmaxes over them; the experts
 //! carry biases and use the clipped "SwiGLU-OAI" activation. Checkpoints in
 //! mlx-lm's layout (experts stacked as `mlp.experts.{gate,up,down}_proj`).
-//! The windowed layers keep rotating caches, so these models decode one
-//! request at a time.
+//! The windowed layers keep rotating caches.
 
 use anyhow::{bail, Result};
 use serde::Deserialize;

@@ -2,8 +2,8 @@
 //! temperature tuning (queries at position `p` times
 //! `1 + llama_4_scaling_beta * ln(1 + floor(p / original_max_position_embeddings))`)
 //! and RoPE entirely from `rope_parameters` (its `rope_theta` and scaling).
-//! `layer_types` may mark sliding-window layers, which keep rotating caches
-//! (such models decode one request at a time). A tied checkpoint's stray
+//! `layer_types` may mark sliding-window layers, which keep rotating caches.
+//! A tied checkpoint's stray
 //! `lm_head` is dropped, as mlx-lm's `sanitize`.
 
 use anyhow::{bail, Context, Result};

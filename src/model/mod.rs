@@ -237,19 +237,25 @@ impl Model {
         self.decoder.embed_tokens.vocab_size() as usize
     }
 
-    /// Whether rows of this model can share a batch cache. Sliding-window
-    /// (rotating) caches cannot be right-aligned across rows, so those
-    /// models decode one request at a time.
+    /// Whether rows of this model can share a batch: every layer's cache
+    /// has a batch layout.
     pub fn supports_batching(&self) -> bool {
         crate::cache::can_batch(&self.make_caches())
     }
 
-    /// KV bytes one position costs across all layers.
+    /// KV bytes one position costs across the attention layers (a gated
+    /// DeltaNet layer's state does not grow with the positions).
     pub fn kv_bytes_per_token(&self) -> usize {
         let item = match self.dtype {
             Dtype::Float32 => 4,
             _ => 2,
         };
-        2 * self.num_layers() * (self.args.kv_heads() * self.args.head_dim()) as usize * item
+        let attention = self
+            .decoder
+            .layers
+            .iter()
+            .filter(|l| l.linear_attn.is_none())
+            .count();
+        2 * attention * (self.args.kv_heads() * self.args.head_dim()) as usize * item
     }
 }
