@@ -153,3 +153,51 @@ fn unknown_architecture_is_a_clear_error() {
     let err = Model::load(&tmp.path().join("missing")).err().unwrap();
     assert!(format!("{err:#}").contains("does not exist"), "{err:#}");
 }
+
+/// A Qwen3-Next checkpoint in the Hugging Face layout (experts one by one,
+/// convolutions `[channels, 1, kernel]`, norms stored as offsets from 1, an
+/// MTP head) loads as mlx-lm's `sanitize` converts it: the same logits.
+#[test]
+fn qwen3_next_hugging_face_layout_loads() {
+    let src = common::repo_root().join("goldens/arch/qwen3_next");
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
+    let one = Array::from_f32(1.0);
+    let mut hf = std::collections::HashMap::new();
+    for (name, t) in Array::load_safetensors(src.join("model.safetensors")).unwrap() {
+        let norm = [
+            "input_layernorm.weight",
+            "post_attention_layernorm.weight",
+            "model.norm.weight",
+            "q_norm.weight",
+            "k_norm.weight",
+        ];
+        if name.ends_with("conv1d.weight") {
+            hf.insert(name, t.swap_axes(1, 2).unwrap());
+        } else if norm.iter().any(|n| name.ends_with(n)) {
+            hf.insert(name, &t - &one);
+        } else if let Some((layer, proj)) = name.split_once(".switch_mlp.") {
+            for e in 0..t.shape()[0] {
+                hf.insert(format!("{layer}.experts.{e}.{proj}"), t.index(e));
+            }
+        } else {
+            hf.insert(name, t);
+        }
+    }
+    hf.insert(
+        "mtp.fc.weight".into(),
+        Array::from_slice(&[0f32; 4], &[2, 2]),
+    );
+    Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
+
+    let model = Model::load(tmp.path()).unwrap();
+    let expected = Array::load_safetensors(src.join("expected.safetensors")).unwrap();
+    let n = expected["tokens"].shape()[0];
+    let ids = expected["tokens"].reshape(&[1, n]).unwrap();
+    let full = model
+        .forward(&ids, &mut model.make_caches())
+        .unwrap()
+        .index((0, .., ..));
+    let diff = max_abs_diff(&full, &expected["full"]);
+    assert!(diff < 1e-3, "Hugging Face layout: logits differ by {diff}");
+}

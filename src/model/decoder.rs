@@ -1,6 +1,8 @@
 //! The pre-norm decoder-only transformer that the LLaMA and Qwen families share:
-//! RMS norm, grouped-query attention with RoPE, SwiGLU MLP.
-//! The architecture files only say which options their family uses.
+//! RMS norm, grouped-query attention with RoPE, SwiGLU MLP. In the hybrid Qwen
+//! families some blocks mix tokens with a gated DeltaNet (`gated_delta.rs`)
+//! instead of attention. The architecture files only say which options their
+//! family uses.
 
 use anyhow::Result;
 use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
