@@ -29,6 +29,13 @@ pub struct Args {
     /// A small version for CI: tiny token counts, one or two requests per cell.
     #[arg(long)]
     smoke: bool,
+    /// Only these workloads (comma-separated; default: all).
+    #[arg(long, value_delimiter = ',')]
+    workloads: Option<Vec<String>>,
+    /// Runs of the whole cell list, interleaved; the summary gives each
+    /// cell's median and range over them.
+    #[arg(long, default_value_t = 1, value_parser = crate::validate::at_least_one)]
+    rounds: usize,
     /// Folder for the markdown report and the PNG plot.
     #[arg(long, default_value = "docs/bench")]
     out: PathBuf,
@@ -618,6 +625,8 @@ struct PhaseResult {
 #[derive(Clone, Debug, serde::Serialize)]
 struct CellResult {
     cell: String,
+    /// Which run of the cell list (`--rounds`), from 0.
+    round: usize,
     serve_args: Vec<String>,
     ok: bool,
     error: Option<String>,
@@ -631,18 +640,25 @@ fn stat(v: &Value, path: &[&str]) -> f64 {
     path.iter().fold(v, |v, k| &v[*k]).as_f64().unwrap_or(0.0)
 }
 
+/// What one cell's phases run.
+struct Plan<'a> {
+    sizes: Sizes,
+    workloads: Vec<&'static str>,
+    validator: &'a jsonschema::Validator,
+}
+
 fn run_phase(
     http: &reqwest::blocking::Client,
     server: &Server,
     cell: &Cell,
-    sizes: &Sizes,
+    plan: &Plan<'_>,
     phase: &'static str,
-    validator: &jsonschema::Validator,
 ) -> Result<PhaseResult> {
+    let (sizes, validator) = (&plan.sizes, plan.validator);
     let started_unix = unix_now();
     let before = server.stats(http)?;
     let mut workloads = BTreeMap::new();
-    for w in WORKLOADS {
+    for w in plan.workloads.iter().copied() {
         let r = run_workload(http, &server.base, w, cell, sizes, validator)
             .with_context(|| format!("workload {w}"))?;
         workloads.insert(w.to_string(), r);
@@ -731,9 +747,8 @@ fn run_cell(
     http: &reqwest::blocking::Client,
     cell: &Cell,
     args: &[String],
-    sizes: &Sizes,
+    plan: &Plan<'_>,
     timeout: Duration,
-    validator: &jsonschema::Validator,
 ) -> (Vec<PhaseResult>, Option<String>) {
     let server = match Server::start(args, timeout) {
         Ok(s) => s,
@@ -741,7 +756,7 @@ fn run_cell(
     };
     let mut phases = Vec::new();
     for phase in ["cold", "warm"] {
-        match run_phase(http, &server, cell, sizes, phase, validator) {
+        match run_phase(http, &server, cell, plan, phase) {
             Ok(p) => phases.push(p),
             Err(e) => {
                 let tail = server.stderr.lock().unwrap().clone();
@@ -785,7 +800,7 @@ fn record(
             p.map(|p| p.phase).unwrap_or("cold")
         );
         let flags = json!({"cell": res.cell, "serve_args": res.serve_args, "smoke": smoke,
-                           "sizes": sizes});
+                           "sizes": sizes, "round": res.round});
         let id = db.start_run_with("bench", Some(&label), model, &flags, meta)?;
         ids.push(id);
         let Some(p) = p else {
@@ -849,6 +864,24 @@ pub fn run(args: Args) -> Result<()> {
             .collect::<Result<_>>()?,
     };
     let sizes = Sizes::new(args.smoke);
+    let workloads: Vec<&'static str> = match &args.workloads {
+        None => WORKLOADS.to_vec(),
+        Some(names) => names
+            .iter()
+            .map(|n| {
+                WORKLOADS
+                    .iter()
+                    .find(|w| *w == n)
+                    .copied()
+                    .with_context(|| {
+                        format!(
+                            "unknown workload {n:?}; workloads: {}",
+                            WORKLOADS.join(", ")
+                        )
+                    })
+            })
+            .collect::<Result<_>>()?,
+    };
     let db_path = args
         .db
         .clone()
@@ -861,20 +894,29 @@ pub fn run(args: Args) -> Result<()> {
         .timeout(Duration::from_secs(1800))
         .build()?;
     let timeout = Duration::from_secs(args.ready_timeout);
+    let plan = Plan {
+        sizes,
+        workloads,
+        validator: &validator,
+    };
 
-    let bar = indicatif::ProgressBar::new(cells.len() as u64);
+    let bar = indicatif::ProgressBar::new((cells.len() * args.rounds) as u64);
     bar.set_style(
         indicatif::ProgressStyle::with_template("feature-matrix [{bar:20}] {pos}/{len} {msg}")
             .expect("a valid template")
             .progress_chars("=> "),
     );
     let mut results: Vec<CellResult> = Vec::new();
-    for cell in &cells {
+    let runs: Vec<(usize, &Cell)> = (0..args.rounds)
+        .flat_map(|round| cells.iter().map(move |c| (round, c)))
+        .collect();
+    for &(round, cell) in &runs {
         bar.set_message(cell.name);
         let serve_args = serve_args(cell, &model, &draft);
-        let (phases, error) = run_cell(&http, cell, &serve_args, &sizes, timeout, &validator);
+        let (phases, error) = run_cell(&http, cell, &serve_args, &plan, timeout);
         let mut res = CellResult {
             cell: cell.name.to_string(),
+            round,
             serve_args,
             ok: error.is_none(),
             error,
@@ -890,13 +932,18 @@ pub fn run(args: Args) -> Result<()> {
         bar.inc(1);
     }
     bar.finish_and_clear();
-    // Grammar overhead: each grammar cell against its no-grammar twin of this run.
+    // Grammar overhead: each grammar cell against its no-grammar twin of this round.
     for i in 0..results.len() {
-        let Some(twin) = cells[i].without_grammar() else {
+        let Some(twin) = runs[i].1.without_grammar() else {
             continue;
         };
+        let round = results[i].round;
         let tps = |r: &CellResult| r.phases.first().map(|p| p.aggregate_tok_s);
-        if let Some(base) = results.iter().find(|r| r.cell == twin).and_then(tps) {
+        let base = results
+            .iter()
+            .find(|r| r.cell == twin && r.round == round)
+            .and_then(tps);
+        if let Some(base) = base {
             if let Some(t) = tps(&results[i]) {
                 results[i].grammar_overhead = Some(base / t.max(1e-9));
             }
@@ -920,6 +967,9 @@ pub fn run(args: Args) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
         print!("{}", table(&results));
+        if args.rounds > 1 {
+            print!("{}", summary(&results, &cells));
+        }
         println!("report: {}  plot: {}", md.display(), png.display());
         println!("eval database: {}", db.path().display());
     }
@@ -951,6 +1001,59 @@ fn plot_rows(results: &[CellResult]) -> Vec<super::plot::Bar> {
             }
         })
         .collect()
+}
+
+/// Median, smallest and largest of `xs`.
+fn spread(xs: &[f64]) -> Option<(f64, f64, f64)> {
+    let mut v: Vec<f64> = xs.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(|a, b| a.total_cmp(b));
+    let mid = v.len() / 2;
+    let median = if v.len() % 2 == 0 {
+        (v[mid - 1] + v[mid]) / 2.0
+    } else {
+        v[mid]
+    };
+    Some((median, v[0], v[v.len() - 1]))
+}
+
+/// Each cell's warm-phase medians over the rounds, with their range.
+fn summary(results: &[CellResult], cells: &[Cell]) -> String {
+    let mut out = format!(
+        "\nwarm phase over {} rounds: median [min-max]\n{:<20} {:>24} {:>24} {:>8}\n",
+        results.iter().map(|r| r.round + 1).max().unwrap_or(0),
+        "cell",
+        "agg tok/s",
+        "copy tok/s",
+        "accept"
+    );
+    let show = |s: Option<(f64, f64, f64)>| match s {
+        Some((m, lo, hi)) => format!("{m:.2} [{lo:.2}-{hi:.2}]"),
+        None => "-".into(),
+    };
+    for cell in cells {
+        let warm: Vec<&PhaseResult> = results
+            .iter()
+            .filter(|r| r.cell == cell.name)
+            .filter_map(|r| r.phases.iter().find(|p| p.phase == "warm"))
+            .collect();
+        let agg: Vec<f64> = warm.iter().map(|p| p.aggregate_tok_s).collect();
+        let copy: Vec<f64> = warm
+            .iter()
+            .filter_map(|p| p.workloads.get("copy").map(|w| w.aggregate_tok_s))
+            .collect();
+        let accept: Vec<f64> = warm.iter().filter_map(|p| p.acceptance).collect();
+        out += &format!(
+            "{:<20} {:>24} {:>24} {:>8}\n",
+            cell.name,
+            show(spread(&agg)),
+            show(spread(&copy)),
+            spread(&accept).map_or("-".into(), |(m, _, _)| format!("{m:.2}"))
+        );
+    }
+    out
 }
 
 fn fmt(x: Option<f64>, digits: usize) -> String {
