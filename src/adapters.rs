@@ -1,7 +1,7 @@
 //! LoRA adapters in mlx-lm's format: a directory with `adapters.safetensors`
 //! (tensors `model.layers.N.<module>.lora_a` `[in, r]` and `.lora_b` `[r, out]`;
 //! for experts `[experts, r, in]` and `[experts, out, r]`; module names as
-//! mlx-lm's, see `train::lora`) and `adapter_config.json` (`fine_tune_type`, `num_layers`,
+//! mlx-lm's, see `lora`) and `adapter_config.json` (`fine_tune_type`, `num_layers`,
 //! `lora_parameters {rank, scale, dropout, keys?}` and the training options).
 
 use std::collections::HashMap;
@@ -10,9 +10,8 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use mlx_rs::Array;
 
+use crate::lora::{AdapterLayout, LoraParameters};
 use crate::model::Model;
-use crate::train::config::LoraParameters;
-use crate::train::lora::AdapterLayout;
 
 pub(crate) const WEIGHTS_FILE: &str = "adapters.safetensors";
 pub(crate) const CONFIG_FILE: &str = "adapter_config.json";

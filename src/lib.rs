@@ -2,11 +2,13 @@
 //! constraints, speculation and model conversion, free of CLI and HTTP concerns.
 
 pub mod adapters;
+pub mod autodiff;
 pub mod cache;
 pub mod chat;
 pub mod chat_template;
 pub mod constraint;
 pub mod convert;
+pub mod dataset_rows;
 pub mod decode;
 pub mod default_model;
 pub mod distributed;
@@ -19,6 +21,7 @@ pub mod grammar;
 pub mod hub;
 pub mod kernels;
 pub mod kv_file;
+pub mod lora;
 pub mod mlx_ext;
 pub mod model;
 pub mod prompt;

@@ -390,7 +390,7 @@ fn adapted_loss(dir: &Path, adapter: &Path, file: &Path) -> f64 {
     else {
         panic!("SFT rows expected");
     };
-    let fwd = mlx_bun::train::forward::TrainForward {
+    let fwd = mlx_bun::autodiff::forward::TrainForward {
         decoder: &model.decoder,
         checkpoint_from: None,
     };

@@ -8,16 +8,15 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
+use mlx_bun::autodiff::forward::TrainForward;
 use mlx_bun::decode::BatchItem;
 use mlx_bun::decode::BatchLimits;
 use mlx_bun::generate::{generate, GenerateOptions};
+use mlx_bun::lora::{AdapterLayout, LoraParameters};
 use mlx_bun::model::decoder::FeedForward;
 use mlx_bun::model::Model;
 use mlx_bun::speculative::{generate_speculative, ModelDrafter};
 use mlx_bun::tokenizer::Tokenizer;
-use mlx_bun::train::config::LoraParameters;
-use mlx_bun::train::forward::TrainForward;
-use mlx_bun::train::lora::AdapterLayout;
 use mlx_bun::train::losses::Head;
 use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;

@@ -13,12 +13,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use mlx_bun::adapters;
+use mlx_bun::autodiff::forward::TrainForward;
 use mlx_bun::generate::{generate, GenerateOptions};
+use mlx_bun::lora::{AdapterLayout, LoraParameters};
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
-use mlx_bun::train::config::LoraParameters;
-use mlx_bun::train::forward::TrainForward;
-use mlx_bun::train::lora::AdapterLayout;
 use mlx_bun::train::losses::Head;
 use mlx_rs::ops::expand_dims;
 use mlx_rs::ops::indexing::IndexOp;

@@ -236,7 +236,7 @@ fn a_bad_draft_model_or_adapter_is_refused_by_field() {
 /// An adapter folder with random LoRA weights on the last 2 layers: the
 /// config from a zero-step `mlx-bun train`, the weights drawn here.
 fn random_adapter(model_dir: &std::path::Path, out: &std::path::Path) {
-    use mlx_bun::train::{config::LoraParameters, lora::AdapterLayout};
+    use mlx_bun::lora::{AdapterLayout, LoraParameters};
     use mlx_rs::random;
     common::run_ok(&[
         "train",

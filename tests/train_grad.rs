@@ -6,12 +6,12 @@
 use std::collections::HashMap;
 use std::path::Path;
 
+use mlx_bun::autodiff::forward::TrainForward;
+use mlx_bun::dataset_rows::{PreferenceExample, SftExample};
+use mlx_bun::lora::{AdapterLayout, LoraParameters};
 use mlx_bun::model::Model;
 use mlx_bun::train::batches::pad_sft;
-use mlx_bun::train::config::{LoraParameters, SftScope};
-use mlx_bun::train::data::{PreferenceExample, SftExample};
-use mlx_bun::train::forward::TrainForward;
-use mlx_bun::train::lora::AdapterLayout;
+use mlx_bun::train::config::SftScope;
 use mlx_bun::train::losses::sft_loss;
 use mlx_bun::train::orpo::{log1mexp, orpo_loss};
 use mlx_rs::transforms::value_and_grad_with_argnums;

@@ -9,13 +9,12 @@ use std::process::Command;
 
 use common::{model_dir, oracle_python, repo_root, run_ok};
 use mlx_bun::adapters;
+use mlx_bun::autodiff::forward::TrainForward;
+use mlx_bun::lora::{AdapterLayout, LoraParameters};
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
 use mlx_bun::train::batches::pad_sft;
-use mlx_bun::train::config::LoraParameters;
 use mlx_bun::train::data::{load_file, Examples, RowKind};
-use mlx_bun::train::forward::TrainForward;
-use mlx_bun::train::lora::AdapterLayout;
 use mlx_bun::train::losses::sft_loss;
 use mlx_rs::{random, Array};
 use serde_json::Value;

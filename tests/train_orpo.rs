@@ -8,12 +8,12 @@ use std::path::Path;
 use std::process::Command;
 
 use common::{bin, model_dir, oracle_python, repo_root, run_ok};
+use mlx_bun::autodiff::forward::TrainForward;
 use mlx_bun::evaldb::EvalDb;
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
 use mlx_bun::train::config::SftScope;
 use mlx_bun::train::data::{load_file, Examples, RowKind};
-use mlx_bun::train::forward::TrainForward;
 use mlx_bun::train::orpo::orpo_loss;
 use serde_json::Value;
 

@@ -31,12 +31,12 @@ use serde_json::Value;
 
 use super::hf::{self, HfOptions, HfSummary, LayerOverrides, QuantRecipe};
 use super::quantize::QuantMode;
+use crate::autodiff::forward::TrainForward;
+use crate::lora::{block_linear, block_linear_mut, BLOCK_LINEARS};
 use crate::model::decoder::FeedForward;
 use crate::model::layers::{LinearWeight, QuantSpec};
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
-use crate::train::forward::TrainForward;
-use crate::train::lora::{block_linear, block_linear_mut, BLOCK_LINEARS};
 
 /// Options, with `mlx_lm.dynamic_quant`'s defaults.
 #[derive(Clone, Debug)]

@@ -93,7 +93,7 @@ fn record_tokens(tok: &Tokenizer, eos: u32, format: RowFormat, rec: &Record) -> 
             json!({ "prompt": text("prompt")?, "completion": text("completion")?, "tools": tools })
         }
     };
-    let ex = crate::train::data::sft_row(&row, tok, false)
+    let ex = crate::dataset_rows::sft_row(&row, tok, false)
         .map_err(|e| anyhow::anyhow!("{at}: {e:#}"))?;
     Ok(ex.tokens.into_iter().map(|t| t as i32).collect())
 }

@@ -5,7 +5,7 @@ use anyhow::{bail, Result};
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use super::data::SftExample;
+use crate::dataset_rows::SftExample;
 
 /// A padded SFT batch, row-major `[rows, width]`, padded with token 0.
 #[derive(Clone, Debug)]

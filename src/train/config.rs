@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::lora::LoraParameters;
+
 /// The training objective.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -54,41 +56,6 @@ pub struct OptimizerSettings {
     pub momentum: Option<f32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bias_correction: Option<bool>,
-}
-
-/// `lora_parameters`: where adapters go and how large they are.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LoraParameters {
-    #[serde(default = "default_rank")]
-    pub rank: usize,
-    #[serde(default = "default_scale")]
-    pub scale: f32,
-    #[serde(default)]
-    pub dropout: f32,
-    /// Module paths inside a block, e.g. `self_attn.q_proj`; absent means every
-    /// linear layer of the block (mlx-lm's default).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keys: Option<Vec<String>>,
-}
-
-fn default_rank() -> usize {
-    8
-}
-
-fn default_scale() -> f32 {
-    20.0
-}
-
-impl Default for LoraParameters {
-    fn default() -> Self {
-        Self {
-            rank: default_rank(),
-            scale: default_scale(),
-            dropout: 0.0,
-            keys: None,
-        }
-    }
 }
 
 /// `lr_schedule`, as in mlx-lm: a schedule name with its arguments and an

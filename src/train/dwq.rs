@@ -23,10 +23,10 @@ use rand::SeedableRng;
 
 use super::batches::BatchOrder;
 use super::config::{OptimizerKind, OptimizerSettings};
-use super::forward::TrainForward;
-use super::lora::{block_linear, block_linear_mut, BLOCK_LINEARS};
 use super::optimizer::{Optimizer, Schedule};
+use crate::autodiff::forward::TrainForward;
 use crate::eval::perplexity::{encode_document, eos_id, token_losses};
+use crate::lora::{block_linear, block_linear_mut, BLOCK_LINEARS};
 use crate::model::layers::{with_differentiable_quantization, LinearWeight, QuantSpec};
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;

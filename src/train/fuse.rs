@@ -13,13 +13,13 @@ use mlx_rs::{Array, Dtype};
 
 use crate::adapters;
 use crate::convert::quantize::quantize_with_mode;
+use crate::lora::{Site, SiteKind};
 use crate::mlx_ext::cast_float;
 use crate::mlx_ext::quant::dequantize;
 use crate::model::config::Quantization;
 use crate::model::decoder::FeedForward;
 use crate::model::weights::layer_quant_spec;
 use crate::model::Model;
-use crate::train::lora::{Site, SiteKind};
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct FuseReport {

@@ -7,8 +7,8 @@ use mlx_rs::ops::{concatenate, expand_dims};
 use mlx_rs::Array;
 
 use super::batches::SftBatch;
-use super::forward::TrainForward;
-use super::remat::checkpointed;
+use crate::autodiff::forward::TrainForward;
+use crate::autodiff::remat::checkpointed;
 use crate::model::decoder::Decoder;
 use crate::model::layers::{Embedding, Linear};
 

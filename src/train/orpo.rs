@@ -15,9 +15,9 @@ use mlx_rs::ops::{
 use mlx_rs::Array;
 
 use super::config::SftScope;
-use super::data::PreferenceExample;
-use super::forward::{PrefixState, TrainForward};
 use super::losses::{gather_rows, target_logprobs, Head};
+use crate::autodiff::forward::{PrefixState, TrainForward};
+use crate::dataset_rows::PreferenceExample;
 
 /// The scalar terms of an ORPO loss (each a 0-d array).
 #[derive(Clone)]

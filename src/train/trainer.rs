@@ -12,13 +12,14 @@ use mlx_rs::Array;
 
 use super::batches::{pad_sft, BatchOrder};
 use super::config::{Method, TrainConfig};
-use super::data::{Examples, PreferenceExample, SftExample, Splits};
-use super::forward::TrainForward;
-use super::lora::AdapterLayout;
+use super::data::{Examples, Splits};
 use super::losses::sft_loss;
 use super::optimizer::{clip_grad_norm, Optimizer, Schedule};
 use super::orpo::{orpo_loss, OrpoTerms};
 use crate::adapters;
+use crate::autodiff::forward::TrainForward;
+use crate::dataset_rows::{PreferenceExample, SftExample};
+use crate::lora::AdapterLayout;
 use crate::model::Model;
 
 /// The ORPO components of a loss, as numbers.

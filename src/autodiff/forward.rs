@@ -5,9 +5,9 @@
 use anyhow::Result;
 use mlx_rs::Array;
 
-use super::lora::{block_loras, block_loras_mut};
 use super::remat::checkpointed;
 use crate::cache::KvCache;
+use crate::lora::{block_loras, block_loras_mut};
 use crate::model::decoder::{Block, Decoder};
 
 /// Keys and values per layer (`[B, kv_heads, P, head_dim]`) of processed positions.

@@ -8,17 +8,56 @@
 //! loader split (one `LoRALinear` over the fused layer: `a` shared, `b`'s
 //! columns split among the parts), or one projection of a sparse layer's
 //! experts (`LoRASwitchLinear`: `a [experts, r, in]`, `b [experts, out, r]`).
+//!
+//! Data about a model, no training: training makes adapters, `adapters`
+//! loads them, and dynamic quantization and DWQ reach a block's linear
+//! layers by name through `block_linear`.
 
 use anyhow::{bail, Result};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{random, Array};
+use serde::{Deserialize, Serialize};
 
-use super::config::LoraParameters;
 use crate::model::decoder::{Block, FeedForward};
 use crate::model::layers::{Linear, Lora};
 use crate::model::moe::{SwitchLinear, EXPERT_PROJS};
 use crate::model::Model;
+
+/// `lora_parameters`: where adapters go and how large they are.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoraParameters {
+    #[serde(default = "default_rank")]
+    pub rank: usize,
+    #[serde(default = "default_scale")]
+    pub scale: f32,
+    #[serde(default)]
+    pub dropout: f32,
+    /// Module paths inside a block, e.g. `self_attn.q_proj`; absent means every
+    /// linear layer of the block (mlx-lm's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keys: Option<Vec<String>>,
+}
+
+fn default_rank() -> usize {
+    8
+}
+
+fn default_scale() -> f32 {
+    20.0
+}
+
+impl Default for LoraParameters {
+    fn default() -> Self {
+        Self {
+            rank: default_rank(),
+            scale: default_scale(),
+            dropout: 0.0,
+            keys: None,
+        }
+    }
+}
 
 /// The linear layers of our decoder block, by their path inside the block
 /// (mlx-lm's names, except where a loader split a fused layer: see
