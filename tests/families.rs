@@ -374,4 +374,14 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
         stderr.contains("ArraysCache cache cannot be saved"),
         "{stderr}"
     );
+
+    // A drafting server refuses the model at start, saying why, instead of
+    // failing every request.
+    let out = common::bin()
+        .args(["serve", "-m", dir, "--draft-model", "ngram", "--port", "0"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("cannot decode speculatively"), "{stderr}");
 }

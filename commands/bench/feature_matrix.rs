@@ -1011,7 +1011,7 @@ fn spread(xs: &[f64]) -> Option<(f64, f64, f64)> {
     }
     v.sort_by(|a, b| a.total_cmp(b));
     let mid = v.len() / 2;
-    let median = if v.len() % 2 == 0 {
+    let median = if v.len().is_multiple_of(2) {
         (v[mid - 1] + v[mid]) / 2.0
     } else {
         v[mid]

@@ -34,9 +34,6 @@ impl<'m, 'a> SpeculativeDecoder<'m, 'a> {
         if !row.drafts() {
             bail!("speculative decoding needs a drafter");
         }
-        if !caches.iter().all(|c| c.is_trimmable()) {
-            bail!("speculative decoding needs a trimmable cache");
-        }
         if row.max_tokens() == 0 {
             row.finish_with(FinishReason::Length);
         }

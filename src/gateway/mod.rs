@@ -337,6 +337,18 @@ impl Gateway {
                     .model
                     .decoder
                     .make_caches_with(config.kv.max_kv_size, config.kv.quantization);
+                let drafts = models.draft.is_some() || config.ngram_draft;
+                if drafts
+                    && kv_caches
+                        .as_ref()
+                        .is_ok_and(|c| !c.iter().all(|c| c.is_trimmable()))
+                {
+                    let why = "this model keeps a recurrent state that cannot drop drafted \
+                               tokens, so it cannot decode speculatively; start the server \
+                               without --draft-model";
+                    let _ = loaded_tx.send(Err(why.into()));
+                    return;
+                }
                 let (can_batch, batch_speculates) = match &kv_caches {
                     Ok(c) if decode_concurrency > 1 => (
                         crate::cache::can_batch(c),
