@@ -235,6 +235,7 @@ impl AdapterLayout {
     /// positive, as mlx-lm does), for `params.keys` or, as mlx-lm, every
     /// linear layer and experts' projection of those blocks.
     pub fn new(model: &Model, num_layers: i64, params: &LoraParameters) -> Result<Self> {
+        model.refuse_recurrent_layers("LoRA")?;
         let total = model.num_layers();
         if num_layers > total as i64 {
             bail!("requested to adapt {num_layers} layers but the model only has {total}");

@@ -385,3 +385,20 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
     assert!(!out.status.success(), "{stderr}");
     assert!(stderr.contains("cannot decode speculatively"), "{stderr}");
 }
+
+/// Tools that do not cover gated DeltaNet layers yet refuse hybrid models
+/// instead of silently skipping those layers.
+#[test]
+fn tools_that_skip_recurrent_layers_refuse_hybrid_models() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = Model::load(&with_tokenizer("qwen3_next", tmp.path())).unwrap();
+    let err = AdapterLayout::new(&model, -1, &LoraParameters::default())
+        .err()
+        .expect("LoRA on a hybrid model is refused");
+    assert!(
+        format!("{err:#}").contains("LoRA does not cover this model's 2 recurrent"),
+        "{err:#}"
+    );
+    let dense = Model::load(&with_tokenizer("llama", tmp.path())).unwrap();
+    AdapterLayout::new(&dense, -1, &LoraParameters::default()).unwrap();
+}

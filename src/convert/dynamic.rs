@@ -679,6 +679,7 @@ pub fn run(
     let tok = Tokenizer::load(dir)?;
     let rows = calibration_rows(&tok, opts)?;
     let model = Model::load(dir)?;
+    model.refuse_recurrent_layers("dynamic quantization (--target-bpw)")?;
 
     let sens_started = Instant::now();
     let sens = match &opts.sensitivities {

@@ -233,6 +233,25 @@ impl Model {
         self.decoder.layers.len()
     }
 
+    /// Refuses work that does not cover recurrent (gated DeltaNet) layers
+    /// yet, rather than silently skipping them.
+    pub fn refuse_recurrent_layers(&self, what: &str) -> Result<()> {
+        let recurrent = self
+            .decoder
+            .layers
+            .iter()
+            .filter(|b| b.linear_attn.is_some())
+            .count();
+        if recurrent > 0 {
+            anyhow::bail!(
+                "{what} does not cover this model's {recurrent} recurrent (gated DeltaNet) \
+                 layers yet ({})",
+                self.args.model_type
+            );
+        }
+        Ok(())
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.decoder.embed_tokens.vocab_size() as usize
     }

@@ -641,6 +641,7 @@ pub fn run(
         }
     }
     let student = Model::load(&opts.mlx_path)?;
+    student.refuse_recurrent_layers("DWQ")?;
     let sites = trainable_tensors(&student);
     if sites.is_empty() {
         bail!(
