@@ -392,9 +392,9 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
 fn tools_that_skip_recurrent_layers_refuse_hybrid_models() {
     let tmp = tempfile::tempdir().unwrap();
     let model = Model::load(&with_tokenizer("qwen3_next", tmp.path())).unwrap();
-    let err = AdapterLayout::new(&model, -1, &LoraParameters::default())
-        .err()
-        .expect("LoRA on a hybrid model is refused");
+    let Err(err) = AdapterLayout::new(&model, -1, &LoraParameters::default()) else {
+        panic!("LoRA on a hybrid model must be refused");
+    };
     assert!(
         format!("{err:#}").contains("LoRA does not cover this model's 2 recurrent"),
         "{err:#}"
