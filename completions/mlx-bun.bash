@@ -228,7 +228,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__feature__subcmd__matrix)
-            opts="-m -h --model --draft-model --cells --smoke --out --db --ready-timeout --json --help"
+            opts="-m -h --model --draft-model --cells --smoke --workloads --rounds --out --db --ready-timeout --json --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -247,6 +247,14 @@ _mlx__bun() {
                     return 0
                     ;;
                 --cells)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --workloads)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --rounds)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

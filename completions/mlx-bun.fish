@@ -126,9 +126,9 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l max-queue -d '
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l max-body-bytes -d 'Largest accepted request body in bytes; larger ones get 413' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l log-level -d 'Log level: error, warn, info, debug or trace' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l adapter-path -d 'LoRA adapter directory to apply to the model' -r -F
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l draft-model -d 'Draft model for speculative decoding' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l num-draft-tokens -d 'Tokens the draft model proposes per step' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l decode-concurrency -d 'Rows decoded together in one batch (continuous batching); 1 turns batching off. Requests with a draft model run speculatively instead' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l draft-model -d 'Draft model for speculative decoding (a directory, a repo id, or `ngram` for prompt-lookup drafting without a model)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l num-draft-tokens -d 'Tokens the drafter proposes per step' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l decode-concurrency -d 'Rows decoded together in one batch (continuous batching); 1 turns batching off. Drafting rows verify inside the batch' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l prompt-concurrency -d 'Prompts prefilled at once while the batch keeps decoding' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-budget -d 'KV cache budget in GiB for admitted requests (default: half the memory available after loading). Requests wait while the batch would exceed it; one that can never fit gets a 400' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l warmup -d 'What runs before /health reports ready: auto (full on a GPU, where MLX compiles kernels on first use; basic on the CPU), basic (one forward pass), full (every prefill size class, batch size and sampling path) or off' -r
@@ -273,6 +273,8 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_se
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l draft-model -d 'Draft model of the spec cells (default: the model itself)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l cells -d 'Only these cells (comma-separated names; default: all)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l workloads -d 'Only these workloads (comma-separated; default: all)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l rounds -d 'Runs of the whole cell list, interleaved; the summary gives each cell\'s median and range over them' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l out -d 'Folder for the markdown report and the PNG plot' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l ready-timeout -d 'Seconds to wait for a server to report ready' -r
