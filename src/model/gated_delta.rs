@@ -124,6 +124,9 @@ impl GatedDeltaNet {
         eps: f32,
         grouped: bool,
     ) -> Result<(Self, bool)> {
+        // mlx-lm's construction draws twice per layer: the convolution's
+        // initial weight and the initial `A` (seeded sampling counts draws).
+        w.count_init_draws(2);
         let lin = |w: &mut Weights, name: &str| Linear::load(w, &format!("{prefix}.{name}"));
         let in_proj = if grouped {
             InProj::Grouped(Box::new(GroupedProj {
