@@ -24,6 +24,82 @@ use super::{BatchCache, KvCache, Mask, Positions, STEP};
 /// Repack once the holes reach this many positions in some row.
 const REPACK_HOLES: usize = 64;
 
+/// The live positions of a row whose keys sit in `left_padding..idx`,
+/// ascending, without its `holes`.
+pub(super) fn live_positions(left_padding: i32, idx: i32, holes: &[i32]) -> Vec<i32> {
+    (left_padding..idx)
+        .filter(|p| holes.binary_search(p).is_err())
+        .collect()
+}
+
+/// Drops the last `n[r]` positions of each row `r`: the positions every row
+/// drops are cut from the end (`idx` moves back), the rest become holes.
+/// Returns whether the holes are worth a repack.
+pub(super) fn drop_row_tails(
+    idx: &mut i32,
+    lengths: &mut [i32],
+    holes: &mut [Vec<i32>],
+    n: &[usize],
+) -> Result<bool> {
+    ensure!(
+        n.len() == lengths.len(),
+        "{} trims for {} rows",
+        n.len(),
+        lengths.len()
+    );
+    let common = *n.iter().min().unwrap_or(&0) as i32;
+    ensure!(common <= *idx, "cannot drop {common} of {idx} positions");
+    *idx -= common;
+    for (r, &drop) in n.iter().enumerate() {
+        let extra = drop as i32 - common;
+        lengths[r] -= drop as i32;
+        holes[r].retain(|&p| p < *idx);
+        holes[r].extend(*idx - extra..*idx);
+    }
+    Ok(holes.iter().any(|h| h.len() >= REPACK_HOLES))
+}
+
+/// For rows with `live` positions, the gather indices `[rows * idx]` that
+/// right-align them into `idx` positions (padding gathers position 0), and
+/// `idx`.
+pub(super) fn repack_gather(live: &[Vec<i32>]) -> (Vec<i32>, i32) {
+    let idx = live.iter().map(Vec::len).max().unwrap_or(0);
+    let mut gather = Vec::with_capacity(live.len() * idx);
+    for row in live {
+        gather.extend(std::iter::repeat_n(0, idx - row.len()));
+        gather.extend_from_slice(row);
+    }
+    (gather, idx as i32)
+}
+
+/// The mask of right-aligned rows: each row's padding and holes hidden,
+/// causal over the `l` newest of `kv_len` keys.
+pub(super) fn rows_mask(
+    left_padding: &[i32],
+    holes: &[Vec<i32>],
+    l: i32,
+    kv_len: i32,
+) -> Result<Mask> {
+    let b = left_padding.len() as i32;
+    let keys = expand_dims(&arange::<_, i32>(0, kv_len, None)?, 0)?; // [1, K]
+    let live = if holes.iter().any(|h| !h.is_empty()) {
+        let mut bits = Vec::with_capacity((b * kv_len) as usize);
+        for (pad, holes) in left_padding.iter().zip(holes) {
+            bits.extend((0..kv_len).map(|p| p >= *pad && holes.binary_search(&p).is_err()));
+        }
+        Array::from_slice(&bits, &[b, 1, 1, kv_len])
+    } else {
+        let pad = Array::from_slice(left_padding, &[b, 1, 1, 1]);
+        ge(&keys, &pad)? // [B, 1, 1, K]
+    };
+    if l == 1 {
+        return Ok(Mask::Array(live));
+    }
+    let queries = expand_dims(&arange::<_, i32>(kv_len - l, kv_len, None)?, 1)?; // [L, 1]
+    let causal = ge(&queries, &keys)?; // [L, K]
+    Ok(Mask::Array(logical_and(&live, &causal)?))
+}
+
 #[derive(Clone, Default)]
 pub struct BatchKvCache {
     keys: Option<Array>,
@@ -74,10 +150,6 @@ impl BatchKvCache {
     /// Tokens held by each row.
     pub fn lengths(&self) -> &[i32] {
         &self.lengths
-    }
-
-    fn has_holes(&self) -> bool {
-        self.holes.iter().any(|h| !h.is_empty())
     }
 
     /// Keeps only the rows at `keep` (in that order), then drops the leading
@@ -195,10 +267,7 @@ impl BatchKvCache {
 
     /// Row `row`'s live positions, ascending.
     fn live_positions(&self, row: usize) -> Vec<i32> {
-        let holes = &self.holes[row];
-        (self.left_padding[row]..self.idx)
-            .filter(|p| holes.binary_search(p).is_err())
-            .collect()
+        live_positions(self.left_padding[row], self.idx, &self.holes[row])
     }
 
     /// Row `row`'s keys and values as a single-sequence cache.
@@ -236,13 +305,7 @@ impl BatchKvCache {
             return Ok(());
         };
         let live: Vec<Vec<i32>> = (0..self.rows()).map(|r| self.live_positions(r)).collect();
-        let idx = live.iter().map(Vec::len).max().unwrap_or(0) as i32;
-        let mut gather = Vec::with_capacity(self.rows() * idx as usize);
-        for row in &live {
-            let pad = idx as usize - row.len();
-            gather.extend(std::iter::repeat_n(0, pad));
-            gather.extend_from_slice(row);
-        }
+        let (gather, idx) = repack_gather(&live);
         let b = self.rows() as i32;
         let ids = Array::from_slice(&gather, &[b, 1, idx, 1]);
         let take = |a: &Array| -> Result<Array> {
@@ -281,28 +344,7 @@ impl BatchCache for BatchKvCache {
     }
 
     fn trim_rows(&mut self, n: &[usize]) -> Result<()> {
-        ensure!(
-            n.len() == self.rows(),
-            "{} trims for {} rows",
-            n.len(),
-            self.rows()
-        );
-        let common = *n.iter().min().unwrap_or(&0) as i32;
-        ensure!(
-            common <= self.idx,
-            "cannot drop {common} of {} positions",
-            self.idx
-        );
-        self.idx -= common;
-        let idx = self.idx;
-        for (r, &drop) in n.iter().enumerate() {
-            let extra = drop as i32 - common;
-            self.lengths[r] -= drop as i32;
-            let holes = &mut self.holes[r];
-            holes.retain(|&p| p < idx);
-            holes.extend(idx - extra..idx);
-        }
-        if self.holes.iter().any(|h| h.len() >= REPACK_HOLES) {
+        if drop_row_tails(&mut self.idx, &mut self.lengths, &mut self.holes, n)? {
             self.repack()?;
         }
         Ok(())
@@ -386,24 +428,7 @@ impl KvCache for BatchKvCache {
     }
 
     fn mask(&self, l: i32, kv_len: i32) -> Result<Mask> {
-        let b = self.rows() as i32;
-        let keys = expand_dims(&arange::<_, i32>(0, kv_len, None)?, 0)?; // [1, K]
-        let live = if self.has_holes() {
-            let mut bits = Vec::with_capacity((b * kv_len) as usize);
-            for (pad, holes) in self.left_padding.iter().zip(&self.holes) {
-                bits.extend((0..kv_len).map(|p| p >= *pad && holes.binary_search(&p).is_err()));
-            }
-            Array::from_slice(&bits, &[b, 1, 1, kv_len])
-        } else {
-            let pad = Array::from_slice(&self.left_padding, &[b, 1, 1, 1]);
-            ge(&keys, &pad)? // [B, 1, 1, K]
-        };
-        if l == 1 {
-            return Ok(Mask::Array(live));
-        }
-        let queries = expand_dims(&arange::<_, i32>(kv_len - l, kv_len, None)?, 1)?; // [L, 1]
-        let causal = ge(&queries, &keys)?; // [L, K]
-        Ok(Mask::Array(logical_and(&live, &causal)?))
+        rows_mask(&self.left_padding, &self.holes, l, kv_len)
     }
 
     fn as_batch_mut(&mut self) -> Option<&mut dyn BatchCache> {

@@ -20,17 +20,15 @@
 
 use anyhow::{bail, ensure, Result};
 use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
-use mlx_rs::ops::{arange, broadcast_to, concatenate, expand_dims, ge, logical_and, zeros_dtype};
+use mlx_rs::ops::{broadcast_to, concatenate, zeros_dtype};
 use mlx_rs::Array;
 
+use super::batch::{drop_row_tails, live_positions, repack_gather, rows_mask};
 use super::quantized::quantize3;
 use super::{
     BatchCache, BatchKvCache, KvCache, KvQuantization, Mask, Positions, QuantizedCache,
     QuantizedState, STEP,
 };
-
-/// Repack once the holes reach this many positions in some row.
-const REPACK_HOLES: usize = 64;
 
 /// Keys' then values' `[packed, scales, biases]`, each `[rows, kv_heads, positions, *]`.
 type Planes = [Array; 6];
@@ -212,10 +210,7 @@ impl Rows {
 
     /// Row `row`'s live positions, ascending.
     fn live_positions(&self, row: usize) -> Vec<i32> {
-        let holes = &self.holes[row];
-        (self.left_padding[row]..self.idx)
-            .filter(|p| holes.binary_search(p).is_err())
-            .collect()
+        live_positions(self.left_padding[row], self.idx, &self.holes[row])
     }
 
     /// Row `row`'s live positions as one-row planes (a copy), if it has any.
@@ -246,30 +241,14 @@ impl Rows {
     /// Drops the last `n[r]` positions of each row `r`: the positions every
     /// row drops are cut from the end, the rest become holes.
     fn trim_rows(&mut self, n: &[usize]) -> Result<()> {
-        ensure!(
-            n.len() == self.rows(),
-            "{} trims for {} rows",
-            n.len(),
-            self.rows()
-        );
-        for (r, &drop) in n.iter().enumerate() {
+        for (r, &drop) in n.iter().enumerate().take(self.rows()) {
             ensure!(
                 drop as i32 <= self.lengths[r],
                 "cannot drop {drop} of row {r}'s {} positions",
                 self.lengths[r]
             );
         }
-        let common = *n.iter().min().unwrap_or(&0) as i32;
-        self.idx -= common;
-        let idx = self.idx;
-        for (r, &drop) in n.iter().enumerate() {
-            let extra = drop as i32 - common;
-            self.lengths[r] -= drop as i32;
-            let holes = &mut self.holes[r];
-            holes.retain(|&p| p < idx);
-            holes.extend(idx - extra..idx);
-        }
-        if self.holes.iter().any(|h| h.len() >= REPACK_HOLES) {
+        if drop_row_tails(&mut self.idx, &mut self.lengths, &mut self.holes, n)? {
             self.repack()?;
         }
         Ok(())
@@ -282,12 +261,7 @@ impl Rows {
             return Ok(());
         };
         let live: Vec<Vec<i32>> = (0..self.rows()).map(|r| self.live_positions(r)).collect();
-        let idx = live.iter().map(Vec::len).max().unwrap_or(0) as i32;
-        let mut gather = Vec::with_capacity(self.rows() * idx as usize);
-        for row in &live {
-            gather.extend(std::iter::repeat_n(0, idx as usize - row.len()));
-            gather.extend_from_slice(row);
-        }
+        let (gather, idx) = repack_gather(&live);
         let b = self.rows() as i32;
         let ids = Array::from_slice(&gather, &[b, 1, idx, 1]);
         let old_idx = self.idx;
@@ -305,24 +279,7 @@ impl Rows {
 
     /// Each row's padding and holes hidden; causal over `l` new queries.
     fn mask(&self, l: i32, kv_len: i32) -> Result<Mask> {
-        let b = self.rows() as i32;
-        let keys = expand_dims(&arange::<_, i32>(0, kv_len, None)?, 0)?; // [1, K]
-        let live = if self.holes.iter().any(|h| !h.is_empty()) {
-            let mut bits = Vec::with_capacity((b * kv_len) as usize);
-            for (pad, holes) in self.left_padding.iter().zip(&self.holes) {
-                bits.extend((0..kv_len).map(|p| p >= *pad && holes.binary_search(&p).is_err()));
-            }
-            Array::from_slice(&bits, &[b, 1, 1, kv_len])
-        } else {
-            let pad = Array::from_slice(&self.left_padding, &[b, 1, 1, 1]);
-            ge(&keys, &pad)? // [B, 1, 1, K]
-        };
-        if l == 1 {
-            return Ok(Mask::Array(live));
-        }
-        let queries = expand_dims(&arange::<_, i32>(kv_len - l, kv_len, None)?, 1)?; // [L, 1]
-        let causal = ge(&queries, &keys)?; // [L, K]
-        Ok(Mask::Array(logical_and(&live, &causal)?))
+        rows_mask(&self.left_padding, &self.holes, l, kv_len)
     }
 }
 
