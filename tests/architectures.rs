@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 41] = [
+const CASES: [&str; 44] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -47,6 +47,10 @@ const CASES: [&str; 41] = [
     "glm4_moe",
     // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "glm4_moe_q4",
+    "deepseek_v3",
+    // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "deepseek_v3_q4",
+    "deepseek_v3_plain_q",
     "olmo3",
     "olmo3_q4",
     "exaone4",

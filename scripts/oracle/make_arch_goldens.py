@@ -176,6 +176,60 @@ GLM4_MOE = {
     "routed_scaling_factor": 2.5,
 }
 
+# Multi-head latent attention: queries through a rank-32 bottleneck
+# (q_lora_rank), keys and values from a rank-32 latent plus a 16-dim shared
+# rotary key; YaRN (mscale != mscale_all_dim, so both the rope's factor and
+# the softmax scale's change). Layer 0 dense, layers 1-2 sparse: 8 experts in
+# 2 groups of 4, the best group kept, top 3, one shared expert.
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "num_hidden_layers": 3,
+    "num_key_value_heads": 4,
+    "tie_word_embeddings": False,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_rope_head_dim": 16,
+    "qk_nope_head_dim": 32,
+    "v_head_dim": 32,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 0.707,
+        "mscale_all_dim": 1.0,
+    },
+    "n_routed_experts": 8,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 3,
+    "moe_intermediate_size": 32,
+    "first_k_dense_replace": 1,
+    "moe_layer_freq": 1,
+    "n_group": 2,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid",
+}
+# Plain q_proj (q_lora_rank null), no RoPE scaling, attention biases, every
+# second layer sparse (moe_layer_freq 2, first_k_dense_replace 0: layers 0
+# and 2), 4 experts in one group, top 2 not renormalized.
+DEEPSEEK_V3_PLAIN_Q = {
+    **DEEPSEEK_V3,
+    "q_lora_rank": None,
+    "rope_scaling": None,
+    "attention_bias": True,
+    "n_routed_experts": 4,
+    "num_experts_per_tok": 2,
+    "first_k_dense_replace": 0,
+    "moe_layer_freq": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": False,
+}
+
 # Post-norm layers, q/k norms over all heads at once; layers 0 and 2 slide
 # over 5 positions with plain RoPE, layer 1 is global with YaRN.
 OLMO3 = {
@@ -336,6 +390,9 @@ CASES = {
     "llama4_text_q4": {**LLAMA4_TEXT, "quantize": {"group_size": 32, "bits": 4}},
     "glm4_moe": {**GLM4_MOE},
     "glm4_moe_q4": {**GLM4_MOE, "quantize": Q4_MOE},
+    "deepseek_v3": {**DEEPSEEK_V3},
+    "deepseek_v3_q4": {**DEEPSEEK_V3, "quantize": Q4_MOE},
+    "deepseek_v3_plain_q": {**DEEPSEEK_V3_PLAIN_Q},
     "olmo3": {**OLMO3},
     "olmo3_q4": {**OLMO3, "quantize": {"group_size": 32, "bits": 4}},
     "exaone4": {**EXAONE4},

@@ -54,6 +54,10 @@ pub struct Attention {
     /// `q_proj` also yields, per head, a gate on the attention output:
     /// `o_proj(out * sigmoid(gate))` (Qwen3-Next, Qwen3.5).
     pub output_gate: bool,
+    /// Multi-head latent attention (DeepSeek-V3), which then runs the
+    /// layer with this attention's `q_proj` (when plain), `o_proj` and
+    /// `n_heads`; `k_proj` / `v_proj` are empty.
+    pub latent: Option<Box<super::deepseek_v3::LatentAttention>>,
 }
 
 /// The span of the q/k RMS norms.
@@ -141,6 +145,7 @@ impl Attention {
             qk_norm_span: QkNormSpan::Head,
             query_scaling: None,
             output_gate: false,
+            latent: None,
         })
     }
 
@@ -200,10 +205,14 @@ impl Attention {
             qk_norm_span: QkNormSpan::Head,
             query_scaling: None,
             output_gate: false,
+            latent: None,
         })
     }
 
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+        if let Some(latent) = &self.latent {
+            return latent.forward(self, x, cache);
+        }
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (q, gate) = self.queries(x)?;
         let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {

@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod decoder;
+pub mod deepseek_v3;
 pub mod exaone4;
 pub mod gated_delta;
 pub mod gemma2;
@@ -55,7 +56,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 21] = [
+pub(crate) const SUPPORTED: [&str; 23] = [
     "llama",
     "mistral",
     "qwen2",
@@ -77,6 +78,8 @@ pub(crate) const SUPPORTED: [&str; 21] = [
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",
+    "deepseek_v3",
+    "kimi_k2",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -93,6 +96,8 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
     match args.model_type.as_str() {
         "qwen3_next" => return qwen3_next::load(w, args, raw),
         "qwen3_5" | "qwen3_5_moe" => return qwen3_5::load(w, args, raw),
+        // Latent attention: no k_proj / v_proj for `check_shapes` to read.
+        "deepseek_v3" | "kimi_k2" => return deepseek_v3::load(w, args, raw),
         _ => {}
     }
     let qk_norm = matches!(

@@ -159,6 +159,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
             qk_norm_span: Default::default(),
             query_scaling: None,
             output_gate: false,
+            latent: None,
         },
         mlp: FeedForward::Dense(Mlp {
             gate_proj,
