@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 44] = [
+const CASES: [&str; 46] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -65,6 +65,8 @@ const CASES: [&str; 44] = [
     "qwen3_5_moe",
     // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "qwen3_5_moe_q4",
+    "lfm2",
+    "lfm2_q4",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -144,7 +146,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3, qwen3_next, qwen3_5, qwen3_5_moe"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2"),
         "{err:#}"
     );
 
@@ -192,6 +194,44 @@ fn qwen3_next_hugging_face_layout_loads() {
         "mtp.fc.weight".into(),
         Array::from_slice(&[0f32; 4], &[2, 2]),
     );
+    Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
+
+    let model = Model::load(tmp.path()).unwrap();
+    let expected = Array::load_safetensors(src.join("expected.safetensors")).unwrap();
+    let n = expected["tokens"].shape()[0];
+    let ids = expected["tokens"].reshape(&[1, n]).unwrap();
+    let full = model
+        .forward(&ids, &mut model.make_caches())
+        .unwrap()
+        .index((0, .., ..));
+    let diff = max_abs_diff(&full, &expected["full"]);
+    assert!(diff < 1e-3, "Hugging Face layout: logits differ by {diff}");
+}
+
+/// An LFM2 checkpoint as Hugging Face ships it (convolutions `[channels, 1,
+/// kernel]`; a config naming its attention layers by `full_attn_idxs`,
+/// without the shared `rms_norm_eps` and `intermediate_size`) loads as
+/// mlx-lm's `sanitize` converts it: the same logits.
+#[test]
+fn lfm2_hugging_face_layout_loads() {
+    let src = common::repo_root().join("goldens/arch/lfm2");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let top = config.as_object_mut().unwrap();
+    for key in ["rms_norm_eps", "intermediate_size", "layer_types"] {
+        top.remove(key);
+    }
+    top.insert("full_attn_idxs".into(), serde_json::json!([1, 3]));
+    std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
+    let mut hf = std::collections::HashMap::new();
+    for (name, t) in Array::load_safetensors(src.join("model.safetensors")).unwrap() {
+        let t = match name.ends_with("conv.conv.weight") {
+            true => t.swap_axes(1, 2).unwrap(),
+            false => t,
+        };
+        hf.insert(name, t);
+    }
     Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
 
     let model = Model::load(tmp.path()).unwrap();

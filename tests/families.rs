@@ -277,10 +277,17 @@ fn lora_gradients_on_attention_router_and_experts() {
     }
 }
 
-/// The hybrid Qwen families: their gated DeltaNet layers keep a recurrent
-/// state (`StateCache`, mlx-lm's `ArraysCache`) beside the attention layers'
-/// KV caches.
-const HYBRID: [&str; 4] = ["qwen3_next", "qwen3_next_q4", "qwen3_5", "qwen3_5_moe_q4"];
+/// The hybrid families: their gated DeltaNet (Qwen3-Next, Qwen3.5) or short
+/// convolution (LFM2) layers keep a recurrent state (`StateCache`, mlx-lm's
+/// `ArraysCache`) beside the attention layers' KV caches.
+const HYBRID: [&str; 6] = [
+    "qwen3_next",
+    "qwen3_next_q4",
+    "qwen3_5",
+    "qwen3_5_moe_q4",
+    "lfm2",
+    "lfm2_q4",
+];
 
 #[test]
 fn hybrid_families_batch_and_refuse_what_needs_trimming() {
@@ -386,19 +393,21 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
     assert!(stderr.contains("cannot decode speculatively"), "{stderr}");
 }
 
-/// Tools that do not cover gated DeltaNet layers yet refuse hybrid models
-/// instead of silently skipping those layers.
+/// Tools that do not cover recurrent (gated DeltaNet, short convolution)
+/// layers yet refuse hybrid models instead of silently skipping those layers.
 #[test]
 fn tools_that_skip_recurrent_layers_refuse_hybrid_models() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = Model::load(&with_tokenizer("qwen3_next", tmp.path())).unwrap();
-    let Err(err) = AdapterLayout::new(&model, -1, &LoraParameters::default()) else {
-        panic!("LoRA on a hybrid model must be refused");
-    };
-    assert!(
-        format!("{err:#}").contains("LoRA does not cover this model's 2 recurrent"),
-        "{err:#}"
-    );
+    for case in ["qwen3_next", "lfm2"] {
+        let model = Model::load(&with_tokenizer(case, tmp.path())).unwrap();
+        let Err(err) = AdapterLayout::new(&model, -1, &LoraParameters::default()) else {
+            panic!("{case}: LoRA on a hybrid model must be refused");
+        };
+        assert!(
+            format!("{err:#}").contains("LoRA does not cover this model's 2 recurrent"),
+            "{case}: {err:#}"
+        );
+    }
     let dense = Model::load(&with_tokenizer("llama", tmp.path())).unwrap();
     AdapterLayout::new(&dense, -1, &LoraParameters::default()).unwrap();
 }

@@ -344,6 +344,27 @@ QWEN3_5_MOE = {
     "shared_expert_intermediate_size": 32,
 }
 
+# Liquid LFM2: layers 0 and 2 short causal convolutions (kernel 3), 1 and 3
+# full attention with per-head q/k norms. The feed-forward width follows
+# block_auto_adjust_ff_dim: 2/3 of block_ff_dim, times the multiplier, up to a
+# multiple of block_multiple_of (160 -> 106 -> 159 -> 160). The norms take
+# norm_eps; rope_parameters' rope_theta wins over the top-level one. The
+# 4-bit case also gives the convolution layers biases (conv_bias).
+LFM2 = {
+    "model_type": "lfm2",
+    "num_hidden_layers": 4,
+    "layer_types": ["conv", "full_attention", "conv", "full_attention"],
+    "norm_eps": 1e-4,
+    "conv_bias": False,
+    "conv_L_cache": 3,
+    "block_dim": 64,
+    "block_ff_dim": 160,
+    "block_multiple_of": 32,
+    "block_ffn_dim_multiplier": 1.5,
+    "block_auto_adjust_ff_dim": True,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -405,6 +426,8 @@ CASES = {
     "qwen3_5_q4": {**QWEN3_5, "quantize": {"group_size": 32, "bits": 4}},
     "qwen3_5_moe": {**QWEN3_5_MOE},
     "qwen3_5_moe_q4": {**QWEN3_5_MOE, "quantize": {**Q4_MOE, "overrides": HYBRID_8BIT}},
+    "lfm2": {**LFM2},
+    "lfm2_q4": {**LFM2, "conv_bias": True, "quantize": {"group_size": 32, "bits": 4}},
 }
 
 

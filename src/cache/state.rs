@@ -62,6 +62,13 @@ impl StateCache {
         self.lengths.iter_mut().for_each(|l| *l += n);
     }
 
+    /// Stores the convolution inputs after `n` more positions of every row,
+    /// for a layer that keeps no recurrent state (LFM2's short convolution).
+    pub(crate) fn advance_conv(&mut self, conv: Array, n: usize) {
+        self.conv = Some(conv);
+        self.lengths.iter_mut().for_each(|l| *l += n);
+    }
+
     fn slots(&self) -> [&Option<Array>; 2] {
         [&self.conv, &self.recurrent]
     }

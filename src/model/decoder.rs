@@ -13,6 +13,7 @@ use mlx_rs::Array;
 use super::config::ModelArgs;
 use super::gated_delta::{self, GatedDeltaNet};
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
+use super::lfm2::ShortConv;
 use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
 use crate::cache::{KvCache, KvQuantization, Mask, QuantizedCache, RotatingCache, StandardCache};
@@ -365,14 +366,33 @@ impl FeedForward {
 pub struct Block {
     /// The token mixer, unless `linear_attn` replaces it.
     pub self_attn: Attention,
-    /// A gated DeltaNet mixing tokens in place of attention (the linear
-    /// layers of the hybrid Qwen families); `self_attn` is then
-    /// [`Attention::absent`] and the layer's cache a [`crate::cache::StateCache`].
-    pub linear_attn: Option<Box<GatedDeltaNet>>,
+    /// A recurrent mixer in place of attention (the gated DeltaNet layers
+    /// of the hybrid Qwen families, LFM2's short convolutions);
+    /// `self_attn` is then [`Attention::absent`] and the layer's cache a
+    /// [`crate::cache::StateCache`].
+    pub linear_attn: Option<Box<Recurrent>>,
     pub mlp: FeedForward,
     pub input_layernorm: RmsNorm,
     pub post_attention_layernorm: RmsNorm,
     pub residual: Residual,
+}
+
+/// A token mixer that keeps a running state instead of keys and values.
+#[derive(Clone)]
+pub enum Recurrent {
+    /// The gated DeltaNet of Qwen3-Next and Qwen3.5.
+    GatedDelta(GatedDeltaNet),
+    /// LFM2's gated short causal convolution.
+    ShortConv(ShortConv),
+}
+
+impl Recurrent {
+    pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+        match self {
+            Recurrent::GatedDelta(delta) => delta.forward(x, cache),
+            Recurrent::ShortConv(conv) => conv.forward(x, cache),
+        }
+    }
 }
 
 /// How a block adds its attention and MLP outputs to the residual stream.

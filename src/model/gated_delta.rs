@@ -219,14 +219,7 @@ impl GatedDeltaNet {
 
         // The short causal convolution over this step's inputs and the
         // last `kernel - 1` ones.
-        let keep = d.conv_kernel - 1;
-        let earlier = match state.conv() {
-            Some(c) => c.clone(),
-            None => zeros_dtype(&[bsz, keep, d.conv_dim()], mixed.dtype())?,
-        };
-        let input = concatenate(&[earlier, mixed], 1)?;
-        let kept = input.index((.., s.., ..));
-        let conv = conv1d(&input, &self.conv1d, 1, 0, 1, d.conv_dim())?;
+        let (conv, kept) = causal_conv1d(state.conv(), &mixed, &self.conv1d)?;
         let conv = &conv * &sigmoid(&conv)?;
 
         let kd = d.key_dim();
@@ -261,6 +254,28 @@ impl GatedDeltaNet {
         let out = gated.as_dtype(y.dtype())?.reshape(&[bsz, s, -1])?;
         self.out_proj.forward(&out)
     }
+}
+
+/// The short causal depthwise convolution of `x` `[B, S, channels]` with
+/// `weight` `[channels, kernel, 1]` (no bias), continuing from `earlier`,
+/// the last `kernel - 1` inputs before `x` (zeros when `None`): the output
+/// `[B, S, channels]` and the last `kernel - 1` inputs, the next call's
+/// `earlier`. Shared by the gated DeltaNet and LFM2's short convolution.
+pub(crate) fn causal_conv1d(
+    earlier: Option<&Array>,
+    x: &Array,
+    weight: &Array,
+) -> Result<(Array, Array)> {
+    let (channels, kernel) = (weight.shape()[0], weight.shape()[1]);
+    let (bsz, s) = (x.shape()[0], x.shape()[1]);
+    let earlier = match earlier {
+        Some(c) => c.clone(),
+        None => zeros_dtype(&[bsz, kernel - 1, channels], x.dtype())?,
+    };
+    let input = concatenate(&[earlier, x.clone()], 1)?;
+    let kept = input.index((.., s.., ..));
+    let out = conv1d(&input, weight, 1, 0, 1, channels)?;
+    Ok((out, kept))
 }
 
 /// L2-normalized queries and keys (epsilon 1e-6 on the sum of squares),

@@ -11,6 +11,7 @@ pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
 pub mod layers;
+pub mod lfm2;
 pub mod llama;
 pub mod llama4_text;
 pub mod ministral3;
@@ -56,7 +57,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 23] = [
+pub(crate) const SUPPORTED: [&str; 24] = [
     "llama",
     "mistral",
     "qwen2",
@@ -78,6 +79,7 @@ pub(crate) const SUPPORTED: [&str; 23] = [
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",
+    "lfm2",
     "deepseek_v3",
     "kimi_k2",
 ];
@@ -96,6 +98,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
     match args.model_type.as_str() {
         "qwen3_next" => return qwen3_next::load(w, args, raw),
         "qwen3_5" | "qwen3_5_moe" => return qwen3_5::load(w, args, raw),
+        "lfm2" => return lfm2::load(w, args, raw),
         // Latent attention: no k_proj / v_proj for `check_shapes` to read.
         "deepseek_v3" | "kimi_k2" => return deepseek_v3::load(w, args, raw),
         _ => {}
@@ -136,6 +139,7 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
         serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
     let raw = match raw.get("model_type").and_then(|t| t.as_str()) {
         Some("qwen3_5" | "qwen3_5_moe") => qwen3_5::flatten_text_config(raw),
+        Some("lfm2") => lfm2::shared_config(raw),
         _ => raw,
     };
     // The path names the field: `hidden_size: invalid type: string "wide"`.
@@ -238,8 +242,8 @@ impl Model {
         self.decoder.layers.len()
     }
 
-    /// Refuses work that does not cover recurrent (gated DeltaNet) layers
-    /// yet, rather than silently skipping them.
+    /// Refuses work that does not cover recurrent (gated DeltaNet, short
+    /// convolution) layers yet, rather than silently skipping them.
     pub fn refuse_recurrent_layers(&self, what: &str) -> Result<()> {
         let recurrent = self
             .decoder
@@ -249,8 +253,8 @@ impl Model {
             .count();
         if recurrent > 0 {
             anyhow::bail!(
-                "{what} does not cover this model's {recurrent} recurrent (gated DeltaNet) \
-                 layers yet ({})",
+                "{what} does not cover this model's {recurrent} recurrent (gated DeltaNet or \
+                 short convolution) layers yet ({})",
                 self.args.model_type
             );
         }

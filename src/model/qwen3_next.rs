@@ -18,7 +18,7 @@ use mlx_rs::Array;
 use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs, RopeScaling};
-use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
+use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp, Recurrent};
 use super::gated_delta::{DeltaDims, GatedDeltaNet};
 use super::layers::{Linear, RmsNorm, Rope};
 use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe};
@@ -224,7 +224,8 @@ pub(crate) fn load_hybrid(
             let prefix = format!("{p}.linear_attn");
             let (delta, hf) = GatedDeltaNet::load(w, &prefix, dims, eps, family.grouped_in_proj)?;
             shifted |= hf;
-            (Attention::absent(w.compute_dtype())?, Some(Box::new(delta)))
+            let mixer = Recurrent::GatedDelta(delta);
+            (Attention::absent(w.compute_dtype())?, Some(Box::new(mixer)))
         } else {
             let mut attn = Attention::load(w, &format!("{p}.self_attn"), args, &options)?;
             attn.rope = Some(rope.clone());
