@@ -194,7 +194,8 @@ pub fn continue_from(
         }
     }
     if let Some(n) = max_kv_size {
-        if file.caches.iter().any(|c| c.max_size() != Some(n)) {
+        let attention = file.caches.iter().filter(|c| c.kind() != "ArraysCache");
+        if attention.into_iter().any(|c| c.max_size() != Some(n)) {
             bail!("--max-kv-size {n} does not match the cache in {p}");
         }
     }

@@ -28,7 +28,7 @@ use mlx_rs::{Array, Dtype};
 use safetensors::SafeTensors;
 
 use crate::cache::{
-    cast_state, KvCache, QuantizedCache, QuantizedState, RotatingCache, StandardCache,
+    cast_state, KvCache, QuantizedCache, QuantizedState, RotatingCache, StandardCache, StateCache,
 };
 use crate::chat_template::Message;
 use crate::model::Model;
@@ -92,7 +92,9 @@ pub fn layout(
 ) -> Result<(BTreeMap<String, Array>, BTreeMap<String, String>)> {
     let mut tensors: BTreeMap<String, Array> = BTreeMap::new();
     let mut meta: BTreeMap<String, String> = BTreeMap::new();
-    let mut scalars: Vec<String> = Vec::new();
+    // Non-array entries of the states: their tensor name and kind
+    // (`scalar`, or `none` for mlx-lm's absent values, stored empty).
+    let mut scalars: Vec<(String, &str)> = Vec::new();
     for (k, v) in metadata {
         meta.insert(format!("0.{k}"), v.clone());
     }
@@ -101,7 +103,7 @@ pub fn layout(
         meta.insert(format!("1.{i}"), kind.to_string());
         let mut scalar = |name: String, v: usize, tensors: &mut BTreeMap<String, Array>| {
             tensors.insert(name.clone(), int_array(v));
-            scalars.push(name);
+            scalars.push((name, "scalar"));
         };
         match kind {
             "KVCache" => {
@@ -148,13 +150,26 @@ pub fn layout(
                 scalar(format!("{i}.3"), q.group_size as usize, &mut tensors);
                 scalar(format!("{i}.4"), q.bits as usize, &mut tensors);
             }
+            "ArraysCache" => {
+                // mlx-lm's state: ([conv, recurrent], left_padding, lengths),
+                // the last two absent for a single sequence.
+                let [conv, recurrent] = <[Array; 2]>::try_from(cache.arrays())
+                    .map_err(|_| anyhow!("layer {i}: the recurrent state is empty"))?;
+                tensors.insert(format!("{i}.0.0"), conv);
+                tensors.insert(format!("{i}.0.1"), recurrent);
+                for slot in 1..=2 {
+                    let name = format!("{i}.{slot}");
+                    tensors.insert(name.clone(), Array::from_slice::<f32>(&[], &[0]));
+                    scalars.push((name, "none"));
+                }
+            }
             other => bail!("layer {i}: a {other} cache cannot be saved"),
         }
     }
     meta.insert("2.0".into(), String::new());
-    for (j, name) in scalars.iter().enumerate() {
+    for (j, (name, kind)) in scalars.iter().enumerate() {
         meta.insert(format!("2.{}.0", j + 1), name.clone());
-        meta.insert(format!("2.{}.1", j + 1), "scalar".into());
+        meta.insert(format!("2.{}.1", j + 1), kind.to_string());
     }
     Ok((tensors, meta))
 }
@@ -338,9 +353,24 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<CacheFile> {
             .with_context(|| format!("{}: layer {i} ({class})", path.display()))?;
         caches.push(layer);
     }
-    let offsets: Vec<usize> = caches.iter().map(|c| c.offset()).collect();
-    if offsets.iter().any(|&o| o != offsets[0]) {
+    // A state layer stores no length: the attention layers give it.
+    let offsets: Vec<usize> = caches
+        .iter_mut()
+        .filter_map(|c| c.as_state_mut().is_none().then(|| c.offset()))
+        .collect();
+    let Some(&offset) = offsets.first() else {
+        bail!(
+            "{}: no layer records the cached length (recurrent states only)",
+            path.display()
+        );
+    };
+    if offsets.iter().any(|&o| o != offset) {
         bail!("{}: layers disagree on the cached length", path.display());
+    }
+    for c in caches.iter_mut() {
+        if let Some(state) = c.as_state_mut() {
+            state.set_length(offset);
+        }
     }
     Ok(CacheFile { caches, metadata })
 }
@@ -440,6 +470,19 @@ fn load_layer(p: &Parsed, i: usize, class: &str) -> Result<Box<dyn KvCache>> {
             };
             Ok(Box::new(QuantizedCache::from_state(state, offset)?))
         }
+        "ArraysCache" => {
+            let conv = p.array(&format!("{i}.0.0"))?;
+            let recurrent = p.array(&format!("{i}.0.1"))?;
+            if conv.ndim() != 3 || recurrent.ndim() != 4 || conv.shape()[0] != 1 {
+                bail!(
+                    "a recurrent state of shapes {:?} and {:?}, expected [1, kernel - 1, \
+                     channels] and [1, heads, value dim, key dim]",
+                    conv.shape(),
+                    recurrent.shape()
+                );
+            }
+            Ok(Box::new(StateCache::from_arrays(conv, recurrent, 0)))
+        }
         other => bail!("cache class {other} is not supported"),
     }
 }
@@ -458,7 +501,23 @@ pub fn check_compatible(file: &CacheFile, model: &Model, path: &Path) -> Result<
         );
     }
     let (heads, dim) = (model.args.kv_heads(), model.args.head_dim());
-    for (i, c) in file.caches.iter().enumerate() {
+    let fresh = model.make_caches();
+    for (i, (c, own)) in file.caches.iter().zip(&fresh).enumerate() {
+        let state_layer = own.kind() == "ArraysCache";
+        if state_layer != (c.kind() == "ArraysCache") {
+            let want = if state_layer {
+                "a recurrent state"
+            } else {
+                "keys and values"
+            };
+            bail!(
+                "{p}: layer {i} holds a {}, the model keeps {want} there",
+                c.kind()
+            );
+        }
+        if state_layer {
+            continue;
+        }
         let (k_heads, k_dim) = match c.quantized_state() {
             Some(q) => {
                 let packed = q.keys[0].shape()[3];
@@ -504,6 +563,10 @@ pub fn kv_quantization(file: &CacheFile) -> Option<(i32, i32)> {
 /// another device may hold another float type).
 pub fn cast_to(caches: &mut [Box<dyn KvCache>], dtype: Dtype) -> Result<()> {
     for c in caches.iter_mut() {
+        if let Some(state) = c.as_state_mut() {
+            state.cast_conv(dtype)?;
+            continue;
+        }
         if let Some(q) = c.quantized_state() {
             if q.keys[1].dtype() != dtype {
                 let off = c.offset();

@@ -2,6 +2,14 @@
 //! token list they hold. A request reuses the entry sharing the longest
 //! prefix with its prompt, so a conversation that re-sends its history only
 //! prefills what is new.
+//!
+//! An entry whose caches cannot drop positions (a recurrent state, a sliding
+//! window that wrapped) serves only prompts that extend all of it. The
+//! server therefore also keeps such caches at the end of each prompt (a
+//! checkpoint, as llama.cpp's context checkpoints), so the next turn of a
+//! conversation finds a state to continue even when the reply is templated
+//! back differently than it was generated; and an entry that cannot be cut
+//! back never replaces the shorter entries it extends.
 
 use crate::cache::{clone_all, total_bytes, trim_all, KvCache};
 
@@ -10,6 +18,21 @@ struct Entry {
     caches: Vec<Box<dyn KvCache>>,
     bytes: usize,
     last_used: u64,
+    /// Whether every cache can drop positions (serve a shorter prefix).
+    trimmable: bool,
+}
+
+impl Entry {
+    /// Prompt tokens this entry can serve for `prompt`, leaving at least
+    /// one to process (`limit`); 0 when none.
+    fn usable(&self, prompt: &[u32], limit: usize) -> usize {
+        let common = common_prefix(&self.tokens, prompt).min(limit);
+        if self.trimmable || common == self.tokens.len() {
+            common
+        } else {
+            0
+        }
+    }
 }
 
 /// An entry pushed out of the cache: its tokens and caches.
@@ -77,7 +100,7 @@ impl PromptCache {
             .entries
             .iter()
             .enumerate()
-            .map(|(i, e)| (i, common_prefix(&e.tokens, prompt).min(limit)))
+            .map(|(i, e)| (i, e.usable(prompt, limit)))
             .filter(|&(_, n)| n > 0)
             .max_by_key(|&(i, n)| (n, self.entries[i].last_used));
         let Some((index, usable)) = best else {
@@ -89,7 +112,7 @@ impl PromptCache {
         let mut caches = clone_all(&entry.caches);
         let excess = entry.tokens.len() - usable;
         if !trim_all(&mut caches, excess) {
-            // A sliding window that has wrapped cannot be rewound.
+            // A sliding window that wrapped since it was stored as trimmable.
             self.misses += 1;
             return None;
         }
@@ -102,7 +125,8 @@ impl PromptCache {
     }
 
     /// Stores `caches`, which hold exactly `tokens`. Entries that are a
-    /// prefix of `tokens` are dropped: the new entry serves them too.
+    /// prefix of `tokens` are dropped when the new entry can serve them too
+    /// (its caches can drop positions).
     /// Returns the entries evicted to make room (a colder tier may keep them).
     pub fn insert(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) -> Vec<Evicted> {
         let mut evicted = Vec::new();
@@ -117,9 +141,13 @@ impl PromptCache {
         if bytes > self.max_bytes {
             return evicted;
         }
+        let trimmable = caches.iter().all(|c| c.is_trimmable());
         let mut removed = 0;
         self.entries.retain(|e| {
-            let dominated = e.tokens.len() <= tokens.len() && tokens.starts_with(&e.tokens);
+            let same = e.tokens == tokens;
+            let dominated = (trimmable || same)
+                && e.tokens.len() <= tokens.len()
+                && tokens.starts_with(&e.tokens);
             if dominated {
                 removed += e.bytes;
             }
@@ -139,6 +167,7 @@ impl PromptCache {
             caches,
             bytes,
             last_used: now,
+            trimmable,
         });
         evicted
     }
@@ -216,6 +245,47 @@ mod tests {
         assert!(pc.lookup(&[3, 4, 0]).is_none());
         assert!(pc.lookup(&[1, 2, 0]).is_some());
         assert!(pc.stats().bytes <= 2 * one);
+    }
+
+    /// Caches of a hybrid model holding `n` positions: an attention layer
+    /// and a recurrent state, which cannot drop positions.
+    fn hybrid(n: usize) -> Vec<Box<dyn KvCache>> {
+        let mut caches = caches(1, n);
+        let conv = Array::from_slice(&[0f32; 6], &[1, 3, 2]);
+        let recurrent = Array::from_slice(&[0f32; 8], &[1, 2, 2, 2]);
+        caches.push(Box::new(crate::cache::StateCache::from_arrays(
+            conv, recurrent, n,
+        )));
+        caches
+    }
+
+    #[test]
+    fn states_serve_only_prompts_extending_them() {
+        let mut pc = PromptCache::new(1 << 30);
+        // A checkpoint at the end of a prompt, then the end of its reply.
+        pc.insert(vec![1, 2, 3], hybrid(3));
+        pc.insert(vec![1, 2, 3, 4, 5, 6], hybrid(6));
+        assert_eq!(
+            pc.stats().entries,
+            2,
+            "the longer state cannot serve [1, 2, 3]"
+        );
+
+        // The reply came back as generated: all of it is reused.
+        let hit = pc.lookup(&[1, 2, 3, 4, 5, 6, 7, 8]).unwrap();
+        assert_eq!(hit.cached, 6);
+        assert!(hit.caches.iter().all(|c| c.offset() == 6));
+        // The reply came back otherwise: the prompt's checkpoint serves.
+        let hit = pc.lookup(&[1, 2, 3, 4, 9, 9]).unwrap();
+        assert_eq!(hit.cached, 3);
+        assert!(hit.caches.iter().all(|c| c.offset() == 3));
+        // Nothing extends [1, 2]: no hit rather than a wrong state.
+        assert!(pc.lookup(&[1, 2, 7]).is_none());
+        // The same prompt again needs one token to process: a miss.
+        assert!(pc.lookup(&[1, 2, 3]).is_none());
+        // Storing the same tokens again replaces the entry.
+        pc.insert(vec![1, 2, 3], hybrid(3));
+        assert_eq!(pc.stats().entries, 2);
     }
 
     #[test]

@@ -45,6 +45,34 @@ impl StateCache {
         }
     }
 
+    /// A single-sequence cache holding `conv` and `recurrent` after
+    /// `length` positions (a prompt-cache file's layer).
+    pub(crate) fn from_arrays(conv: Array, recurrent: Array, length: usize) -> Self {
+        Self {
+            conv: Some(conv),
+            recurrent: Some(recurrent),
+            lengths: vec![length],
+            batch: false,
+        }
+    }
+
+    /// Sets the positions seen by a single sequence (a file stores no
+    /// length for a state layer: its attention layers say it).
+    pub(crate) fn set_length(&mut self, length: usize) {
+        self.lengths = vec![length];
+    }
+
+    /// Casts the kept convolution inputs to the model's compute dtype (the
+    /// recurrent state stays float32, as the layer keeps it).
+    pub(crate) fn cast_conv(&mut self, dtype: mlx_rs::Dtype) -> Result<()> {
+        if let Some(c) = self.conv.as_mut() {
+            if c.dtype() != dtype {
+                *c = c.as_dtype(dtype)?;
+            }
+        }
+        Ok(())
+    }
+
     /// The convolution inputs kept from earlier positions, if any.
     pub(crate) fn conv(&self) -> Option<&Array> {
         self.conv.as_ref()

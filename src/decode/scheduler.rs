@@ -64,7 +64,14 @@ pub struct BatchScheduler<'a> {
     batch: DecodeBatch<'a>,
     /// Tokens per second of recent prefill chunks, to size interleaved chunks.
     prefill_rate: f64,
+    /// When kept: copies of the caches of rows whose prompt is in, taken
+    /// before they join the batch, for caches that cannot drop positions.
+    checkpoints: Option<Vec<Checkpoint>>,
 }
+
+/// A row's caches at the end of its prompt (all but the last token) and
+/// the tokens they hold.
+pub type Checkpoint = (Vec<u32>, Vec<Box<dyn KvCache>>);
 
 impl<'a> BatchScheduler<'a> {
     pub fn new(model: &'a Model, limits: BatchLimits) -> Self {
@@ -80,7 +87,23 @@ impl<'a> BatchScheduler<'a> {
             prefilling: Vec::new(),
             batch: DecodeBatch::new(model),
             prefill_rate: 0.0,
+            checkpoints: None,
         }
+    }
+
+    /// Keeps a copy of each row's caches when its prompt is in, if they
+    /// cannot drop positions (recurrent states): a prompt cache can then
+    /// continue a later prompt that shares the prompt but not the reply.
+    pub fn keep_prompt_checkpoints(&mut self) {
+        self.checkpoints.get_or_insert_with(Vec::new);
+    }
+
+    /// The checkpoints taken since the last call.
+    pub fn take_checkpoints(&mut self) -> Vec<Checkpoint> {
+        self.checkpoints
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     /// Queues a row. `caches` hold its first `row.cached()` prompt tokens
@@ -218,6 +241,13 @@ impl<'a> BatchScheduler<'a> {
             if p.done < target {
                 still.push(p);
                 continue;
+            }
+            let fresh = p.done > p.row.cached();
+            if let Some(kept) = self.checkpoints.as_mut().filter(|_| fresh) {
+                if !p.caches.iter().all(|c| c.is_trimmable()) {
+                    let tokens = p.row.prompt()[..target].to_vec();
+                    kept.push((tokens, crate::cache::clone_all(&p.caches)));
+                }
             }
             let last = p.row.prompt()[target];
             self.batch.join(p.id, p.row, p.caches, last)?;

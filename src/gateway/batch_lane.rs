@@ -59,7 +59,7 @@ impl<'a> BatchLane<'a> {
             model,
             tokenizer,
             limits,
-            scheduler: BatchScheduler::new(model, limits),
+            scheduler: Self::scheduler(model, limits),
             rows: HashMap::new(),
             budget,
             admitted: Admitted::default(),
@@ -67,6 +67,14 @@ impl<'a> BatchLane<'a> {
             lockstep: false,
             drafting: None,
         }
+    }
+
+    /// The batch's scheduler, keeping prompt checkpoints for the prompt
+    /// cache.
+    fn scheduler(model: &'a Model, limits: BatchLimits) -> BatchScheduler<'a> {
+        let mut scheduler = BatchScheduler::new(model, limits);
+        scheduler.keep_prompt_checkpoints();
+        scheduler
     }
 
     /// Rows draft with `draft` (or by prompt lookup when `ngram`), `per_step`
@@ -223,6 +231,9 @@ impl<'a> BatchLane<'a> {
     pub fn step(&mut self, shared: &mut Shared) {
         let outcome =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.scheduler.step()));
+        for (tokens, caches) in self.scheduler.take_checkpoints() {
+            shared.checkpoint(&tokens, &caches);
+        }
         match outcome {
             Ok(Ok(finished)) => {
                 for f in finished {
@@ -259,7 +270,7 @@ impl<'a> BatchLane<'a> {
 
     /// The engine failed mid-step: every row fails, and the batch starts over.
     fn fail_all(&mut self, shared: &mut Shared, message: String) {
-        self.scheduler = BatchScheduler::new(self.model, self.limits);
+        self.scheduler = Self::scheduler(self.model, self.limits);
         for (_, info) in self.rows.drain() {
             shared
                 .reporter

@@ -48,6 +48,9 @@ pub(crate) fn run(shared: &mut Shared, models: &LoadedModels, job: &Job) {
         Ok(None) => return,
         Err(e) => return reporter.fail(client, GatewayError::Internal(format!("{e:#}"))),
     };
+    if prefilled > cached {
+        shared.checkpoint(&request.prompt[..prefilled], &caches);
+    }
     let mut first_token: Option<Instant> = None;
     let abort = reporter.abort.clone();
     let result = {

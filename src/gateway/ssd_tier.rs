@@ -450,13 +450,32 @@ impl SsdTier {
 
     /// The on-disk entry sharing the longest prefix (more than `better_than`
     /// tokens) with `prompt`, leaving at least one token to process.
-    fn best(&self, prompt: &[u32], better_than: usize) -> Option<(String, usize, usize)> {
+    /// The entry serving the longest prefix of `prompt` beyond
+    /// `better_than` tokens: its name, the usable length and its length.
+    /// With `whole_only` (caches that cannot drop positions) an entry serves
+    /// only a prompt that extends all of it.
+    fn best(
+        &self,
+        prompt: &[u32],
+        better_than: usize,
+        whole_only: bool,
+    ) -> Option<(String, usize, usize)> {
         let limit = prompt.len().saturating_sub(1);
         let state = self.state.lock().unwrap();
         state
             .entries
             .iter()
-            .map(|e| (e, common_prefix(&e.tokens, prompt).min(limit)))
+            .map(|e| {
+                let n = common_prefix(&e.tokens, prompt).min(limit);
+                (
+                    e,
+                    if whole_only && n < e.tokens.len() {
+                        0
+                    } else {
+                        n
+                    },
+                )
+            })
             .filter(|&(_, n)| n > better_than)
             .max_by_key(|&(e, n)| (n, e.last_used))
             .map(|(e, n)| (e.name.clone(), n, e.tokens.len()))
@@ -471,8 +490,9 @@ impl SsdTier {
         prompt: &[u32],
         ram_cached: usize,
     ) -> Option<(Vec<Box<dyn KvCache>>, usize)> {
+        let whole_only = !model.make_caches().iter().all(|c| c.is_trimmable());
         loop {
-            let Some((name, usable, len)) = self.best(prompt, ram_cached) else {
+            let Some((name, usable, len)) = self.best(prompt, ram_cached, whole_only) else {
                 if ram_cached == 0 {
                     self.state.lock().unwrap().stats.misses += 1;
                 }
@@ -816,7 +836,7 @@ mod tests {
 
     /// Loads an entry as a restore does, without a model.
     fn load_tokens(tier: &SsdTier, prompt: &[u32]) -> Option<(Vec<u32>, Vec<f32>)> {
-        let (name, _, _) = tier.best(prompt, 0)?;
+        let (name, _, _) = tier.best(prompt, 0, false)?;
         let bytes = std::fs::read(tier.cfg.dir.join(&name)).unwrap();
         let tokens = verify(&bytes, &tier.cfg).ok()?;
         let file = kv_file::parse(&bytes, Path::new(&name)).unwrap();
@@ -837,7 +857,7 @@ mod tests {
         let (tokens, k) = load_tokens(&tier, &[5, 6, 7, 8]).unwrap();
         assert_eq!(tokens, vec![5, 6, 7]);
         assert_eq!(k, vec![0.5; 12]);
-        assert!(tier.best(&[9, 9], 0).is_none());
+        assert!(tier.best(&[9, 9], 0, false).is_none());
     }
 
     #[test]
@@ -950,6 +970,6 @@ mod tests {
         let s = tier.stats();
         assert_eq!(s.writes, 0);
         assert!(s.write_errors >= 1, "{s:?}");
-        assert!(tier.best(&[1, 2, 3], 0).is_none());
+        assert!(tier.best(&[1, 2, 3], 0, false).is_none());
     }
 }

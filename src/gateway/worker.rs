@@ -108,6 +108,18 @@ impl Shared {
         self.publish_cache_stats();
     }
 
+    /// Keeps a copy of `caches`, which hold exactly `tokens` (a prompt
+    /// without its last token), when they cannot drop positions: the end
+    /// of the request stores a longer entry that cannot serve a prompt
+    /// diverging inside the reply, and this one can.
+    pub(crate) fn checkpoint(&mut self, tokens: &[u32], caches: &[Box<dyn KvCache>]) {
+        let kept = self.prompt_cache.is_enabled() || self.ssd.is_some();
+        if !kept || caches.iter().all(|c| c.is_trimmable()) {
+            return;
+        }
+        self.store(tokens.to_vec(), crate::cache::clone_all(caches));
+    }
+
     pub(crate) fn publish_cache_stats(&self) {
         let counters = &self.reporter.counters;
         // The SSD tier's counters are read live through its handle.
