@@ -151,12 +151,16 @@ pub fn layout(
                 scalar(format!("{i}.4"), q.bits as usize, &mut tensors);
             }
             "ArraysCache" => {
-                // mlx-lm's state: ([conv, recurrent], left_padding, lengths),
-                // the last two absent for a single sequence.
-                let [conv, recurrent] = <[Array; 2]>::try_from(cache.arrays())
-                    .map_err(|_| anyhow!("layer {i}: the recurrent state is empty"))?;
-                tensors.insert(format!("{i}.0.0"), conv);
-                tensors.insert(format!("{i}.0.1"), recurrent);
+                // mlx-lm's state: ([conv, recurrent] or [conv] for a layer
+                // keeping no recurrent state, left_padding, lengths), the
+                // last two absent for a single sequence.
+                let arrays = cache.arrays();
+                if arrays.is_empty() {
+                    bail!("layer {i}: the state is empty");
+                }
+                for (j, a) in arrays.into_iter().enumerate() {
+                    tensors.insert(format!("{i}.0.{j}"), a);
+                }
                 for slot in 1..=2 {
                     let name = format!("{i}.{slot}");
                     tensors.insert(name.clone(), Array::from_slice::<f32>(&[], &[0]));
@@ -472,13 +476,20 @@ fn load_layer(p: &Parsed, i: usize, class: &str) -> Result<Box<dyn KvCache>> {
         }
         "ArraysCache" => {
             let conv = p.array(&format!("{i}.0.0"))?;
-            let recurrent = p.array(&format!("{i}.0.1"))?;
-            if conv.ndim() != 3 || recurrent.ndim() != 4 || conv.shape()[0] != 1 {
+            let name = format!("{i}.0.1");
+            let recurrent = match p.st.tensor(&name) {
+                Ok(_) => Some(p.array(&name)?),
+                Err(_) => None,
+            };
+            let recurrent_shape = recurrent.as_ref().map(|r| r.shape().to_vec());
+            if conv.ndim() != 3
+                || conv.shape()[0] != 1
+                || recurrent_shape.as_ref().is_some_and(|s| s.len() != 4)
+            {
                 bail!(
-                    "a recurrent state of shapes {:?} and {:?}, expected [1, kernel - 1, \
-                     channels] and [1, heads, value dim, key dim]",
+                    "a state of shapes {:?} and {recurrent_shape:?}, expected [1, kernel - 1, \
+                     channels] and (for a recurrent layer) [1, heads, value dim, key dim]",
                     conv.shape(),
-                    recurrent.shape()
                 );
             }
             Ok(Box::new(StateCache::from_arrays(conv, recurrent, 0)))

@@ -254,7 +254,9 @@ mod tests {
         let conv = Array::from_slice(&[0f32; 6], &[1, 3, 2]);
         let recurrent = Array::from_slice(&[0f32; 8], &[1, 2, 2, 2]);
         caches.push(Box::new(crate::cache::StateCache::from_arrays(
-            conv, recurrent, n,
+            conv,
+            Some(recurrent),
+            n,
         )));
         caches
     }

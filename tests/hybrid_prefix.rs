@@ -16,7 +16,7 @@ use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::Array;
 use serde_json::{json, Value};
 
-const HYBRID: [&str; 3] = ["qwen3_next", "qwen3_5", "qwen3_5_q4"];
+const HYBRID: [&str; 4] = ["qwen3_next", "qwen3_5", "qwen3_5_q4", "lfm2"];
 const PROMPT: [u32; 6] = [1, 17, 42, 99, 3, 5];
 const SUFFIX: [u32; 2] = [7, 9];
 const NEW_TOKENS: usize = 6;
@@ -59,7 +59,7 @@ fn continue_greedy(model: &Model, caches: &mut [Box<dyn KvCache>], suffix: &[u32
         let x = Array::from_slice(&input, &[1, input.len() as i32]);
         let logits = model.decoder.forward(&x, caches).unwrap();
         let last = logits.index((0, -1, ..));
-        let token = argmax_axis(&last, -1, None).unwrap().item::<u32>();
+        let token = argmax_axis(&last, -1, None).unwrap().item_cast::<u32>();
         out.push(token);
         input = vec![token as i32];
     }

@@ -45,12 +45,13 @@ impl StateCache {
         }
     }
 
-    /// A single-sequence cache holding `conv` and `recurrent` after
-    /// `length` positions (a prompt-cache file's layer).
-    pub(crate) fn from_arrays(conv: Array, recurrent: Array, length: usize) -> Self {
+    /// A single-sequence cache holding `conv` (and `recurrent`, for a
+    /// layer that keeps one) after `length` positions (a prompt-cache
+    /// file's layer).
+    pub(crate) fn from_arrays(conv: Array, recurrent: Option<Array>, length: usize) -> Self {
         Self {
             conv: Some(conv),
-            recurrent: Some(recurrent),
+            recurrent,
             lengths: vec![length],
             batch: false,
         }
