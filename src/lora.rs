@@ -63,12 +63,17 @@ impl Default for LoraParameters {
 /// (mlx-lm's names, except where a loader split a fused layer: see
 /// `block_sites` for the LoRA keys). A block has a subset: a sparse
 /// Mixture-of-Experts layer has its router (`mlp.gate` in Qwen3-MoE,
-/// `block_sparse_moe.gate` in Mixtral, `mlp.router` in GPT-OSS) instead of a dense MLP.
-pub(crate) const BLOCK_LINEARS: [&str; 10] = [
+/// `block_sparse_moe.gate` in Mixtral, `mlp.router` in GPT-OSS) instead of a dense MLP;
+/// a latent attention layer (DeepSeek-V3) has `q_proj` or `q_a_proj` /
+/// `q_b_proj`, `kv_a_proj_with_mqa` and `o_proj`.
+pub(crate) const BLOCK_LINEARS: [&str; 13] = [
     "self_attn.q_proj",
     "self_attn.k_proj",
     "self_attn.v_proj",
     "self_attn.o_proj",
+    "self_attn.q_a_proj",
+    "self_attn.q_b_proj",
+    "self_attn.kv_a_proj_with_mqa",
     "mlp.gate_proj",
     "mlp.up_proj",
     "mlp.down_proj",
@@ -78,6 +83,9 @@ pub(crate) const BLOCK_LINEARS: [&str; 10] = [
 ];
 
 pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear> {
+    if let Some(linear) = crate::model::deepseek_v3::latent_linear(&block.self_attn, key) {
+        return linear;
+    }
     Some(match (key, &block.mlp) {
         ("self_attn.q_proj", _) => &block.self_attn.q_proj,
         ("self_attn.k_proj", _) => &block.self_attn.k_proj,
@@ -92,6 +100,9 @@ pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear
 }
 
 pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'a mut Linear> {
+    if block.self_attn.latent.is_some() && key.starts_with("self_attn.") {
+        return crate::model::deepseek_v3::latent_linear_mut(&mut block.self_attn, key).flatten();
+    }
     Some(match (key, &mut block.mlp) {
         ("self_attn.q_proj", _) => &mut block.self_attn.q_proj,
         ("self_attn.k_proj", _) => &mut block.self_attn.k_proj,
@@ -202,6 +213,9 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
     .into_iter()
     .filter_map(|l| l.lora.as_mut())
     .collect();
+    out.extend(crate::model::deepseek_v3::latent_loras_mut(
+        &mut self_attn.latent,
+    ));
     match mlp {
         FeedForward::Dense(m) => out.extend(
             [&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj]

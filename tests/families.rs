@@ -22,7 +22,7 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 15] = [
+const FAMILIES: [&str; 17] = [
     "gemma2",
     "gemma3_text",
     "phi3",
@@ -35,6 +35,8 @@ const FAMILIES: [&str; 15] = [
     "seed_oss_q4",
     "llama4_text",
     "glm4_moe_q4",
+    "deepseek_v3_q4",
+    "deepseek_v3_plain_q",
     "olmo3",
     "exaone4_q4",
     "ministral3",
@@ -178,13 +180,22 @@ fn lora_gradients_on_attention_router_and_experts() {
         let layout = AdapterLayout::new(&model, 0, &params).unwrap();
         for (i, block) in model.decoder.layers.iter().enumerate() {
             let has = |key: &str| layout.sites.iter().any(|s| s.layer == i && s.key == key);
-            // Phi-3 adapts its fused qkv_proj, as mlx-lm (tests/lora_families.rs).
+            // Phi-3 adapts its fused qkv_proj, as mlx-lm (tests/lora_families.rs);
+            // DeepSeek-V3's queries go through q_a_proj and q_b_proj.
             let q = if case == "phi3" {
                 "self_attn.qkv_proj"
+            } else if case == "deepseek_v3_q4" {
+                "self_attn.q_b_proj"
             } else {
                 "self_attn.q_proj"
             };
             assert!(has(q) && has("self_attn.o_proj"), "{case} layer {i}");
+            if case.starts_with("deepseek_v3") {
+                // Latent attention: no k_proj / v_proj, the latent's input
+                // projection adapted.
+                assert!(has("self_attn.kv_a_proj_with_mqa"), "{case} layer {i}");
+                assert!(!has("self_attn.k_proj") && !has("self_attn.v_proj"));
+            }
             if let FeedForward::Sparse(moe) = &block.mlp {
                 assert!(has(moe.router_key), "{case} layer {i}: router not adapted");
                 let experts = format!("{}.down_proj", moe.experts_key);

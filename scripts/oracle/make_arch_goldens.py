@@ -177,10 +177,11 @@ GLM4_MOE = {
 }
 
 # Multi-head latent attention: queries through a rank-32 bottleneck
-# (q_lora_rank), keys and values from a rank-32 latent plus a 16-dim shared
-# rotary key; YaRN (mscale != mscale_all_dim, so both the rope's factor and
-# the softmax scale's change). Layer 0 dense, layers 1-2 sparse: 8 experts in
-# 2 groups of 4, the best group kept, top 3, one shared expert.
+# (q_lora_rank), keys and values from a rank-32 latent plus a 32-dim shared
+# rotary key (whole groups of 32: a quantized KV cache can hold both); YaRN
+# (mscale != mscale_all_dim, so both the rope's factor and the softmax
+# scale's change). Layer 0 dense, layers 1-2 sparse: 8 experts in 2 groups
+# of 4, the best group kept, top 3, one shared expert.
 DEEPSEEK_V3 = {
     "model_type": "deepseek_v3",
     "num_hidden_layers": 3,
@@ -188,7 +189,7 @@ DEEPSEEK_V3 = {
     "tie_word_embeddings": False,
     "q_lora_rank": 32,
     "kv_lora_rank": 32,
-    "qk_rope_head_dim": 16,
+    "qk_rope_head_dim": 32,
     "qk_nope_head_dim": 32,
     "v_head_dim": 32,
     "rope_scaling": {

@@ -594,3 +594,71 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
     }
     Ok(decoder)
 }
+
+/// The linear layer a LoRA key (mlx-lm's module path inside the block)
+/// names in a latent attention layer: `Some(None)` for an attention key this
+/// layer lacks (`k_proj`, `v_proj`, and `q_proj` or `q_a_proj` / `q_b_proj`
+/// by `q_lora_rank`), `None` when `attn` is not latent or the key is not an
+/// attention key.
+pub(crate) fn latent_linear<'a>(attn: &'a Attention, key: &str) -> Option<Option<&'a Linear>> {
+    let latent = attn.latent.as_ref()?;
+    let key = key.strip_prefix("self_attn.")?;
+    Some(match (key, &latent.q_lora) {
+        ("q_proj", None) => Some(&attn.q_proj),
+        ("q_a_proj", Some((a, _, _))) => Some(a),
+        ("q_b_proj", Some((_, _, b))) => Some(b),
+        ("kv_a_proj_with_mqa", _) => Some(&latent.kv_a_proj_with_mqa),
+        ("o_proj", _) => Some(&attn.o_proj),
+        _ => None,
+    })
+}
+
+/// `latent_linear`, mutable.
+pub(crate) fn latent_linear_mut<'a>(
+    attn: &'a mut Attention,
+    key: &str,
+) -> Option<Option<&'a mut Linear>> {
+    let Attention {
+        latent,
+        q_proj,
+        o_proj,
+        ..
+    } = attn;
+    let latent = latent.as_mut()?;
+    let key = key.strip_prefix("self_attn.")?;
+    let LatentAttention {
+        q_lora,
+        kv_a_proj_with_mqa,
+        ..
+    } = latent.as_mut();
+    Some(match (key, q_lora) {
+        ("q_proj", None) => Some(q_proj),
+        ("q_a_proj", Some((a, _, _))) => Some(a),
+        ("q_b_proj", Some((_, _, b))) => Some(b),
+        ("kv_a_proj_with_mqa", _) => Some(kv_a_proj_with_mqa),
+        ("o_proj", _) => Some(o_proj),
+        _ => None,
+    })
+}
+
+/// The adapters on a latent attention layer's own projections (`q_a_proj`,
+/// `q_b_proj`, `kv_a_proj_with_mqa`, in `BLOCK_LINEARS` order).
+pub(crate) fn latent_loras_mut(
+    latent: &mut Option<Box<LatentAttention>>,
+) -> Vec<&mut super::layers::Lora> {
+    let Some(latent) = latent.as_mut() else {
+        return Vec::new();
+    };
+    let LatentAttention {
+        q_lora,
+        kv_a_proj_with_mqa,
+        ..
+    } = latent.as_mut();
+    let mut out = Vec::new();
+    if let Some((a, _, b)) = q_lora {
+        out.extend(a.lora.as_mut());
+        out.extend(b.lora.as_mut());
+    }
+    out.extend(kv_a_proj_with_mqa.lora.as_mut());
+    out
+}

@@ -278,12 +278,18 @@ impl Model {
             Dtype::Float32 => 4,
             _ => 2,
         };
-        let attention = self
+        let per_head = (self.args.kv_heads() * self.args.head_dim()) as usize;
+        let elements: usize = self
             .decoder
             .layers
             .iter()
             .filter(|l| l.linear_attn.is_none())
-            .count();
-        2 * attention * (self.args.kv_heads() * self.args.head_dim()) as usize * item
+            // A latent attention layer caches its latent and shared rotary key.
+            .map(|l| match &l.self_attn.latent {
+                Some(m) => (m.kv_lora_rank + m.qk_rope_head_dim) as usize,
+                None => 2 * per_head,
+            })
+            .sum();
+        elements * item
     }
 }
