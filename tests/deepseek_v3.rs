@@ -191,3 +191,21 @@ fn quantized_kv_cache_reads_what_it_holds() {
         }
     }
 }
+
+/// mlx-lm's own `sanitize` of a quantized `kv_b_proj` (dequantized, split,
+/// requantized per head) and per-expert tensors, on
+/// `goldens/deepseek_v3_hf_q4` (`scripts/oracle/make_deepseek_v3_hf_golden.py`).
+#[test]
+fn quantized_hugging_face_layout_equals_mlx_lm() {
+    let dir = common::repo_root().join("goldens/deepseek_v3_hf_q4");
+    let model = Model::load(&dir).unwrap();
+    // `scripts/oracle/init_draws.py goldens/deepseek_v3_hf_q4`: the dense
+    // checkpoint's 35, plus one per requantized embed_q / unembed_out.
+    assert_eq!(model.init_draws, 41);
+    let expected = Array::load_safetensors(dir.join("expected.safetensors")).unwrap();
+    let ids = expected["tokens"].reshape(&[1, -1]).unwrap();
+    let mut caches = model.make_caches();
+    let full = model.forward(&ids, &mut caches).unwrap().index((0, .., ..));
+    let diff = max_abs_diff(&full, &expected["full"]);
+    assert!(diff < 1e-3, "quantized kv_b_proj: logits differ by {diff}");
+}
