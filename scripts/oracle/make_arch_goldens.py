@@ -345,6 +345,40 @@ QWEN3_5_MOE = {
     "shared_expert_intermediate_size": 32,
 }
 
+# NVIDIA Nemotron-H: one kind of layer per character of
+# hybrid_override_pattern: an MLP layer first (before any cache-keeping
+# layer), Mamba-2 (4 heads of 16, 2 groups, state 16, kernel 4, conv bias),
+# attention without RoPE (head_dim 32 over 4 heads, 2 KV heads), two MLP
+# layers, Mamba-2 again: three caches for six layers. The 4-bit case names
+# its layers with layers_block_type words, gives every projection a bias and
+# clips the step sizes (time_step_limit).
+NEMOTRON_H = {
+    "model_type": "nemotron_h",
+    "hybrid_override_pattern": "-M*--M",
+    "head_dim": 32,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "use_bias": False,
+    "mamba_num_heads": 4,
+    "mamba_head_dim": 16,
+    "mamba_proj_bias": False,
+    "ssm_state_size": 16,
+    "conv_kernel": 4,
+    "n_groups": 2,
+    "use_conv_bias": True,
+    "layer_norm_epsilon": 1e-5,
+}
+NEMOTRON_H_Q4 = {
+    **NEMOTRON_H,
+    "hybrid_override_pattern": None,
+    "layers_block_type": ["mamba", "mlp", "attention", "mamba", "mlp"],
+    "attention_bias": True,
+    "mlp_bias": True,
+    "mamba_proj_bias": True,
+    "time_step_limit": [0.05, 2.0],
+    "quantize": {"group_size": 32, "bits": 4},
+}
+
 # Liquid LFM2: layers 0 and 2 short causal convolutions (kernel 3), 1 and 3
 # full attention with per-head q/k norms. The feed-forward width follows
 # block_auto_adjust_ff_dim: 2/3 of block_ff_dim, times the multiplier, up to a
@@ -429,6 +463,8 @@ CASES = {
     "qwen3_5_moe_q4": {**QWEN3_5_MOE, "quantize": {**Q4_MOE, "overrides": HYBRID_8BIT}},
     "lfm2": {**LFM2},
     "lfm2_q4": {**LFM2, "conv_bias": True, "quantize": {"group_size": 32, "bits": 4}},
+    "nemotron_h": {**NEMOTRON_H},
+    "nemotron_h_q4": {**NEMOTRON_H_Q4},
 }
 
 

@@ -384,6 +384,8 @@ pub enum Recurrent {
     GatedDelta(GatedDeltaNet),
     /// LFM2's gated short causal convolution.
     ShortConv(ShortConv),
+    /// The Mamba-2 mixer of Nemotron-H.
+    Mamba2(super::mamba2::Mamba2),
 }
 
 impl Recurrent {
@@ -391,6 +393,7 @@ impl Recurrent {
         match self {
             Recurrent::GatedDelta(delta) => delta.forward(x, cache),
             Recurrent::ShortConv(conv) => conv.forward(x, cache),
+            Recurrent::Mamba2(mamba) => mamba.forward(x, cache),
         }
     }
 }
@@ -410,6 +413,10 @@ pub enum Residual {
     /// `h = x + norm(attn(x))`, `h + norm(mlp(h))` (OLMo 3, EXAONE 4).
     /// The block's `input_layernorm` is then unused.
     PostNorm { post_feedforward_layernorm: RmsNorm },
+    /// Nemotron-H: the mixer alone as a residual layer, between residual
+    /// ReLU² MLP layers; the block's `mlp` and `post_attention_layernorm`
+    /// are then unused.
+    Stack(Box<super::nemotron_h::MlpStack>),
 }
 
 impl Block {
@@ -478,6 +485,7 @@ impl Block {
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let scale = match &self.residual {
             Residual::Sandwich(norms) => return norms.forward(self, x, cache),
+            Residual::Stack(stack) => return stack.forward(self, x, cache),
             Residual::PostNorm {
                 post_feedforward_layernorm,
             } => {

@@ -14,9 +14,11 @@ pub mod layers;
 pub mod lfm2;
 pub mod llama;
 pub mod llama4_text;
+pub mod mamba2;
 pub mod ministral3;
 pub mod mixtral;
 pub mod moe;
+pub mod nemotron_h;
 pub mod olmo3;
 pub mod phi3;
 pub mod quantized_attention;
@@ -57,7 +59,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 24] = [
+pub(crate) const SUPPORTED: [&str; 25] = [
     "llama",
     "mistral",
     "qwen2",
@@ -82,6 +84,7 @@ pub(crate) const SUPPORTED: [&str; 24] = [
     "lfm2",
     "deepseek_v3",
     "kimi_k2",
+    "nemotron_h",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -99,6 +102,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "qwen3_next" => return qwen3_next::load(w, args, raw),
         "qwen3_5" | "qwen3_5_moe" => return qwen3_5::load(w, args, raw),
         "lfm2" => return lfm2::load(w, args, raw),
+        "nemotron_h" => return nemotron_h::load(w, args, raw),
         // Latent attention: no k_proj / v_proj for `check_shapes` to read.
         "deepseek_v3" | "kimi_k2" => return deepseek_v3::load(w, args, raw),
         _ => {}
@@ -135,11 +139,12 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
     let path = dir.join("config.json");
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    let raw: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
+    let raw: serde_json::Value = nemotron_h::parse_config_text(&text)
+        .with_context(|| format!("parsing {}", path.display()))?;
     let raw = match raw.get("model_type").and_then(|t| t.as_str()) {
         Some("qwen3_5" | "qwen3_5_moe") => qwen3_5::flatten_text_config(raw),
         Some("lfm2") => lfm2::shared_config(raw),
+        Some("nemotron_h") => nemotron_h::shared_config(raw),
         _ => raw,
     };
     // The path names the field: `hidden_size: invalid type: string "wide"`.
