@@ -38,6 +38,42 @@ impl Drop for InFlight {
     }
 }
 
+/// Jobs the worker has received and not yet admitted or refused. Each
+/// counts in the gateway's queue depth (counted in at submission) until it
+/// is taken out here, whatever becomes of it.
+pub(crate) struct Waiting {
+    jobs: std::collections::VecDeque<Job>,
+    counters: Arc<super::stats::Counters>,
+}
+
+impl Waiting {
+    pub fn new(counters: Arc<super::stats::Counters>) -> Self {
+        Self {
+            jobs: std::collections::VecDeque::new(),
+            counters,
+        }
+    }
+
+    pub fn push(&mut self, job: Job) {
+        self.jobs.push_back(job);
+    }
+
+    pub fn front(&self) -> Option<&Job> {
+        self.jobs.front()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    /// The oldest job, no longer counted as queued.
+    pub fn pop(&mut self) -> Option<Job> {
+        let job = self.jobs.pop_front()?;
+        self.counters.queued.fetch_sub(1, Ordering::SeqCst);
+        Some(job)
+    }
+}
+
 impl Client {
     pub fn abandoned(&self) -> bool {
         self.cancel.load(Ordering::Relaxed) || self.events.is_closed()

@@ -17,7 +17,6 @@
 //! prompt cache (its hits would depend on each rank's memory). Rank 0 alone
 //! decides admission (queue order and KV budget).
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, OnceLock};
@@ -27,7 +26,7 @@ use anyhow::{bail, Context, Result};
 use serde::{Deserialize, Serialize};
 
 use super::batch_lane::BatchLane;
-use super::job::{Client, InFlight, Job};
+use super::job::{Client, InFlight, Job, Waiting};
 use super::route::Lane;
 use super::worker::Shared;
 use super::{GatewayError, GatewayEvent, GatewayRequest};
@@ -174,18 +173,18 @@ fn lead(
     rx: Receiver<Job>,
 ) -> Result<()> {
     let counters = shared.reporter.counters.clone();
-    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut waiting = Waiting::new(counters.clone());
     let mut open = true;
     loop {
         if open && batch.is_idle() && waiting.is_empty() {
             match rx.recv() {
-                Ok(job) => waiting.push_back(job),
+                Ok(job) => waiting.push(job),
                 Err(_) => open = false,
             }
         }
         while open {
             match rx.try_recv() {
-                Ok(job) => waiting.push_back(job),
+                Ok(job) => waiting.push(job),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -204,8 +203,7 @@ fn lead(
             if blocked && !batch.is_idle() {
                 break;
             }
-            let mut job = waiting.pop_front().unwrap();
-            counters.queued.fetch_sub(1, Ordering::SeqCst);
+            let mut job = waiting.pop().unwrap();
             if aborting {
                 job.client
                     .send(GatewayEvent::Failed(GatewayError::ShuttingDown));

@@ -4,7 +4,6 @@
 //! when the batch is empty, as they run a request to its end), and steps
 //! the batch between admissions.
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
@@ -13,7 +12,7 @@ use anyhow::Result;
 
 use super::admission::KvBudget;
 use super::batch_lane::BatchLane;
-use super::job::{Job, Reporter};
+use super::job::{Job, Reporter, Waiting};
 use super::route::Lane;
 use super::ssd_tier::SsdTier;
 use super::{serial, GatewayError, KvSettings, LoadedModels, Readiness};
@@ -265,7 +264,7 @@ pub(crate) fn run(
         let mut batch = batch.in_lockstep();
         return super::lockstep::run(&sharding.group, &mut shared, &mut batch, rx);
     }
-    let mut waiting: VecDeque<Job> = VecDeque::new();
+    let mut waiting = Waiting::new(shared.reporter.counters.clone());
     let mut open = true;
     loop {
         if batch.is_idle() && waiting.is_empty() {
@@ -273,13 +272,13 @@ pub(crate) fn run(
                 break;
             }
             match rx.recv() {
-                Ok(job) => waiting.push_back(job),
+                Ok(job) => waiting.push(job),
                 Err(_) => break,
             }
         }
         loop {
             match rx.try_recv() {
-                Ok(job) => waiting.push_back(job),
+                Ok(job) => waiting.push(job),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
                     open = false;
@@ -288,12 +287,7 @@ pub(crate) fn run(
             }
         }
         if shared.reporter.aborting() {
-            for job in waiting.drain(..) {
-                shared
-                    .reporter
-                    .counters
-                    .queued
-                    .fetch_sub(1, Ordering::SeqCst);
+            while let Some(job) = waiting.pop() {
                 job.client
                     .send(super::GatewayEvent::Failed(GatewayError::ShuttingDown));
             }
@@ -310,13 +304,12 @@ fn admit(
     shared: &mut Shared,
     models: &LoadedModels,
     batch: &mut BatchLane<'_>,
-    waiting: &mut VecDeque<Job>,
+    waiting: &mut Waiting,
 ) {
     let counters = shared.reporter.counters.clone();
     while let Some(front) = waiting.front() {
         if front.client.abandoned() {
-            let job = waiting.pop_front().unwrap();
-            counters.queued.fetch_sub(1, Ordering::SeqCst);
+            let job = waiting.pop().unwrap();
             shared.reporter.dropped(&job.client);
             continue;
         }
@@ -325,8 +318,7 @@ fn admit(
                 if !batch.can_admit(front) {
                     if batch.is_idle() {
                         // Submission refuses what can never fit; this is a guard.
-                        let job = waiting.pop_front().unwrap();
-                        counters.queued.fetch_sub(1, Ordering::SeqCst);
+                        let job = waiting.pop().unwrap();
                         shared.reporter.fail(
                             &job.client,
                             GatewayError::InvalidRequest(
@@ -337,16 +329,14 @@ fn admit(
                     }
                     break;
                 }
-                let job = waiting.pop_front().unwrap();
-                counters.queued.fetch_sub(1, Ordering::SeqCst);
+                let job = waiting.pop().unwrap();
                 batch.admit(shared, job);
             }
             Lane::Serial | Lane::Speculative => {
                 if !batch.is_idle() {
                     break;
                 }
-                let job = waiting.pop_front().unwrap();
-                counters.queued.fetch_sub(1, Ordering::SeqCst);
+                let job = waiting.pop().unwrap();
                 counters.active.fetch_add(1, Ordering::SeqCst);
                 // A panic in one request must not take the server down with it.
                 let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
