@@ -504,11 +504,11 @@ fn load_layer(p: &Parsed, i: usize, class: &str) -> Result<Box<dyn KvCache>> {
 /// fingerprints (when present) name another model or tokenizer.
 pub fn check_compatible(file: &CacheFile, model: &Model, path: &Path) -> Result<()> {
     let p = path.display();
-    if file.caches.len() != model.num_layers() {
+    if file.caches.len() != model.decoder.cache_count() {
         bail!(
             "{p} holds {} layers but the model has {}",
             file.caches.len(),
-            model.num_layers()
+            model.decoder.cache_count()
         );
     }
     let (heads, dim) = (model.args.kv_heads(), model.args.head_dim());
@@ -529,6 +529,9 @@ pub fn check_compatible(file: &CacheFile, model: &Model, path: &Path) -> Result<
         if state_layer {
             continue;
         }
+        // Gemma 4's global layers have their own KV heads and head size.
+        let (heads, dim) =
+            crate::model::gemma4_text::cache_shape(&model.decoder, i).unwrap_or((heads, dim));
         let (k_heads, k_dim) = match c.quantized_state() {
             Some(q) => {
                 let packed = q.keys[0].shape()[3];

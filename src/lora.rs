@@ -83,6 +83,9 @@ pub(crate) const BLOCK_LINEARS: [&str; 13] = [
 ];
 
 pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear> {
+    if crate::model::gemma4_text::absent_projection(block, key) {
+        return None;
+    }
     if let Some(linear) = crate::model::deepseek_v3::latent_linear(&block.self_attn, key) {
         return linear;
     }
@@ -100,6 +103,9 @@ pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear
 }
 
 pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'a mut Linear> {
+    if crate::model::gemma4_text::absent_projection(block, key) {
+        return None;
+    }
     if block.self_attn.latent.is_some() && key.starts_with("self_attn.") {
         return crate::model::deepseek_v3::latent_linear_mut(&mut block.self_attn, key).flatten();
     }

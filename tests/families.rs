@@ -22,7 +22,7 @@ use mlx_rs::ops::expand_dims;
 use mlx_rs::transforms::value_and_grad_with_argnums;
 use mlx_rs::{random, Array};
 
-const FAMILIES: [&str; 17] = [
+const FAMILIES: [&str; 18] = [
     "gemma2",
     "gemma3_text",
     "phi3",
@@ -40,6 +40,7 @@ const FAMILIES: [&str; 17] = [
     "olmo3",
     "exaone4_q4",
     "ministral3",
+    "gemma4_text",
 ];
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];

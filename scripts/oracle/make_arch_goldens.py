@@ -400,6 +400,53 @@ LFM2 = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0},
 }
 
+# Gemma 4 (text): layers 0 and 2 slide over 5 positions (head_dim 16, 2 KV
+# heads, default RoPE), 1 and 3 are global (global_head_dim 32, one KV head
+# whose keys are also the values: attention_k_eq_v, proportional RoPE on a
+# quarter of the dims). Layers 2 and 3 reuse the keys and values of layers 0
+# and 1 (num_kv_shared_layers) and have double-wide MLPs; per-layer input
+# embeddings, the MoE block beside the dense MLP and a small logit cap.
+GEMMA4 = {
+    "model_type": "gemma4_text",
+    "num_hidden_layers": 4,
+    "layer_types": ["sliding_attention", "full_attention"] * 2,
+    "head_dim": 16,
+    "global_head_dim": 32,
+    "num_global_key_value_heads": 1,
+    "attention_k_eq_v": True,
+    "num_kv_shared_layers": 2,
+    "hidden_size_per_layer_input": 32,
+    "vocab_size_per_layer_input": 256,
+    "use_double_wide_mlp": True,
+    "enable_moe_block": True,
+    "num_experts": 4,
+    "top_k_experts": 2,
+    "moe_intermediate_size": 32,
+    "sliding_window": 5,
+    "sliding_window_pattern": 2,
+    "final_logit_softcapping": 3.0,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "full_attention": {"partial_rotary_factor": 0.25, "rope_theta": 1000000.0, "rope_type": "proportional"},
+        "sliding_attention": {"rope_theta": 10000.0, "rope_type": "default"},
+    },
+}
+# The multimodal wrapper's layout (model_type gemma4, the decoder in
+# text_config, tensors under language_model.), with the plain variants:
+# separate values, no KV sharing, no per-layer inputs or experts, an untied
+# head. The wrapper takes vocab_size from the top level ("nest" lists the
+# keys kept there too).
+GEMMA4_NESTED = {
+    **GEMMA4,
+    "model_type": "gemma4",
+    "nest": ["vocab_size"],
+    "attention_k_eq_v": False,
+    "num_kv_shared_layers": 0,
+    "hidden_size_per_layer_input": 0,
+    "enable_moe_block": False,
+    "tie_word_embeddings": False,
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -465,6 +512,10 @@ CASES = {
     "lfm2_q4": {**LFM2, "conv_bias": True, "quantize": {"group_size": 32, "bits": 4}},
     "nemotron_h": {**NEMOTRON_H},
     "nemotron_h_q4": {**NEMOTRON_H_Q4},
+    "gemma4_text": {**GEMMA4},
+    # As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "gemma4_text_q4": {**GEMMA4, "quantize": {**Q4_MOE, "overrides": {"router.proj": {"group_size": 64, "bits": 8}}}},
+    "gemma4": {**GEMMA4_NESTED},
 }
 
 
@@ -519,8 +570,10 @@ def main():
         extra = dict(extra)
         quant = extra.pop("quantize", None)
         config = {**BASE, **extra}
-        if config.pop("nest", False):
-            config = {"model_type": config["model_type"], "text_config": config}
+        nest = config.pop("nest", False)
+        if nest:
+            kept = {k: config[k] for k in nest} if isinstance(nest, list) else {}
+            config = {"model_type": config["model_type"], **kept, "text_config": config}
         mx.random.seed(7)
         model_class, args_class = _get_classes(config)
         model = model_class(args_class.from_dict(config))

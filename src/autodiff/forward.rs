@@ -29,6 +29,15 @@ impl TrainForward<'_> {
         prefix: Option<&PrefixState>,
         keep_state: bool,
     ) -> Result<(Array, Option<PrefixState>)> {
+        if crate::model::gemma4_text::is_gemma4(self.decoder) {
+            // KV-shared layers read other layers' keys: the stack runs whole.
+            return crate::model::gemma4_text::train_hidden(
+                self.decoder,
+                inputs,
+                prefix,
+                keep_state,
+            );
+        }
         let mut h = self.decoder.embed(inputs)?;
         let templates = self.decoder.make_caches();
         let mut state = keep_state.then(Vec::new);

@@ -78,10 +78,10 @@ impl<'a> DecodeBatch<'a> {
         last: u32,
     ) -> Result<()> {
         ensure!(
-            caches.len() == self.model.num_layers(),
+            caches.len() == self.model.decoder.cache_count(),
             "a joining row has {} cache layers, the model {}",
             caches.len(),
-            self.model.num_layers()
+            self.model.decoder.cache_count()
         );
         if self.caches.is_empty() {
             self.caches = empty_batch_like(&caches)?;

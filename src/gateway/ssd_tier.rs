@@ -559,12 +559,12 @@ impl SsdTier {
         }
         let file = kv_file::parse(&map, &path).map_err(corrupt)?;
         let mut caches = file.caches;
-        if caches.len() != model.num_layers() || caches.iter().any(|c| c.offset() != len) {
+        if caches.len() != model.decoder.cache_count() || caches.iter().any(|c| c.offset() != len) {
             return Err(Restore::Corrupt(format!(
                 "{} layers holding {} positions; expected {} layers holding {len}",
                 caches.len(),
                 caches.first().map_or(0, |c| c.offset()),
-                model.num_layers()
+                model.decoder.cache_count()
             )));
         }
         kv_file::cast_to(&mut caches, model.dtype).map_err(corrupt)?;

@@ -417,6 +417,9 @@ pub enum Residual {
     /// ReLU² MLP layers; the block's `mlp` and `post_attention_layernorm`
     /// are then unused.
     Stack(Box<super::nemotron_h::MlpStack>),
+    /// Gemma 4's layer (`gemma4_text.rs`), run by its decoder's own forward
+    /// pass: KV-shared layers read other layers' keys and values.
+    Gemma4(Box<super::gemma4_text::Gemma4Layer>),
 }
 
 impl Block {
@@ -486,6 +489,9 @@ impl Block {
         let scale = match &self.residual {
             Residual::Sandwich(norms) => return norms.forward(self, x, cache),
             Residual::Stack(stack) => return stack.forward(self, x, cache),
+            Residual::Gemma4(_) => {
+                anyhow::bail!("a Gemma 4 layer runs only inside its decoder's forward pass")
+            }
             Residual::PostNorm {
                 post_feedforward_layernorm,
             } => {
@@ -619,6 +625,9 @@ impl Decoder {
 
     /// Hidden states after the final norm, `[B, L, hidden]`.
     pub fn hidden(&self, inputs: &Array, caches: &mut [Box<dyn KvCache>]) -> Result<Array> {
+        if super::gemma4_text::is_gemma4(self) {
+            return super::gemma4_text::hidden(self, inputs, caches);
+        }
         let mut h = self.embed(inputs)?;
         if let Some(stage) = &self.pipeline {
             h = stage.receive(&h)?;
@@ -671,7 +680,7 @@ impl Decoder {
         if max_kv_size.is_some_and(|n| n <= 4) {
             anyhow::bail!("--max-kv-size must exceed the 4 positions it always keeps");
         }
-        Ok((0..self.layers.len())
+        Ok((0..self.cache_count())
             .map(|i| -> Box<dyn KvCache> {
                 if self.layers[i].linear_attn.is_some() {
                     return gated_delta::new_cache();
@@ -690,8 +699,14 @@ impl Decoder {
             .collect())
     }
 
+    /// How many caches the layers keep: one each, except that Gemma 4's
+    /// KV-shared layers keep none (mlx-lm's `make_cache`).
+    pub fn cache_count(&self) -> usize {
+        super::gemma4_text::cache_count(self).unwrap_or(self.layers.len())
+    }
+
     pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
-        (0..self.layers.len())
+        (0..self.cache_count())
             .map(|i| -> Box<dyn KvCache> {
                 if self.layers[i].linear_attn.is_some() {
                     return gated_delta::new_cache();

@@ -7,6 +7,7 @@ pub mod exaone4;
 pub mod gated_delta;
 pub mod gemma2;
 pub mod gemma3_text;
+pub mod gemma4_text;
 pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
@@ -59,7 +60,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 25] = [
+pub(crate) const SUPPORTED: [&str; 27] = [
     "llama",
     "mistral",
     "qwen2",
@@ -85,6 +86,8 @@ pub(crate) const SUPPORTED: [&str; 25] = [
     "deepseek_v3",
     "kimi_k2",
     "nemotron_h",
+    "gemma4_text",
+    "gemma4",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -102,6 +105,8 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "qwen3_next" => return qwen3_next::load(w, args, raw),
         "qwen3_5" | "qwen3_5_moe" => return qwen3_5::load(w, args, raw),
         "lfm2" => return lfm2::load(w, args, raw),
+        // Per-layer head sizes, KV-shared layers without k_proj / v_proj.
+        "gemma4_text" | "gemma4" => return gemma4_text::load(w, args, raw),
         "nemotron_h" => return nemotron_h::load(w, args, raw),
         // Latent attention: no k_proj / v_proj for `check_shapes` to read.
         "deepseek_v3" | "kimi_k2" => return deepseek_v3::load(w, args, raw),
@@ -144,6 +149,7 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
     let raw = match raw.get("model_type").and_then(|t| t.as_str()) {
         Some("qwen3_5" | "qwen3_5_moe") => qwen3_5::flatten_text_config(raw),
         Some("lfm2") => lfm2::shared_config(raw),
+        Some("gemma4") => gemma4_text::flatten_config(raw),
         Some("nemotron_h") => nemotron_h::shared_config(raw),
         _ => raw,
     };

@@ -145,12 +145,15 @@ pub enum ExpertActivation {
     /// GPT-OSS: gate clipped above at 7, up clipped to ±7,
     /// `(up + 1) * gate * sigmoid(1.702 * gate)`.
     SwiGluOai,
+    /// Gemma 4: `gelu_approx(gate) * up`.
+    GeluApprox,
 }
 
 impl ExpertActivation {
     fn apply(self, gate: &Array, up: &Array) -> Result<Array> {
         Ok(match self {
             ExpertActivation::SwiGlu => &(gate * &sigmoid(gate)?) * up,
+            ExpertActivation::GeluApprox => &super::gemma2::gelu_approx(gate)? * up,
             ExpertActivation::SwiGluOai => {
                 let limit = Array::from_f32(7.0);
                 let gate = minimum(gate, &limit)?;
