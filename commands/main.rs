@@ -84,16 +84,31 @@ fn default_kernel_cache() {
     }
 }
 
+/// The process's one logger, on standard error: `serve --log-level`, else
+/// `MLX_BUN_LOG`, else warnings.
+fn init_logging(command: &Command) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use tracing_subscriber::EnvFilter;
+    let filter = match command {
+        Command::Serve(args) => EnvFilter::try_new(args.log_level())
+            .with_context(|| format!("invalid --log-level {:?}", args.log_level()))?,
+        _ => EnvFilter::try_from_env("MLX_BUN_LOG").unwrap_or_else(|_| EnvFilter::new("warn")),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    Ok(())
+}
+
 fn main() -> ExitCode {
     default_kernel_cache();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("MLX_BUN_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = parse_args();
+    if let Err(e) = init_logging(&cli.command) {
+        eprintln!("error: {e:#}");
+        return ExitCode::FAILURE;
+    }
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::CachePrompt(args) => cache_prompt::run(args),

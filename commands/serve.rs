@@ -150,17 +150,11 @@ fn kv_settings(args: &Args, head_dim: i32) -> Result<mlx_bun::gateway::KvSetting
     })
 }
 
-/// The `--log-level` filter, installed for the threads the server runs on
-/// (the process-wide logger is set up before arguments are parsed).
-fn log_dispatch(level: &str) -> Result<tracing::Dispatch> {
-    let filter = tracing_subscriber::EnvFilter::try_new(level)
-        .with_context(|| format!("invalid --log-level {level:?}"))?;
-    let subscriber = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .finish();
-    Ok(tracing::Dispatch::new(subscriber))
+impl Args {
+    /// The `--log-level` filter (the process's logger is set up from it).
+    pub(crate) fn log_level(&self) -> &str {
+        &self.log_level
+    }
 }
 
 fn check(args: &Args) -> Result<()> {
@@ -340,8 +334,6 @@ pub fn run(args: Args) -> Result<()> {
     check(&args)?;
     // The warm-up compiles it before /health reports ready.
     mlx_bun::kernels::cuda::use_by_default();
-    let dispatch = log_dispatch(&args.log_level)?;
-    let _log = tracing::dispatcher::set_default(&dispatch);
     if let Some(rank) = join_ranks(&args)? {
         return follow(&args, rank);
     }
@@ -407,14 +399,9 @@ pub fn run(args: Args) -> Result<()> {
         compute: args.compute.dtype,
         gateway: gateway_config(&args, kv, ssd),
     });
-    let thread_dispatch = dispatch.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
-        .on_thread_start(move || {
-            // Lives as long as the thread; the runtime's threads end with it.
-            std::mem::forget(tracing::dispatcher::set_default(&thread_dispatch));
-        })
         .build()
         .context("starting the async runtime")?;
     let grace = Duration::from_secs(args.shutdown_grace);
