@@ -185,6 +185,10 @@ fn check_family(case: &str) {
     let model = Model::load(&dir).unwrap();
     let tok = Tokenizer::load(&dir).unwrap();
     assert!(model.supports_batching(), "{case}: windowed layers batch");
+    // One cache per cache-keeping layer, as mlx-lm's batch holds them
+    // (Gemma 4's KV-shared layers keep none).
+    let kinds = gm["batch_caches"].as_array().unwrap();
+    assert_eq!(model.make_caches().len(), kinds.len(), "{case}: caches");
     let window = gm["sliding_window"].as_u64().unwrap() as usize;
     let max_tokens = g["meta"]["max_tokens"].as_u64().unwrap() as usize;
     let prompts: Vec<Vec<u32>> = serde_json::from_value(g["meta"]["prompt_ids"].clone()).unwrap();
@@ -233,6 +237,13 @@ fn gemma3_rows_match_mlx_lm_batch_generator_and_serial() {
 #[test]
 fn gpt_oss_rows_match_mlx_lm_batch_generator_and_serial() {
     check_family("gpt_oss");
+}
+
+/// Gemma 4: the KV-shared layers attend over the rows of the earlier
+/// windowed and global layers' batch caches.
+#[test]
+fn gemma4_rows_match_mlx_lm_batch_generator_and_serial() {
+    check_family("gemma4_text");
 }
 
 const PROMPTS: [&[u32]; 4] = [

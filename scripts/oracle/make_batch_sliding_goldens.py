@@ -21,6 +21,7 @@ uneven lengths, so it is not among them.)
     python scripts/oracle/make_batch_sliding_goldens.py \
         --model gemma3_text=goldens/arch/gemma3_text \
         --model gpt_oss=goldens/arch/gpt_oss \
+        --model gemma4_text=goldens/arch/gemma4_text \
         --out goldens/batch_sliding.json
 """
 import argparse

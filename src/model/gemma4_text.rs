@@ -176,7 +176,7 @@ impl Gemma4Args {
                 }
                 let exps = &mlx_rs::ops::arange::<_, f32>(0, rotated, 2)?
                     / &Array::from_f32(head_dim as f32);
-                let rotating = &mlx_rs::ops::power(&Array::from_f32(theta), &exps)?
+                let rotating = &mlx_rs::ops::power(Array::from_f32(theta), &exps)?
                     * &Array::from_f32(num("factor", 1.0) as f32);
                 let still = mlx_rs::ops::full::<f32>(
                     &[(head_dim - rotated) / 2],
@@ -361,14 +361,12 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
     let n = args.num_hidden_layers as usize;
     let types = extra.layer_types(n)?;
     let eps = args.rms_norm_eps;
-    if extra.num_kv_shared_layers < 0 || extra.num_kv_shared_layers as usize >= n {
-        if extra.num_kv_shared_layers != 0 {
-            bail!(
-                "num_kv_shared_layers ({}) must leave at least one of the {n} layers computing \
-                 keys and values",
-                extra.num_kv_shared_layers
-            );
-        }
+    let shared_layers = extra.num_kv_shared_layers;
+    if shared_layers < 0 || (shared_layers > 0 && shared_layers as usize >= n) {
+        bail!(
+            "num_kv_shared_layers ({shared_layers}) must leave at least one of the {n} layers \
+             computing keys and values"
+        );
     }
     let first_shared = n - extra.num_kv_shared_layers.max(0) as usize;
     // Each KV-shared layer reads the last earlier layer of its type.
@@ -779,6 +777,9 @@ pub(crate) fn hidden(
     decoder.norm.forward(&h)
 }
 
+/// Keys and values per cache of processed positions (training).
+type PrefixState = Vec<(Array, Array)>;
+
 /// The training forward pass of a Gemma 4 decoder (see
 /// `autodiff::forward::TrainForward::hidden`): the whole stack at once
 /// (KV-shared layers read other layers' keys), continuing after `prefix`
@@ -786,9 +787,9 @@ pub(crate) fn hidden(
 pub(crate) fn train_hidden(
     decoder: &Decoder,
     inputs: &Array,
-    prefix: Option<&Vec<(Array, Array)>>,
+    prefix: Option<&PrefixState>,
     keep_state: bool,
-) -> Result<(Array, Option<Vec<(Array, Array)>>)> {
+) -> Result<(Array, Option<PrefixState>)> {
     let mut caches = decoder.make_caches();
     if let Some(prefix) = prefix {
         for (cache, (k, v)) in caches.iter_mut().zip(prefix) {
