@@ -16,7 +16,14 @@ use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::Array;
 use serde_json::{json, Value};
 
-const HYBRID: [&str; 4] = ["qwen3_next", "qwen3_5", "qwen3_5_q4", "lfm2"];
+const HYBRID: [&str; 6] = [
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_q4",
+    "lfm2",
+    "nemotron_h",
+    "nemotron_h_q4",
+];
 const PROMPT: [u32; 6] = [1, 17, 42, 99, 3, 5];
 const SUFFIX: [u32; 2] = [7, 9];
 const NEW_TOKENS: usize = 6;
@@ -129,20 +136,7 @@ fn prompt_cache_files_of_hybrid_models_move_both_ways() {
 /// (`t0` .. `t255`) and a chat template written in those words: `t1 ROLE
 /// CONTENT t2` per message (roles are unknown words, read as `t0`).
 fn chat_model(case: &str, tmp: &Path) -> PathBuf {
-    let dir = tmp.join(case);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(arch(case).join(f), dir.join(f)).unwrap();
-    }
-    let vocab: serde_json::Map<String, Value> =
-        (0..256).map(|i| (format!("t{i}"), i.into())).collect();
-    let tokenizer = json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let dir = common::arch_with_tokenizer(case, tmp);
     let template = "{% for m in messages %}t1 {{ m.role }} {{ m.content }} t2 {% endfor %}\
                     {% if add_generation_prompt %}t1 assistant {% endif %}";
     let config = json!({"chat_template": template, "eos_token": "t2"});

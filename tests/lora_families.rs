@@ -28,26 +28,6 @@ use serde_json::Value;
 const TOKENS: [i32; 12] = [1, 17, 42, 99, 3, 250, 7, 7, 128, 64, 5, 200];
 const PROMPT: [u32; 3] = [1, 17, 42];
 
-/// A copy of a tiny checkpoint with a word-level tokenizer over its 256 ids.
-fn with_tokenizer(case: &str, tmp: &Path) -> PathBuf {
-    let src = common::repo_root().join("goldens/arch").join(case);
-    let dir = tmp.join(case);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    let vocab: serde_json::Map<String, Value> =
-        (0..256).map(|i| (format!("t{i}"), i.into())).collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    dir
-}
-
 fn oracle(py: &Path, args: &[&str]) -> Value {
     let out = Command::new(py)
         .arg(common::repo_root().join("scripts/oracle/lora_families.py"))
@@ -156,7 +136,7 @@ struct Trained {
 
 fn train_from_mlx_lm_adapter(py: &Path, case: &str) -> Trained {
     let work = tempfile::tempdir().unwrap();
-    let dir = with_tokenizer(case, work.path());
+    let dir = common::arch_with_tokenizer(case, work.path());
     let d = dir.to_str().unwrap();
     let init = work.path().join("init");
     let ours = work.path().join("ours");
@@ -499,7 +479,7 @@ fn quantized_phi3_and_qwen3_moe_fuse_as_mlx_lm() {
 #[test]
 fn per_expert_checkpoints_fuse_like_stacked_ones() {
     let work = tempfile::tempdir().unwrap();
-    let stacked = with_tokenizer("qwen3_moe", work.path());
+    let stacked = common::arch_with_tokenizer("qwen3_moe", work.path());
     let per_expert = work.path().join("per-expert");
     std::fs::create_dir_all(&per_expert).unwrap();
     for f in ["config.json", "tokenizer.json"] {

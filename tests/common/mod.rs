@@ -114,3 +114,25 @@ pub fn clients_python() -> Option<PathBuf> {
     );
     None
 }
+
+/// A copy of the tiny checkpoint `goldens/arch/<case>` in `tmp`, with a
+/// word-level tokenizer over its 256 ids (`t0` .. `t255`, unknown words read
+/// as `t0`), so the text-level paths can run it.
+pub fn arch_with_tokenizer(case: &str, tmp: &std::path::Path) -> PathBuf {
+    let src = repo_root().join("goldens/arch").join(case);
+    let dir = tmp.join(case);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        (0..256).map(|i| (format!("t{i}"), i.into())).collect();
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    dir
+}
