@@ -269,6 +269,64 @@ fn lfm2_q4_rows_match_mlx_lm_batch_generator_and_serial() {
     check_family("lfm2_q4");
 }
 
+/// Nemotron-H (Mamba-2 layers, MLP layers keeping no cache): our serial
+/// tokens are mlx-lm's (`generate_step`), and rows inserted together,
+/// joining late and prefilled in chunks decode as they do alone. mlx-lm's
+/// `BatchGenerator` is no reference here: it right-pads the prompts of rows
+/// inserted together and its Mamba-2 scan, not given their lengths, leaves
+/// a zero state in the shorter rows (the goldens' `nemotron_h_q4` batch
+/// tokens of those rows are not its serial ones).
+#[test]
+fn nemotron_h_rows_match_mlx_lm_serial_and_our_serial() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let g = goldens();
+    let prompts = prompts(&g);
+    let max_tokens = g["meta"]["max_tokens"].as_u64().unwrap() as usize;
+    let tmp = tempfile::tempdir().unwrap();
+    for case in ["nemotron_h", "nemotron_h_q4"] {
+        let gm = &g["models"][case];
+        let dir = checkpoint(case, Some(&gm["fingerprint"]), tmp.path());
+        let model = Model::load(&dir).unwrap();
+        let tok = Tokenizer::load(&dir).unwrap();
+        assert!(model.supports_batching(), "{case}");
+        let want_kinds: Vec<String> = serde_json::from_value(gm["batch_caches"].clone()).unwrap();
+        assert_eq!(batch_kinds(&model), want_kinds, "{case}: batch caches");
+        let want: Vec<Vec<u32>> = serde_json::from_value(gm["serial_tokens"].clone()).unwrap();
+        for (i, p) in prompts.iter().enumerate() {
+            let ours = serial(&model, &tok, p, max_tokens);
+            assert_eq!(
+                ours, want[i],
+                "{case}: serial prompt {i} differs from mlx-lm"
+            );
+        }
+        for (name, sc) in gm["scenarios"].as_object().unwrap() {
+            for prefill_step in [None, Some(4)] {
+                let scenario = Scenario {
+                    prompts: &prompts,
+                    first: ids(&sc["first"]),
+                    later: ids(&sc["later"]),
+                    join_after: sc["join_after_steps"].as_u64().unwrap_or(0) as usize,
+                    max_tokens,
+                    prefill_step,
+                };
+                let finished = run_batch(&model, &tok, &scenario);
+                assert_eq!(
+                    finished.len(),
+                    sc["tokens"].as_object().unwrap().len(),
+                    "{case}/{name} ({prefill_step:?}): rows finished"
+                );
+                for f in finished {
+                    let i = f.id as usize;
+                    assert_eq!(
+                        f.result.token_ids, want[i],
+                        "{case}/{name} ({prefill_step:?}): row {i} differs from serial decoding"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The 4-bit MoE checkpoints, which mlx-lm's CPU build cannot run: rows
 /// inserted together and joining late decode as they do alone.
 #[test]
@@ -322,7 +380,7 @@ fn extracted_caches_continue_like_serial_ones() {
     let g = goldens();
     let prompts = prompts(&g);
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["qwen3_next", "lfm2"] {
+    for case in ["qwen3_next", "lfm2", "nemotron_h"] {
         let dir = checkpoint(case, None, tmp.path());
         let model = Model::load(&dir).unwrap();
         let tok = Tokenizer::load(&dir).unwrap();

@@ -289,16 +289,19 @@ fn lora_gradients_on_attention_router_and_experts() {
     }
 }
 
-/// The hybrid families: their gated DeltaNet (Qwen3-Next, Qwen3.5) or short
-/// convolution (LFM2) layers keep a recurrent state (`StateCache`, mlx-lm's
-/// `ArraysCache`) beside the attention layers' KV caches.
-const HYBRID: [&str; 6] = [
+/// The hybrid families: their gated DeltaNet (Qwen3-Next, Qwen3.5), short
+/// convolution (LFM2) or Mamba-2 (Nemotron-H) layers keep a recurrent state
+/// (`StateCache`, mlx-lm's `ArraysCache`) beside the attention layers' KV
+/// caches.
+const HYBRID: [&str; 8] = [
     "qwen3_next",
     "qwen3_next_q4",
     "qwen3_5",
     "qwen3_5_moe_q4",
     "lfm2",
     "lfm2_q4",
+    "nemotron_h",
+    "nemotron_h_q4",
 ];
 
 #[test]
@@ -384,12 +387,13 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
     assert!(stderr.contains("cannot decode speculatively"), "{stderr}");
 }
 
-/// Tools that do not cover recurrent (gated DeltaNet, short convolution)
-/// layers yet refuse hybrid models instead of silently skipping those layers.
+/// Tools that do not cover recurrent (gated DeltaNet, short convolution,
+/// Mamba-2) layers yet refuse hybrid models instead of silently skipping
+/// those layers.
 #[test]
 fn tools_that_skip_recurrent_layers_refuse_hybrid_models() {
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["qwen3_next", "lfm2"] {
+    for case in ["qwen3_next", "lfm2", "nemotron_h"] {
         let model = Model::load(&with_tokenizer(case, tmp.path())).unwrap();
         let Err(err) = AdapterLayout::new(&model, -1, &LoraParameters::default()) else {
             panic!("{case}: LoRA on a hybrid model must be refused");

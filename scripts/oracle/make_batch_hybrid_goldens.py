@@ -6,8 +6,9 @@ beside the `BatchKVCache` of the attention layers).
 Runs the tiny random checkpoints of goldens/arch/ (made by
 make_arch_goldens.py) of Qwen3-Next (gated DeltaNet layers, MoE experts),
 Qwen3.5 and Qwen3.5-MoE (gated DeltaNet layers, nested `text_config`) and
-LFM2 (short convolution layers) on token-id prompts of uneven lengths, and
-records every row's greedy tokens in the scenarios of make_batch_goldens.py:
+LFM2 (short convolution layers) and Nemotron-H (Mamba-2 layers, MLP-only
+layers without a cache) on token-id prompts of uneven lengths, and records
+every row's greedy tokens in the scenarios of make_batch_goldens.py:
 
   b2     two prompts inserted together
   b4     four prompts of uneven lengths inserted together
@@ -21,6 +22,13 @@ and Qwen3.5-MoE checkpoints are not among them: mlx-lm's CPU build cannot
 run their quantized MoE experts (`gather_qmm` rejects the arguments), in a
 batch or alone.
 
+mlx-lm's BatchGenerator right-pads the prompts of rows inserted together,
+and Nemotron-H's Mamba-2 scan (`ssm_attn`, not given the row lengths) then
+leaves a zero state in every row shorter than the longest: its batch tokens
+for those rows are not its serial ones (nemotron_h_q4 shows it; nemotron_h's
+greedy tokens happen to survive). For Nemotron-H the serial tokens are the
+reference (tests/batch_hybrid.rs).
+
     python scripts/oracle/make_batch_hybrid_goldens.py \
         --model qwen3_next=goldens/arch/qwen3_next \
         --model qwen3_5=goldens/arch/qwen3_5 \
@@ -28,6 +36,8 @@ batch or alone.
         --model qwen3_5_moe=goldens/arch/qwen3_5_moe \
         --model lfm2=goldens/arch/lfm2 \
         --model lfm2_q4=goldens/arch/lfm2_q4 \
+        --model nemotron_h=goldens/arch/nemotron_h \
+        --model nemotron_h_q4=goldens/arch/nemotron_h_q4 \
         --out goldens/batch_hybrid.json
 """
 import argparse

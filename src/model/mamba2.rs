@@ -283,9 +283,9 @@ impl Mamba2 {
     /// `clip(softplus(dt + dt_bias), limit)` in float32 (mlx-lm's `compute_dt`).
     fn step_sizes(&self, dt: &Array) -> Result<Array> {
         let dt = mlx_rs::nn::softplus(&(&dt.as_dtype(Dtype::Float32)? + &self.dt_bias))?;
-        let dt = maximum(&dt, &Array::from_f32(self.limit.min))?;
+        let dt = maximum(&dt, Array::from_f32(self.limit.min))?;
         Ok(match self.limit.max.is_finite() {
-            true => minimum(&dt, &Array::from_f32(self.limit.max))?,
+            true => minimum(&dt, Array::from_f32(self.limit.max))?,
             false => dt,
         })
     }
@@ -353,4 +353,77 @@ fn segsum(x: &Array) -> Result<Array> {
     wide.push(s);
     let rows = broadcast_to(&expand_dims_axes(x, &[-1])?, &wide)?;
     Ok(cumsum(&tril(&rows, -1)?, -2, None, None)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::ops::abs;
+    use mlx_rs::random::normal;
+    use std::collections::HashMap;
+
+    fn randn(shape: &[i32], key: u64) -> Array {
+        let key = mlx_rs::random::key(key).unwrap();
+        normal::<f32>(shape, None, None, &key).unwrap()
+    }
+
+    /// More steps than one chunk in one call equal the steps one at a time
+    /// (the plain recurrence, each from the state the last one left).
+    #[test]
+    fn chunked_scan_equals_the_step_by_step_recurrence() {
+        let dims = Mamba2Dims {
+            heads: 4,
+            head_dim: 3,
+            groups: 2,
+            state_size: 5,
+            conv_kernel: 4,
+        };
+        let (inner, conv) = (dims.inner(), dims.conv_dim());
+        let tensors: HashMap<String, Array> = [
+            ("in_proj.weight", randn(&[inner + conv + 4, 8], 0)),
+            ("conv1d.weight", randn(&[conv, 4, 1], 1)),
+            ("dt_bias", randn(&[4], 2)),
+            ("A_log", &randn(&[4], 3) * &Array::from_f32(0.5)),
+            ("D", randn(&[4], 4)),
+            ("norm.weight", randn(&[inner], 5)),
+            ("out_proj.weight", randn(&[8, inner], 6)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (format!("m.{k}"), v))
+        .collect();
+        let mut w = Weights::from_map(tensors, None, Dtype::Float32).unwrap();
+        let m = Mamba2::load(&mut w, "m", dims, 1e-5, StepLimit::default()).unwrap();
+        let l = CHUNK + 44;
+        let x = randn(&[2, l, 4, 3], 6);
+        let b = randn(&[2, l, 2, 5], 7);
+        let c = randn(&[2, l, 2, 5], 8);
+        let dt = randn(&[2, l, 4], 9);
+        let (y, last) = m.scan(&x, &b, &c, &dt, None).unwrap();
+        let mut state = None;
+        let mut ys = Vec::new();
+        for t in 0..l {
+            let at = |a: &Array| a.index((.., t..t + 1));
+            let (y, s) = m
+                .scan(&at(&x), &at(&b), &at(&c), &at(&dt), state.take())
+                .unwrap();
+            ys.push(y);
+            state = Some(s);
+        }
+        let steps = concatenate(&ys, 1).unwrap();
+        let diff = |a: &Array, b: &Array| {
+            let scale = abs(b).unwrap().max(None).unwrap().item::<f32>();
+            abs(&(a - b)).unwrap().max(None).unwrap().item::<f32>() / scale
+        };
+        assert!(
+            diff(&y, &steps) < 1e-4,
+            "outputs differ by {}",
+            diff(&y, &steps)
+        );
+        let state = state.unwrap();
+        assert!(
+            diff(&last, &state) < 1e-4,
+            "states differ by {}",
+            diff(&last, &state)
+        );
+    }
 }

@@ -254,7 +254,7 @@ impl Model {
     }
 
     /// Refuses work that does not cover recurrent (gated DeltaNet, short
-    /// convolution) layers yet, rather than silently skipping them.
+    /// convolution, Mamba-2) layers yet, rather than silently skipping them.
     pub fn refuse_recurrent_layers(&self, what: &str) -> Result<()> {
         let recurrent = self
             .decoder
@@ -264,8 +264,8 @@ impl Model {
             .count();
         if recurrent > 0 {
             anyhow::bail!(
-                "{what} does not cover this model's {recurrent} recurrent (gated DeltaNet or \
-                 short convolution) layers yet ({})",
+                "{what} does not cover this model's {recurrent} recurrent (gated DeltaNet, \
+                 short convolution or Mamba-2) layers yet ({})",
                 self.args.model_type
             );
         }
