@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 51] = [
+const CASES: [&str; 54] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -74,6 +74,10 @@ const CASES: [&str; 51] = [
     "gemma4_text_q4",
     // The multimodal checkpoint layout: text_config, language_model.*.
     "gemma4",
+    "granitemoehybrid",
+    // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "granitemoehybrid_q4",
+    "granitemoehybrid_dense",
 ];
 
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
@@ -153,7 +157,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, deepseek_v3, kimi_k2, nemotron_h, gemma4_text, gemma4"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, deepseek_v3, kimi_k2, nemotron_h, gemma4_text, gemma4, granitemoehybrid"),
         "{err:#}"
     );
 

@@ -269,6 +269,19 @@ fn lfm2_q4_rows_match_mlx_lm_batch_generator_and_serial() {
     check_family("lfm2_q4");
 }
 
+/// Granite 4: Mamba-2 layers given the rows' lengths in mlx-lm, so its
+/// `BatchGenerator` rows equal its serial ones (experts and shared MLP; the
+/// dense-MLP variant with RoPE).
+#[test]
+fn granitemoehybrid_rows_match_mlx_lm_batch_generator_and_serial() {
+    check_family("granitemoehybrid");
+}
+
+#[test]
+fn granitemoehybrid_dense_rows_match_mlx_lm_batch_generator_and_serial() {
+    check_family("granitemoehybrid_dense");
+}
+
 /// Nemotron-H (Mamba-2 layers, MLP layers keeping no cache): our serial
 /// tokens are mlx-lm's (`generate_step`), and rows inserted together,
 /// joining late and prefilled in chunks decode as they do alone. mlx-lm's
@@ -336,7 +349,7 @@ fn quantized_moe_rows_match_serial() {
     let prompts = prompts(&g);
     let max_tokens = g["meta"]["max_tokens"].as_u64().unwrap() as usize;
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["qwen3_next_q4", "qwen3_5_moe_q4"] {
+    for case in ["qwen3_next_q4", "qwen3_5_moe_q4", "granitemoehybrid_q4"] {
         let dir = checkpoint(case, None, tmp.path());
         let model = Model::load(&dir).unwrap();
         let tok = Tokenizer::load(&dir).unwrap();

@@ -293,7 +293,7 @@ fn lora_gradients_on_attention_router_and_experts() {
 /// convolution (LFM2) or Mamba-2 (Nemotron-H) layers keep a recurrent state
 /// (`StateCache`, mlx-lm's `ArraysCache`) beside the attention layers' KV
 /// caches.
-const HYBRID: [&str; 8] = [
+const HYBRID: [&str; 11] = [
     "qwen3_next",
     "qwen3_next_q4",
     "qwen3_5",
@@ -302,6 +302,9 @@ const HYBRID: [&str; 8] = [
     "lfm2_q4",
     "nemotron_h",
     "nemotron_h_q4",
+    "granitemoehybrid",
+    "granitemoehybrid_q4",
+    "granitemoehybrid_dense",
 ];
 
 #[test]
@@ -393,7 +396,7 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
 #[test]
 fn tools_that_skip_recurrent_layers_refuse_hybrid_models() {
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["qwen3_next", "lfm2", "nemotron_h"] {
+    for case in ["qwen3_next", "lfm2", "nemotron_h", "granitemoehybrid"] {
         let model = Model::load(&with_tokenizer(case, tmp.path())).unwrap();
         let Err(err) = AdapterLayout::new(&model, -1, &LoraParameters::default()) else {
             panic!("{case}: LoRA on a hybrid model must be refused");

@@ -16,13 +16,15 @@ use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::Array;
 use serde_json::{json, Value};
 
-const HYBRID: [&str; 6] = [
+const HYBRID: [&str; 8] = [
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_q4",
     "lfm2",
     "nemotron_h",
     "nemotron_h_q4",
+    "granitemoehybrid",
+    "granitemoehybrid_dense",
 ];
 const PROMPT: [u32; 6] = [1, 17, 42, 99, 3, 5];
 const SUFFIX: [u32; 2] = [7, 9];

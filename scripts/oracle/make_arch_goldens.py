@@ -379,6 +379,50 @@ NEMOTRON_H_Q4 = {
     "quantize": {"group_size": 32, "bits": 4},
 }
 
+# IBM Granite 4 (granitemoehybrid): Mamba-2 (4 heads of 16 in 2 groups,
+# state 16, kernel 4, conv bias; the gated norm over all 64 channels) and
+# attention without RoPE (position_embedding_type nope) alternating, each
+# followed by 4 experts of width 32 (top 2) beside a shared MLP of 64;
+# Granite's four multipliers. The 4-bit case quantizes it (the router at 8
+# bits, as mlx-lm's quant_predicate). The dense case is the dense-MLP variant
+# (no num_local_experts) with RoPE, biases on attention and the Mamba-2
+# projections, untied embeddings and a step-size clip (time_step_limit).
+GRANITEMOEHYBRID = {
+    "model_type": "granitemoehybrid",
+    "num_hidden_layers": 4,
+    "layer_types": ["mamba", "attention", "mamba", "attention"],
+    "intermediate_size": 32,
+    "attention_multiplier": 0.2,
+    "embedding_multiplier": 3.0,
+    "residual_multiplier": 0.5,
+    "logits_scaling": 4.0,
+    "attention_bias": False,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "shared_intermediate_size": 64,
+    "mamba_n_heads": 4,
+    "mamba_d_head": 16,
+    "mamba_proj_bias": False,
+    "mamba_d_state": 16,
+    "mamba_d_conv": 4,
+    "mamba_n_groups": 2,
+    "mamba_conv_bias": True,
+    "position_embedding_type": "nope",
+}
+GRANITEMOEHYBRID_DENSE = {
+    **GRANITEMOEHYBRID,
+    "layer_types": ["attention", "mamba", "mamba", "attention"],
+    "intermediate_size": 96,
+    "num_local_experts": None,
+    "num_experts_per_tok": None,
+    "shared_intermediate_size": None,
+    "position_embedding_type": "rope",
+    "attention_bias": True,
+    "mamba_proj_bias": True,
+    "tie_word_embeddings": False,
+    "time_step_limit": [0.05, 2.0],
+}
+
 # Liquid LFM2: layers 0 and 2 short causal convolutions (kernel 3), 1 and 3
 # full attention with per-head q/k norms. The feed-forward width follows
 # block_auto_adjust_ff_dim: 2/3 of block_ff_dim, times the multiplier, up to a
@@ -516,6 +560,10 @@ CASES = {
     # As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "gemma4_text_q4": {**GEMMA4, "quantize": {**Q4_MOE, "overrides": {"router.proj": {"group_size": 64, "bits": 8}}}},
     "gemma4": {**GEMMA4_NESTED},
+    "granitemoehybrid": {**GRANITEMOEHYBRID},
+    # As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "granitemoehybrid_q4": {**GRANITEMOEHYBRID, "quantize": {**Q4_MOE, "overrides": {"router.layer": {"group_size": 64, "bits": 8}}}},
+    "granitemoehybrid_dense": {**GRANITEMOEHYBRID_DENSE},
 }
 
 

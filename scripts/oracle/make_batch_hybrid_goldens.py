@@ -20,7 +20,8 @@ the batch cache class of every layer, so a reader sees that batch and serial
 agree in mlx-lm too and which layers keep a state. The 4-bit Qwen3-Next
 and Qwen3.5-MoE checkpoints are not among them: mlx-lm's CPU build cannot
 run their quantized MoE experts (`gather_qmm` rejects the arguments), in a
-batch or alone.
+batch or alone; nor is granitemoehybrid_q4, for the same reason (its dense
+and experts variants are: granitemoehybrid, granitemoehybrid_dense).
 
 mlx-lm's BatchGenerator right-pads the prompts of rows inserted together,
 and Nemotron-H's Mamba-2 scan (`ssm_attn`, not given the row lengths) then
@@ -38,6 +39,8 @@ reference (tests/batch_hybrid.rs).
         --model lfm2_q4=goldens/arch/lfm2_q4 \
         --model nemotron_h=goldens/arch/nemotron_h \
         --model nemotron_h_q4=goldens/arch/nemotron_h_q4 \
+        --model granitemoehybrid=goldens/arch/granitemoehybrid \
+        --model granitemoehybrid_dense=goldens/arch/granitemoehybrid_dense \
         --out goldens/batch_hybrid.json
 """
 import argparse

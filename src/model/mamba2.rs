@@ -111,6 +111,9 @@ pub struct Mamba2 {
     /// The gated norm's scale `[inner]`.
     pub norm_weight: Array,
     pub norm_eps: f32,
+    /// The groups of channels the gated norm normalizes apart (`n_groups`
+    /// for Nemotron-H; 1, all channels at once, for Granite 4).
+    pub norm_groups: i32,
     pub out_proj: Linear,
     pub dims: Mamba2Dims,
     pub limit: StepLimit,
@@ -184,6 +187,7 @@ impl Mamba2 {
             d: per_head(w, "D")?,
             norm_weight,
             norm_eps: eps,
+            norm_groups: dims.groups,
             out_proj: lin(w, "out_proj")?,
             dims,
             limit,
@@ -226,14 +230,14 @@ impl Mamba2 {
         self.out_proj.forward(&self.gated_norm(&y, &gate)?)
     }
 
-    /// `silu(gate) · y`, RMS-normed per group of `inner / groups` channels,
+    /// `silu(gate) · y`, RMS-normed per group of `inner / norm_groups` channels,
     /// times the norm's scale (mlx-lm's `MambaRMSNormGated`).
     fn gated_norm(&self, y: &Array, gate: &Array) -> Result<Array> {
         let gated = &(gate * &sigmoid(gate)?) * y;
         let shape = gated.shape().to_vec();
         let mut grouped = shape.clone();
         let last = grouped.len() - 1;
-        grouped[last] = self.dims.groups;
+        grouped[last] = self.norm_groups;
         grouped.push(-1);
         let normed = rms_norm(&gated.reshape(&grouped)?, None, self.norm_eps)?;
         Ok(&self.norm_weight * &normed.reshape(&shape)?)

@@ -11,6 +11,7 @@ pub mod gemma4_text;
 pub mod glm4_moe;
 pub mod gpt_oss;
 pub mod granite;
+pub mod granitemoehybrid;
 pub mod layers;
 pub mod lfm2;
 pub mod llama;
@@ -60,7 +61,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 27] = [
+pub(crate) const SUPPORTED: [&str; 28] = [
     "llama",
     "mistral",
     "qwen2",
@@ -88,6 +89,7 @@ pub(crate) const SUPPORTED: [&str; 27] = [
     "nemotron_h",
     "gemma4_text",
     "gemma4",
+    "granitemoehybrid",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -108,6 +110,7 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         // Per-layer head sizes, KV-shared layers without k_proj / v_proj.
         "gemma4_text" | "gemma4" => return gemma4_text::load(w, args, raw),
         "nemotron_h" => return nemotron_h::load(w, args, raw),
+        "granitemoehybrid" => return granitemoehybrid::load(w, args, raw),
         // Latent attention: no k_proj / v_proj for `check_shapes` to read.
         "deepseek_v3" | "kimi_k2" => return deepseek_v3::load(w, args, raw),
         _ => {}
