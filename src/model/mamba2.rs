@@ -415,8 +415,8 @@ mod tests {
         }
         let steps = concatenate(&ys, 1).unwrap();
         let diff = |a: &Array, b: &Array| {
-            let scale = abs(b).unwrap().max(None).unwrap().item::<f32>();
-            abs(&(a - b)).unwrap().max(None).unwrap().item::<f32>() / scale
+            let scale = abs(b).unwrap().max(None).unwrap().item_cast::<f32>();
+            abs(&(a - b)).unwrap().max(None).unwrap().item_cast::<f32>() / scale
         };
         assert!(
             diff(&y, &steps) < 1e-4,
