@@ -57,9 +57,9 @@ pub struct KvArgs {
 }
 
 impl KvArgs {
-    /// The quantization these flags ask for, checked against a model whose
-    /// attention heads are `head_dim` wide.
-    pub fn settings(&self, head_dim: i32) -> Result<Option<KvQuantization>> {
+    /// The quantization these flags ask for (the model checks that the
+    /// group size divides what it caches when it makes its caches).
+    pub fn settings(&self) -> Result<Option<KvQuantization>> {
         let Some(bits) = self.kv_bits else {
             return Ok(None);
         };
@@ -68,7 +68,7 @@ impl KvArgs {
             group_size: self.kv_group_size,
             start: self.quantized_kv_start,
         };
-        q.validate(head_dim)?;
+        q.validate()?;
         Ok(Some(q))
     }
 }
@@ -107,7 +107,7 @@ pub fn run(args: Args) -> Result<()> {
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     let model = Model::load_as(&dir, args.compute.dtype)?;
     let tokenizer = Tokenizer::load(&dir)?;
-    let kv = args.kv.settings(model.args.head_dim())?;
+    let kv = args.kv.settings()?;
     let text = kv_file::cache_prompt_text(&tokenizer, &messages)?;
     let tokens = tokenizer.encode(&text)?;
     if tokens.is_empty() {

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> Result<()> {
     let model = Model::load_as(&dir, args.compute.dtype)?;
     model.materialize()?;
     let tokenizer = Tokenizer::load(&dir)?;
-    let kv = args.kv.settings(model.args.head_dim())?;
+    let kv = args.kv.settings()?;
     mlx_rs::random::seed(args.seed)?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,

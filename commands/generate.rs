@@ -279,7 +279,7 @@ pub fn run(args: Args) -> Result<()> {
     if group.is_none() {
         model.materialize()?;
     }
-    let kv = args.kv.settings(model.args.head_dim())?;
+    let kv = args.kv.settings()?;
     let (prompt, mut caches) = match cache_file {
         Some(file) => crate::cache_prompt::continue_from(
             file,

@@ -136,8 +136,8 @@ pub struct Args {
 }
 
 /// The KV cache kind from `--max-kv-size` and `--kv-*`.
-fn kv_settings(args: &Args, head_dim: i32) -> Result<mlx_bun::gateway::KvSettings> {
-    let quantization = args.kv.settings(head_dim)?;
+fn kv_settings(args: &Args) -> Result<mlx_bun::gateway::KvSettings> {
+    let quantization = args.kv.settings()?;
     if args.max_kv_size.is_some() && quantization.is_some() {
         bail!("--max-kv-size and --kv-bits cannot be combined (as in mlx-lm)");
     }
@@ -339,7 +339,8 @@ pub fn run(args: Args) -> Result<()> {
     }
 
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let (model_args, _) = mlx_bun::model::read_config(&dir)?;
+    // An unreadable or unsupported config is refused before anything starts.
+    mlx_bun::model::read_config(&dir)?;
     let chat_template = match &args.chat_template {
         Some(path) => {
             let source = std::fs::read_to_string(path)
@@ -374,7 +375,7 @@ pub fn run(args: Args) -> Result<()> {
         cors: mlx_bun::server::cors::AllowedOrigins::parse(&args.allowed_origins),
         agent,
     };
-    let kv = kv_settings(&args, model_args.head_dim())?;
+    let kv = kv_settings(&args)?;
     let ssd = match &args.ssd_cache {
         Some(folder) => Some(mlx_bun::gateway::SsdConfig::for_model(
             folder.clone(),

@@ -209,3 +209,38 @@ fn quantized_hugging_face_layout_equals_mlx_lm() {
     let diff = max_abs_diff(&full, &expected["full"]);
     assert!(diff < 1e-3, "quantized kv_b_proj: logits differ by {diff}");
 }
+
+/// `--kv-group-size` is checked against what each layer caches (the latent
+/// and the rotary key, 32 wide here), not against `hidden / heads` (16).
+#[test]
+fn the_cli_quantizes_the_latent_cache() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = common::arch_with_tokenizer("deepseek_v3_q4", tmp.path());
+    let generate = |group: &str| {
+        common::bin()
+            .args(["generate", "-m"])
+            .arg(&dir)
+            .args(["-p", "t1 t17 t42 t99", "--ignore-chat-template", "-n", "4"])
+            .args(["--kv-bits", "4", "--kv-group-size", group])
+            .args(["--quantized-kv-start", "0"])
+            .output()
+            .unwrap()
+    };
+    let out = generate("32");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(text.split_whitespace().count(), 4, "{text}");
+    let out = generate("64");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "--kv-group-size 64 does not divide the 32 values per head that layer 0 caches"
+        ),
+        "{err}"
+    );
+}

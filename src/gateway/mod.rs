@@ -333,28 +333,32 @@ impl Gateway {
                         .unwrap_or_else(admission::default_kv_budget_bytes),
                     bytes_per_token: models.model.kv_bytes_per_token(),
                 };
-                let kv_caches = models
+                let kv_caches = match models
                     .model
                     .decoder
-                    .make_caches_with(config.kv.max_kv_size, config.kv.quantization);
-                let drafts = models.draft.is_some() || config.ngram_draft;
-                if drafts
-                    && kv_caches
-                        .as_ref()
-                        .is_ok_and(|c| !c.iter().all(|c| c.is_trimmable()))
+                    .make_caches_with(config.kv.max_kv_size, config.kv.quantization)
                 {
+                    Ok(c) => c,
+                    Err(e) => {
+                        let _ = loaded_tx.send(Err(format!("{e:#}")));
+                        return;
+                    }
+                };
+                let drafts = models.draft.is_some() || config.ngram_draft;
+                if drafts && !kv_caches.iter().all(|c| c.is_trimmable()) {
                     let why = "this model keeps a recurrent state that cannot drop drafted \
                                tokens, so it cannot decode speculatively; start the server \
                                without --draft-model";
                     let _ = loaded_tx.send(Err(why.into()));
                     return;
                 }
-                let (can_batch, batch_speculates) = match &kv_caches {
-                    Ok(c) if decode_concurrency > 1 => (
-                        crate::cache::can_batch(c),
-                        crate::cache::can_batch_speculate(c),
-                    ),
-                    _ => (false, false),
+                let (can_batch, batch_speculates) = if decode_concurrency > 1 {
+                    (
+                        crate::cache::can_batch(&kv_caches),
+                        crate::cache::can_batch_speculate(&kv_caches),
+                    )
+                } else {
+                    (false, false)
                 };
                 if sharding.is_some() && !can_batch {
                     let why = "a sharded server runs requests as rows of its batch: it needs \

@@ -60,11 +60,10 @@ impl Shared {
         if self.kv.is_default() {
             return model.make_caches();
         }
-        // Validated when the server started.
         model
             .decoder
             .make_caches_with(self.kv.max_kv_size, self.kv.quantization)
-            .unwrap_or_else(|_| model.make_caches())
+            .expect("the server made these caches once before it started")
     }
 
     /// Caches holding the longest cached prefix of `prompt`, and its length:

@@ -680,6 +680,25 @@ impl Decoder {
         if max_kv_size.is_some_and(|n| n <= 4) {
             anyhow::bail!("--max-kv-size must exceed the 4 positions it always keeps");
         }
+        if let Some(q) = kv {
+            q.validate()?;
+            for i in 0..self.cache_count() {
+                if self.layers[i].linear_attn.is_some() {
+                    continue;
+                }
+                if let Some(w) = self
+                    .cached_widths(i)
+                    .into_iter()
+                    .find(|w| w % q.group_size != 0)
+                {
+                    anyhow::bail!(
+                        "--kv-group-size {} does not divide the {w} values per head that \
+                         layer {i} caches",
+                        q.group_size
+                    );
+                }
+            }
+        }
         Ok((0..self.cache_count())
             .map(|i| -> Box<dyn KvCache> {
                 if self.layers[i].linear_attn.is_some() {
@@ -697,6 +716,17 @@ impl Decoder {
                 }
             })
             .collect())
+    }
+
+    /// The widths of what layer `i` caches per head and position (a KV
+    /// cache is quantized in groups along them): the head size, or a latent
+    /// attention's latent and rotary key.
+    fn cached_widths(&self, i: usize) -> Vec<i32> {
+        let attn = &self.layers[i].self_attn;
+        match &attn.latent {
+            Some(m) => vec![m.kv_lora_rank, m.qk_rope_head_dim],
+            None => vec![attn.head_dim],
+        }
     }
 
     /// How many caches the layers keep: one each, except that Gemma 4's
