@@ -64,21 +64,7 @@ fn checkpoint(case: &str, fingerprint: Option<&Value>, tmp: &Path) -> PathBuf {
             );
         }
     }
-    let dir = tmp.join(case);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    let vocab: serde_json::Map<String, Value> =
-        (0..256).map(|i| (format!("t{i}"), i.into())).collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    dir
+    common::arch_with_tokenizer(case, tmp)
 }
 
 fn greedy(max_tokens: usize) -> GenerateOptions {

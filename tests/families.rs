@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-
 use mlx_bun::autodiff::forward::TrainForward;
 use mlx_bun::decode::BatchItem;
 use mlx_bun::decode::BatchLimits;
@@ -45,27 +43,6 @@ const FAMILIES: [&str; 18] = [
 
 const PROMPTS: [&[u32]; 2] = [&[1, 17, 42, 99, 3], &[250, 7, 7, 128, 64, 5, 200, 9, 11]];
 
-/// A copy of a tiny checkpoint with a word-level tokenizer over its 256 ids
-/// (`t0` .. `t255`), so the text-level generation paths can run it.
-fn with_tokenizer(case: &str, tmp: &Path) -> PathBuf {
-    let src = common::repo_root().join("goldens/arch").join(case);
-    let dir = tmp.join(case);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in ["config.json", "model.safetensors"] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        (0..256).map(|i| (format!("t{i}"), i.into())).collect();
-    let tokenizer = serde_json::json!({
-        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
-        "normalizer": null, "pre_tokenizer": {"type": "Whitespace"},
-        "post_processor": null, "decoder": null,
-        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
-    });
-    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
-    dir
-}
-
 fn greedy(max_tokens: usize) -> GenerateOptions {
     GenerateOptions {
         max_tokens,
@@ -93,10 +70,10 @@ fn serial_tokens(model: &Model, tok: &Tokenizer, prompt: &[u32]) -> Vec<u32> {
 #[test]
 fn generation_batching_and_speculation_agree() {
     let tmp = tempfile::tempdir().unwrap();
-    let draft_dir = with_tokenizer("llama", tmp.path());
+    let draft_dir = common::arch_with_tokenizer("llama", tmp.path());
     let draft = Model::load(&draft_dir).unwrap();
     for case in FAMILIES {
-        let dir = with_tokenizer(case, tmp.path());
+        let dir = common::arch_with_tokenizer(case, tmp.path());
         let model = Model::load(&dir).unwrap_or_else(|e| panic!("{case}: {e:#}"));
         let tok = Tokenizer::load(&dir).unwrap();
         let serial: Vec<Vec<u32>> = PROMPTS
@@ -310,9 +287,9 @@ const HYBRID: [&str; 11] = [
 #[test]
 fn hybrid_families_batch_and_refuse_what_needs_trimming() {
     let tmp = tempfile::tempdir().unwrap();
-    let draft = Model::load(&with_tokenizer("llama", tmp.path())).unwrap();
+    let draft = Model::load(&common::arch_with_tokenizer("llama", tmp.path())).unwrap();
     for case in HYBRID {
-        let dir = with_tokenizer(case, tmp.path());
+        let dir = common::arch_with_tokenizer(case, tmp.path());
         let model = Model::load(&dir).unwrap_or_else(|e| panic!("{case}: {e:#}"));
         let tok = Tokenizer::load(&dir).unwrap();
 
@@ -397,7 +374,7 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
 fn tools_that_skip_recurrent_layers_refuse_hybrid_models() {
     let tmp = tempfile::tempdir().unwrap();
     for case in ["qwen3_next", "lfm2", "nemotron_h", "granitemoehybrid"] {
-        let model = Model::load(&with_tokenizer(case, tmp.path())).unwrap();
+        let model = Model::load(&common::arch_with_tokenizer(case, tmp.path())).unwrap();
         let Err(err) = AdapterLayout::new(&model, -1, &LoraParameters::default()) else {
             panic!("{case}: LoRA on a hybrid model must be refused");
         };
@@ -406,6 +383,6 @@ fn tools_that_skip_recurrent_layers_refuse_hybrid_models() {
             "{case}: {err:#}"
         );
     }
-    let dense = Model::load(&with_tokenizer("llama", tmp.path())).unwrap();
+    let dense = Model::load(&common::arch_with_tokenizer("llama", tmp.path())).unwrap();
     AdapterLayout::new(&dense, -1, &LoraParameters::default()).unwrap();
 }
