@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long)]
     max_kv_size: Option<usize>,
     #[command(flatten)]
-    kv: crate::cache_prompt::KvArgs,
+    kv: crate::kv_args::KvArgs,
     /// Start from a KV cache saved by `cache-prompt`: the first message
     /// completes the cached user turn.
     #[arg(long)]

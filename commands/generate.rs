@@ -95,7 +95,7 @@ pub struct Args {
     #[arg(long, conflicts_with = "batch_file")]
     max_kv_size: Option<usize>,
     #[command(flatten)]
-    kv: crate::cache_prompt::KvArgs,
+    kv: crate::kv_args::KvArgs,
     /// Under `mlx-bun launch` with several ranks: split the layers across
     /// ranks (pipeline parallel) instead of the heads and MLP columns.
     #[arg(long)]

@@ -11,6 +11,7 @@ mod evals;
 mod evaluate;
 mod fit;
 mod generate;
+mod kv_args;
 mod launch;
 mod manage;
 mod model_arg;

@@ -125,7 +125,7 @@ pub struct Args {
     max_kv_size: Option<usize>,
     /// KV quantization; requests then run one at a time (no batching).
     #[command(flatten)]
-    kv: crate::cache_prompt::KvArgs,
+    kv: crate::kv_args::KvArgs,
     /// Folder of the prompt cache's tier on disk: finished requests' KV
     /// caches are written there and restored after a restart.
     #[arg(long)]
