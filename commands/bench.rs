@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use mlx_bun::evaldb::{EvalDb, Metric, RunMeta};
-use mlx_bun::model::layers::QuantSpec;
 use mlx_bun::model::Model;
+use mlx_bun::quant::QuantSpec;
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;
 

@@ -7,10 +7,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 use mlx_bun::convert::hf::{self, HfOptions, MixedRecipe, QuantRecipe};
 use mlx_bun::convert::output::Commit;
-use mlx_bun::convert::quantize::QuantMode;
 use mlx_bun::convert::{self, ConvertOptions};
 use mlx_bun::mlx_ext::parse_dtype;
-use mlx_bun::model::layers::QuantSpec;
+use mlx_bun::quant::{QuantMode, QuantSpec};
 
 #[derive(clap::Args)]
 #[command(group = clap::ArgGroup::new("source").required(true))]

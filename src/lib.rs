@@ -26,6 +26,7 @@ pub mod mlx_ext;
 pub mod model;
 pub mod prompt;
 pub mod prompt_cache;
+pub mod quant;
 pub mod reasoning;
 pub mod sampling;
 #[cfg(feature = "server")]

@@ -557,7 +557,7 @@ pub fn fill_model_card(dir: &Path, repo: &str, endpoint: &str) -> Result<()> {
     }
     let arch = config["model_type"].as_str().unwrap_or("unknown");
     let quantization = config.get("quantization").map(|q| {
-        crate::model::config::Quantization::parse(q.clone(), "quantization")
+        crate::quant::Quantization::parse(q.clone(), "quantization")
             .with_context(|| format!("reading the quantization of {}", dir.display()))
     });
     let weights = match quantization.transpose()? {

@@ -3,7 +3,7 @@
 //! inputs, the layer dispatch and the gradient with respect to the input.
 
 use mlx_bun::kernels::{cpu_quantized_matmul, quantized_matmul_t};
-use mlx_bun::model::layers::QuantSpec;
+use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{quantize, quantized_matmul};

@@ -8,8 +8,8 @@ use std::process::Command;
 
 use common::{float32_model, oracle_python, repo_root, run_ok};
 use mlx_bun::eval::perplexity::{encode_document, eos_id};
-use mlx_bun::model::layers::QuantSpec;
 use mlx_bun::model::Model;
+use mlx_bun::quant::QuantSpec;
 use mlx_bun::tokenizer::Tokenizer;
 use mlx_bun::train::config::{OptimizerKind, OptimizerSettings};
 use mlx_bun::train::dwq::{

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use mlx_bun::kernels::cuda;
-use mlx_bun::model::layers::QuantSpec;
+use mlx_bun::quant::QuantSpec;
 use mlx_rs::ops::{quantize, quantized_matmul, sigmoid};
 use mlx_rs::transforms::eval;
 use mlx_rs::Array;

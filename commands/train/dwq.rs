@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_bun::evaldb::{EvalDb, Metric, StepRow};
-use mlx_bun::model::layers::QuantSpec;
+use mlx_bun::quant::QuantSpec;
 use mlx_bun::train::dwq::{run as run_dwq, DwqOptions, Event};
 
 use super::TrainArgs;

@@ -30,12 +30,12 @@ use mlx_rs::{Array, Dtype};
 use serde_json::Value;
 
 use super::hf::{self, HfOptions, HfSummary, LayerOverrides, QuantRecipe};
-use super::quantize::QuantMode;
 use crate::autodiff::forward::TrainForward;
 use crate::lora::{block_linear, block_linear_mut, BLOCK_LINEARS};
 use crate::model::decoder::FeedForward;
-use crate::model::layers::{LinearWeight, QuantSpec};
+use crate::model::layers::LinearWeight;
 use crate::model::Model;
+use crate::quant::{QuantMode, QuantSpec};
 use crate::tokenizer::Tokenizer;
 
 /// Options, with `mlx_lm.dynamic_quant`'s defaults.

@@ -16,11 +16,11 @@ use serde_json::{json, Map, Value};
 
 use super::family::{self, Family};
 use super::output::{self, Commit, StagingDir};
-use super::quantize::{dequantize_with_mode, quantize_with_mode, QuantMode};
+use super::quantize::{dequantize_with_mode, quantize_with_mode};
 use super::safetensors_out::{self, ShardWriter, TensorInfo};
 use crate::mlx_ext::{is_float, parse_dtype};
-use crate::model::config::Quantization;
 use crate::model::weights::layer_quant_spec;
+use crate::quant::{QuantMode, Quantization};
 
 /// mlx-lm's mixed-bit recipes (`--quant-predicate`), after llama.cpp's
 /// Q*_K_M choices: `(low bits, high bits)`.

@@ -21,7 +21,7 @@ use mlx_rs::Dtype;
 use serde_json::{json, Map, Value};
 
 use crate::mlx_ext::dtype_name;
-use crate::model::layers::QuantSpec;
+use crate::quant::QuantSpec;
 use gguf::{GgmlType, GgufHeader};
 use output::{Commit, StagingDir};
 use quantize::TensorSet;

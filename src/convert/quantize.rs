@@ -11,9 +11,7 @@ use mlx_rs::{Array, Dtype};
 use serde_json::{json, Map, Value};
 
 use crate::mlx_ext::cast_float;
-use crate::model::layers::QuantSpec;
-
-pub use crate::model::config::QuantMode;
+use crate::quant::{QuantMode, QuantSpec};
 
 /// Checks an affine group size and bit width.
 pub fn validate_spec(spec: QuantSpec) -> Result<()> {
@@ -28,7 +26,7 @@ pub(crate) fn quantize_with_mode(
     bits: i32,
     mode: QuantMode,
 ) -> Result<Vec<Array>> {
-    crate::mlx_ext::quant::quantize(
+    crate::quant::quantize(
         w,
         QuantSpec {
             group_size,
@@ -47,7 +45,7 @@ pub(crate) fn dequantize_with_mode(
     bits: i32,
     mode: QuantMode,
 ) -> Result<Array> {
-    crate::mlx_ext::quant::dequantize(
+    crate::quant::dequantize(
         w,
         scales,
         biases,

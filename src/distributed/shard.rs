@@ -30,8 +30,9 @@ use mlx_rs::Array;
 
 use super::Group;
 use crate::model::decoder::FeedForward;
-use crate::model::layers::{Linear, LinearWeight, QuantSpec};
+use crate::model::layers::{Linear, LinearWeight};
 use crate::model::Model;
+use crate::quant::QuantSpec;
 
 /// How a model is split across ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

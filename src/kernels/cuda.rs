@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use anyhow::{anyhow, bail, Result};
 use mlx_rs::{Array, Dtype};
 
-use crate::model::layers::QuantSpec;
+use crate::quant::QuantSpec;
 
 const SOURCE: &str = include_str!("../../kernels/cuda/qmv.cu");
 /// Rows of `x` the kernel takes; from 8 rows MLX's tiled kernel wins.

@@ -15,7 +15,7 @@ use std::os::raw::{c_char, c_int};
 use anyhow::{anyhow, Result};
 use mlx_rs::{Array, Dtype};
 
-use crate::model::layers::QuantSpec;
+use crate::quant::QuantSpec;
 
 pub mod cuda;
 
@@ -186,7 +186,7 @@ pub fn quantized_matmul_t<'a>(
             return cuda::quantized_matvec(x, w, scales, b, spec);
         }
     }
-    crate::mlx_ext::quant::quantized_matmul(x, w, scales, biases, true, spec)
+    crate::quant::quantized_matmul(x, w, scales, biases, true, spec)
 }
 
 fn kernel_applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> bool {

@@ -1,13 +1,10 @@
 //! `config.json` fields shared by the decoder-only architectures.
 
-use std::collections::BTreeMap;
-
 use anyhow::{bail, Result};
-use mlx_rs::Dtype;
-use serde::de::{self, MapAccess, Visitor};
+use serde::de;
 use serde::{Deserialize, Deserializer};
 
-use super::layers::QuantSpec;
+use crate::quant::Quantization;
 
 fn default_rope_theta() -> f32 {
     10000.0
@@ -308,251 +305,6 @@ impl ModelArgs {
     }
 }
 
-/// MLX's quantization modes (`mx.quantize(..., mode=)`): `affine` stores a
-/// scale and a bias per group in the float dtype; the microscaling float
-/// formats store one 8-bit scale per group and no bias.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum QuantMode {
-    Affine,
-    Mxfp4,
-    Nvfp4,
-    Mxfp8,
-}
-
-/// Group sizes and bit widths MLX's affine quantization accepts.
-const GROUP_SIZES: [i32; 3] = [32, 64, 128];
-const BITS: [i32; 6] = [2, 3, 4, 5, 6, 8];
-
-impl QuantMode {
-    pub fn parse(name: &str) -> Result<Self> {
-        Ok(match name {
-            "affine" => Self::Affine,
-            "mxfp4" => Self::Mxfp4,
-            "nvfp4" => Self::Nvfp4,
-            "mxfp8" => Self::Mxfp8,
-            other => {
-                bail!("unknown quantization mode {other:?} (choose affine, mxfp4, nvfp4 or mxfp8)")
-            }
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Affine => "affine",
-            Self::Mxfp4 => "mxfp4",
-            Self::Nvfp4 => "nvfp4",
-            Self::Mxfp8 => "mxfp8",
-        }
-    }
-
-    /// MLX's `(group_size, bits)` when neither is given.
-    pub fn defaults(self) -> (i32, i32) {
-        match self {
-            Self::Affine => (64, 4),
-            Self::Mxfp4 => (32, 4),
-            Self::Nvfp4 => (16, 4),
-            Self::Mxfp8 => (32, 8),
-        }
-    }
-
-    /// Whether the layer stores `biases` (affine only).
-    pub(crate) fn has_biases(self) -> bool {
-        self == Self::Affine
-    }
-
-    /// Checks a `(group_size, bits)` pair against what the mode allows.
-    pub fn validate(self, group_size: i32, bits: i32) -> Result<()> {
-        if self == Self::Affine {
-            if !GROUP_SIZES.contains(&group_size) {
-                bail!(
-                    "quantization group size {group_size} is not supported (choose 32, 64 or 128)"
-                );
-            }
-            if !BITS.contains(&bits) {
-                bail!("{bits} quantization bits are not supported (choose 2, 3, 4, 5, 6 or 8)");
-            }
-            return Ok(());
-        }
-        if (group_size, bits) != self.defaults() {
-            let (g, b) = self.defaults();
-            bail!(
-                "{} quantization takes exactly {b} bits with group size {g} (got {bits} bits, group size {group_size})",
-                self.name()
-            );
-        }
-        Ok(())
-    }
-
-    /// The mode of a packed layer from its shapes and scale dtype, as mlx-lm
-    /// infers it: affine keeps float scales; each other mode has one
-    /// `(bits, group_size)` pair.
-    pub fn infer(scales_dtype: Dtype, group_size: i32, bits: i32) -> Option<Self> {
-        if scales_dtype != Dtype::Uint8 {
-            return Some(Self::Affine);
-        }
-        [Self::Nvfp4, Self::Mxfp4, Self::Mxfp8]
-            .into_iter()
-            .find(|m| m.defaults() == (group_size, bits))
-    }
-}
-
-impl<'de> Deserialize<'de> for QuantMode {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(d)?;
-        Self::parse(&name).map_err(de::Error::custom)
-    }
-}
-
-/// mlx-lm's `quantization` block of config.json, parsed once: the model's
-/// `group_size`/`bits`/`mode`, and per-layer entries keyed by the layer's
-/// path (`model.layers.0.mlp.down_proj`) holding their own
-/// `{group_size, bits, mode}`, or `false` for a layer left dense.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Quantization {
-    pub default: QuantSpec,
-    /// `None`: the layer is not quantized.
-    pub layers: BTreeMap<String, Option<QuantSpec>>,
-}
-
-impl Quantization {
-    /// Parses the block found at `field` of config.json; errors name the
-    /// field inside it (`quantization.lm_head.bits: invalid type: ...`).
-    pub fn parse(block: serde_json::Value, field: &str) -> Result<Self> {
-        serde_path_to_error::deserialize(block).map_err(|e| {
-            let path = e.path().to_string();
-            if path == "." {
-                anyhow::anyhow!("{field}: {}", e.inner())
-            } else {
-                anyhow::anyhow!("{field}.{path}: {}", e.inner())
-            }
-        })
-    }
-
-    pub fn uniform(spec: QuantSpec) -> Self {
-        Self {
-            default: spec,
-            layers: BTreeMap::new(),
-        }
-    }
-
-    /// What config.json says about the layer at `prefix`: `Some(None)` for
-    /// a layer named `false`, `None` when it is not named on its own.
-    pub fn named(&self, prefix: &str) -> Option<Option<QuantSpec>> {
-        self.layers.get(prefix).copied()
-    }
-
-    /// Checks every `(group_size, bits)` against its mode, naming the field.
-    pub fn validate(&self) -> Result<()> {
-        let check = |path: &str, s: &QuantSpec| {
-            s.mode
-                .validate(s.group_size, s.bits)
-                .map_err(|e| anyhow::anyhow!("{path}: {e}"))
-        };
-        check("quantization", &self.default)?;
-        for (name, spec) in &self.layers {
-            if let Some(s) = spec {
-                check(&format!("quantization.{name:?}"), s)?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// One per-layer entry: `{group_size, bits, mode}` (absent ones take the
-/// mode's defaults, as MLX's `to_quantized`), `true` for the model's spec,
-/// or `false`.
-enum LayerEntry {
-    Flag(bool),
-    Spec(QuantSpec),
-}
-
-#[derive(Deserialize)]
-struct LayerParams {
-    #[serde(default)]
-    group_size: Option<i32>,
-    #[serde(default)]
-    bits: Option<i32>,
-    #[serde(default)]
-    mode: Option<QuantMode>,
-}
-
-impl LayerParams {
-    fn spec(self) -> QuantSpec {
-        let mode = self.mode.unwrap_or(QuantMode::Affine);
-        let (g, b) = mode.defaults();
-        QuantSpec {
-            group_size: self.group_size.unwrap_or(g),
-            bits: self.bits.unwrap_or(b),
-            mode,
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for LayerEntry {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = LayerEntry;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an object {group_size, bits, mode} or false")
-            }
-            fn visit_bool<E: de::Error>(self, b: bool) -> Result<LayerEntry, E> {
-                Ok(LayerEntry::Flag(b))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<LayerEntry, A::Error> {
-                let p = LayerParams::deserialize(de::value::MapAccessDeserializer::new(map))?;
-                Ok(LayerEntry::Spec(p.spec()))
-            }
-        }
-        d.deserialize_any(V)
-    }
-}
-
-impl<'de> Deserialize<'de> for Quantization {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = Quantization;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an object {group_size, bits, mode, <layer path>: {...} or false}")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Quantization, A::Error> {
-                let (mut group_size, mut bits, mut mode) = (None, None, None);
-                let mut entries = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    match key.as_str() {
-                        "group_size" => group_size = Some(map.next_value::<i32>()?),
-                        "bits" => bits = Some(map.next_value::<i32>()?),
-                        "mode" => mode = Some(map.next_value::<QuantMode>()?),
-                        _ => {
-                            let entry: LayerEntry = map.next_value()?;
-                            entries.push((key, entry));
-                        }
-                    }
-                }
-                let default = QuantSpec {
-                    group_size: group_size.ok_or_else(|| de::Error::missing_field("group_size"))?,
-                    bits: bits.ok_or_else(|| de::Error::missing_field("bits"))?,
-                    mode: mode.unwrap_or(QuantMode::Affine),
-                };
-                let layers = entries
-                    .into_iter()
-                    .map(|(k, e)| {
-                        let spec = match e {
-                            LayerEntry::Flag(true) => Some(default),
-                            LayerEntry::Flag(false) => None,
-                            LayerEntry::Spec(s) => Some(s),
-                        };
-                        (k, spec)
-                    })
-                    .collect();
-                Ok(Quantization { default, layers })
-            }
-        }
-        d.deserialize_map(V)
-    }
-}
-
 /// Token ids given as one number or a list (`eos_token_id`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TokenIds(pub Vec<u32>);
@@ -640,43 +392,17 @@ mod tests {
     }
 
     #[test]
-    fn quantization_is_typed_with_per_layer_entries() {
+    fn quantization_is_read_from_the_block_or_its_alias() {
+        use crate::quant::{QuantMode, QuantSpec};
         use serde_json::json;
+        // The block itself (its parsing: `crate::quant`'s tests).
         let args = parse(json!({"quantization": {
-            "group_size": 32, "bits": 4, "mode": "mxfp4",
-            "model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 8, "mode": "affine"},
-            "model.layers.1.mlp.down_proj": {"bits": 6},
-            "lm_head": false,
-            "model.embed_tokens": true,
+            "group_size": 32, "bits": 4, "mode": "mxfp4", "lm_head": false,
         }}))
         .unwrap();
         let q = args.quantization.unwrap();
-        let mxfp4 = QuantSpec {
-            group_size: 32,
-            bits: 4,
-            mode: QuantMode::Mxfp4,
-        };
-        assert_eq!(q.default, mxfp4);
-        // A layer's spec: its own entry, else the model's.
-        let spec_of = |prefix| q.named(prefix).unwrap_or(Some(q.default));
-        assert_eq!(
-            spec_of("model.layers.0.mlp.down_proj"),
-            Some(QuantSpec::affine(64, 8))
-        );
-        // As MLX's `to_quantized`: missing keys take the entry's mode defaults.
-        assert_eq!(
-            spec_of("model.layers.1.mlp.down_proj"),
-            Some(QuantSpec::affine(64, 6))
-        );
+        assert_eq!(q.default.mode, QuantMode::Mxfp4);
         assert_eq!(q.named("lm_head"), Some(None));
-        assert_eq!(spec_of("model.embed_tokens"), Some(mxfp4));
-        assert_eq!(spec_of("model.layers.0.mlp.up_proj"), Some(mxfp4));
-        // Without `mode`, affine.
-        let plain = parse(json!({"quantization": {"group_size": 64, "bits": 4}})).unwrap();
-        assert_eq!(
-            plain.quantization.unwrap().default,
-            QuantSpec::affine(64, 4)
-        );
         // The alias alone, as mlx-lm writes it, and the whole-model methods.
         let alias =
             parse(json!({"quantization_config": {"group_size": 16, "bits": 4, "mode": "nvfp4"}}))
@@ -703,18 +429,6 @@ mod tests {
                 "quantization.group_size: invalid type: string",
             ),
             (
-                json!({"quantization": {"bits": 4}}),
-                "quantization: missing field `group_size`",
-            ),
-            (
-                json!({"quantization": {"group_size": 64, "bits": 4, "mode": "fp3"}}),
-                "quantization.mode: unknown quantization mode \"fp3\"",
-            ),
-            (
-                json!({"quantization": {"group_size": 64, "bits": 4, "model.layers.0.mlp": 3}}),
-                "quantization.model.layers.0.mlp: invalid type: integer `3`, expected an object",
-            ),
-            (
                 json!({"quantization": {"group_size": 64, "bits": 4,
                        "lm_head": {"group_size": 64, "bits": "8"}}}),
                 "quantization.lm_head.bits: invalid type: string",
@@ -723,10 +437,6 @@ mod tests {
                 json!({"quantization": {"group_size": 64, "bits": 4,
                        "lm_head": {"bits": 7}}}),
                 "quantization.\"lm_head\": 7 quantization bits are not supported",
-            ),
-            (
-                json!({"quantization": [64, 4]}),
-                "quantization: invalid type: sequence, expected an object",
             ),
             (
                 json!({"quantization_config": {"group_size": 64}}),

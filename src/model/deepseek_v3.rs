@@ -41,12 +41,12 @@ use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs, RopeScaling};
 use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
-use super::layers::{Linear, LinearWeight, QuantSpec, RmsNorm, Rope};
+use super::layers::{Linear, LinearWeight, RmsNorm, Rope};
 use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe};
 use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
 use crate::cache::{KvCache, Mask, QuantizedState};
-use crate::mlx_ext::quant::{dequantize, quantize, quantized_matmul};
+use crate::quant::{dequantize, quantize, quantized_matmul, QuantSpec};
 
 fn one_f32() -> f32 {
     1.0

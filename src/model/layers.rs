@@ -8,29 +8,9 @@ use std::cell::Cell;
 use mlx_rs::ops::{addmm, matmul};
 use mlx_rs::Array;
 
-pub use super::config::QuantMode;
 use super::config::RopeScaling;
 use super::weights::Weights;
-use crate::mlx_ext::quant::{dequantize, quantized_matmul};
-
-/// How one layer is quantized: MLX mode, group size, bits.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct QuantSpec {
-    pub group_size: i32,
-    pub bits: i32,
-    pub mode: QuantMode,
-}
-
-impl QuantSpec {
-    /// Affine quantization (a float scale and bias per group).
-    pub const fn affine(group_size: i32, bits: i32) -> Self {
-        Self {
-            group_size,
-            bits,
-            mode: QuantMode::Affine,
-        }
-    }
-}
+use crate::quant::{dequantize, quantized_matmul, QuantSpec};
 
 thread_local! {
     static DIFFERENTIABLE_QUANTIZED: Cell<bool> = const { Cell::new(false) };

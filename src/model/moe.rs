@@ -16,8 +16,9 @@ use mlx_rs::ops::{
 use mlx_rs::{stop_gradient, Array};
 
 use super::decoder::Mlp;
-use super::layers::{Linear, Lora, QuantSpec};
+use super::layers::{Linear, Lora};
 use super::weights::Weights;
+use crate::quant::QuantSpec;
 
 /// The weights of one projection for every expert.
 #[derive(Clone)]
@@ -97,7 +98,7 @@ impl SwitchLinear {
                 scales,
                 biases,
                 spec,
-            } => crate::mlx_ext::quant::gather_qmm(
+            } => crate::quant::gather_qmm(
                 x,
                 weight,
                 scales,

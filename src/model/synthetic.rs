@@ -10,9 +10,9 @@ use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype};
 
 use super::config::ModelArgs;
-use super::layers::QuantSpec;
 use super::weights::Weights;
 use super::Model;
+use crate::quant::{QuantSpec, Quantization};
 
 /// The config of a known model shape: `llama-8b` (Llama 3 8B), `llama-1b`
 /// (Llama 3.2 1B) or `smollm2-135m`.
@@ -101,7 +101,7 @@ impl Model {
             tensors.insert(format!("{p}.post_attention_layernorm.weight"), ones.clone());
         }
         tensors.insert("model.norm.weight".into(), ones);
-        let quantization = quant.map(super::config::Quantization::uniform);
+        let quantization = quant.map(Quantization::uniform);
         let mut weights = Weights::from_map(tensors, quantization, dtype)?;
         Self::from_weights(&mut weights, args, &config, Path::new("<synthetic>"))
     }

@@ -7,9 +7,9 @@ use std::path::Path;
 use anyhow::{anyhow, bail, Context, Result};
 use mlx_rs::{Array, Dtype};
 
-use super::config::{ModelArgs, QuantMode, Quantization};
-use super::layers::QuantSpec;
+use super::config::ModelArgs;
 use crate::mlx_ext::cast_float;
+use crate::quant::{QuantMode, QuantSpec, Quantization};
 
 /// The safetensors format caps its JSON header at 100 MB.
 const MAX_HEADER_BYTES: u64 = 100 << 20;

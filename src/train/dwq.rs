@@ -27,8 +27,9 @@ use super::optimizer::{Optimizer, Schedule};
 use crate::autodiff::forward::TrainForward;
 use crate::eval::perplexity::{encode_document, eos_id, token_losses};
 use crate::lora::{block_linear, block_linear_mut, BLOCK_LINEARS};
-use crate::model::layers::{with_differentiable_quantization, LinearWeight, QuantSpec};
+use crate::model::layers::{with_differentiable_quantization, LinearWeight};
 use crate::model::Model;
+use crate::quant::QuantSpec;
 use crate::tokenizer::Tokenizer;
 
 /// Options, with `mlx_lm.dwq`'s defaults.
@@ -747,7 +748,7 @@ pub fn quantize_folder(teacher: &Path, out: &Path, spec: QuantSpec) -> Result<()
             output: out.to_path_buf(),
             dtype: Some(Dtype::Float32),
             quantize: Some(QuantRecipe {
-                mode: crate::convert::quantize::QuantMode::Affine,
+                mode: crate::quant::QuantMode::Affine,
                 group_size: Some(spec.group_size),
                 bits: Some(spec.bits),
                 mixed: None,

@@ -15,11 +15,10 @@ use crate::adapters;
 use crate::convert::quantize::quantize_with_mode;
 use crate::lora::{Site, SiteKind};
 use crate::mlx_ext::cast_float;
-use crate::mlx_ext::quant::dequantize;
-use crate::model::config::Quantization;
 use crate::model::decoder::FeedForward;
 use crate::model::weights::layer_quant_spec;
 use crate::model::Model;
+use crate::quant::{dequantize, Quantization};
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct FuseReport {
@@ -175,7 +174,7 @@ fn stack_experts(
 fn take_quant_params(
     tensors: &mut HashMap<String, Array>,
     prefix: &str,
-    mode: crate::model::config::QuantMode,
+    mode: crate::quant::QuantMode,
 ) -> Result<(Array, Option<Array>)> {
     let scales = tensors
         .remove(&format!("{prefix}.scales"))
