@@ -401,7 +401,7 @@ pub fn run(args: Args) -> Result<()> {
 }
 
 fn run_batch_file(args: Args) -> Result<()> {
-    if mlx_bun::distributed::launched() {
+    if mlx_bun::collective::launched() {
         bail!("--batch-file is not supported when the model is sharded across ranks (see docs/distributed.md)");
     }
     if args.decode_concurrency == 0 || args.prompt_concurrency == 0 {

@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Result};
+use mlx_bun::collective::Group;
 use mlx_bun::distributed::launch::{self, HostFile, LaunchSpec, Outcome};
-use mlx_bun::distributed::{Group, Parallelism};
+use mlx_bun::distributed::Parallelism;
 use mlx_bun::model::Model;
 
 #[derive(clap::Args)]
@@ -88,7 +89,7 @@ pub fn run(args: Args) -> Result<()> {
 /// This process's rank group when it was launched as one rank of several;
 /// `None` for a single process (which then behaves exactly as without launch).
 pub fn join_group() -> Result<Option<Group>> {
-    if !mlx_bun::distributed::launched() {
+    if !mlx_bun::collective::launched() {
         return Ok(None);
     }
     Ok(Some(Group::init(None)?))

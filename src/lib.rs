@@ -6,6 +6,7 @@ pub mod autodiff;
 pub mod cache;
 pub mod chat;
 pub mod chat_template;
+pub mod collective;
 pub mod constraint;
 pub mod convert;
 pub mod dataset_rows;

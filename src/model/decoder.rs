@@ -531,8 +531,9 @@ pub struct Decoder {
     pub embed_scale: Option<f32>,
     /// What the output logits go through last.
     pub logits_map: LogitsMap,
-    /// This rank's place in a layer pipeline (`crate::distributed::shard`).
-    pub pipeline: Option<crate::distributed::shard::PipelineStage>,
+    /// This rank's place in a layer pipeline (set when the model is split
+    /// across ranks by layers).
+    pub pipeline: Option<super::pipeline::PipelineStage>,
 }
 
 impl Decoder {

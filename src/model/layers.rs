@@ -58,8 +58,8 @@ pub struct Linear {
     pub bias: Option<Array>,
     pub lora: Option<Lora>,
     /// Row-parallel under tensor parallelism: the output is this rank's
-    /// partial sum, summed across the group (`crate::distributed::shard`).
-    pub all_sum: Option<crate::distributed::Group>,
+    /// partial sum, summed across the group.
+    pub all_sum: Option<crate::collective::Group>,
 }
 
 impl Linear {

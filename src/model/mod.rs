@@ -23,6 +23,7 @@ pub mod moe;
 pub mod nemotron_h;
 pub mod olmo3;
 pub mod phi3;
+pub mod pipeline;
 pub mod quantized_attention;
 pub mod qwen2;
 pub mod qwen3;
