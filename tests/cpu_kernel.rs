@@ -2,7 +2,7 @@
 //! random shapes, rows 1..=16, group sizes 32/64/128, 4 and 8 bits, strided
 //! inputs, the layer dispatch and the gradient with respect to the input.
 
-use mlx_bun::kernels::{cpu_quantized_matmul, quantized_matmul_t};
+use mlx_bun::kernels::{cpu_quantized_matmul, quantized_matmul_t, RopeParams};
 use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
@@ -286,7 +286,14 @@ fn rope_matches_mlx() {
         let x = random_array(&mut rng, &shape, 2.0)
             .transpose_axes(&[0, 2, 1, 3])
             .unwrap();
-        let got = mlx_bun::kernels::rope(&x, dims, false, base, scale, offset, f).unwrap();
+        let params = RopeParams {
+            dims,
+            traditional: false,
+            base,
+            scale,
+            freqs: f,
+        };
+        let got = mlx_bun::kernels::rope(&x, &params, offset).unwrap();
         let want = mlx_rs::fast::rope(&x, dims, false, base, scale, offset, f).unwrap();
         eval([&got, &want]).unwrap();
         assert_close(
@@ -308,7 +315,14 @@ fn rms_norm_and_rope_gradients_match_mlx() {
             let (n, r) = if ours {
                 let n = mlx_bun::kernels::rms_norm(&args[0], &args[1], 1e-5)
                     .map_err(|e| Exception::custom(e.to_string()))?;
-                let r = mlx_bun::kernels::rope(&n, 32, false, Some(10000.0), 1.0, 5, None)
+                let params = RopeParams {
+                    dims: 32,
+                    traditional: false,
+                    base: Some(10000.0),
+                    scale: 1.0,
+                    freqs: None,
+                };
+                let r = mlx_bun::kernels::rope(&n, &params, 5)
                     .map_err(|e| Exception::custom(e.to_string()))?;
                 (n, r)
             } else {

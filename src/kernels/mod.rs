@@ -122,19 +122,33 @@ pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
     })
 }
 
+/// One rotary embedding's parameters: those of `fast::rope` but the input
+/// and the position offset.
+#[derive(Clone, Copy, Debug)]
+pub struct RopeParams<'a> {
+    /// Features rotated: the first `dims` of the last axis.
+    pub dims: i32,
+    /// Rotates consecutive pairs instead of the two halves.
+    pub traditional: bool,
+    /// The frequency base; `None` when `freqs` gives the frequencies.
+    pub base: Option<f32>,
+    /// Multiplies the positions.
+    pub scale: f32,
+    /// Precomputed frequencies (Llama 3 or YaRN scaling), in place of `base`.
+    pub freqs: Option<&'a Array>,
+}
+
 /// `fast::rope(x, dims, traditional, base, scale, offset, freqs)`. On the CPU
 /// MLX 0.32 expands it into about 20 ops; for float32 rotate-half RoPE this is
 /// one primitive computing the same formula.
-#[allow(clippy::too_many_arguments)]
-pub fn rope(
-    x: &Array,
-    dims: i32,
-    traditional: bool,
-    base: Option<f32>,
-    scale: f32,
-    offset: i32,
-    freqs: Option<&Array>,
-) -> Result<Array> {
+pub fn rope(x: &Array, params: &RopeParams, offset: i32) -> Result<Array> {
+    let &RopeParams {
+        dims,
+        traditional,
+        base,
+        scale,
+        freqs,
+    } = params;
     let ours = enabled()
         && !traditional
         && x.dtype() == Dtype::Float32

@@ -38,16 +38,26 @@ pub enum RopeScaling {
         original_max_position_embeddings: f64,
     },
     /// YaRN (GPT-OSS, DeepSeek-style long context).
-    Yarn {
-        factor: f64,
-        original_max_position_embeddings: f64,
-        beta_fast: f64,
-        beta_slow: f64,
-        mscale: f64,
-        mscale_all_dim: f64,
-    },
+    Yarn(YarnScaling),
     /// Phi-3's su / longrope: read by `phi3.rs` with its own fields.
     LongRope,
+}
+
+/// YaRN's fields of `rope_scaling`, defaults filled in.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct YarnScaling {
+    /// How much longer the context is than the one trained.
+    pub factor: f64,
+    /// The context length trained.
+    pub original_max_position_embeddings: f64,
+    /// The rotation count that sets where the frequency ramp starts.
+    pub beta_fast: f64,
+    /// The rotation count that sets where the frequency ramp ends.
+    pub beta_slow: f64,
+    /// The attention factor's `mscale` (its numerator).
+    pub mscale: f64,
+    /// The attention factor's `mscale_all_dim` (its denominator).
+    pub mscale_all_dim: f64,
 }
 
 impl RopeScaling {
@@ -97,7 +107,7 @@ impl RopeScaling {
                     Some(8192.0),
                 )?,
             },
-            "yarn" => Self::Yarn {
+            "yarn" => Self::Yarn(YarnScaling {
                 factor: factor(None)?,
                 original_max_position_embeddings: num(
                     "original_max_position_embeddings",
@@ -107,7 +117,7 @@ impl RopeScaling {
                 beta_slow: num("beta_slow", Some(1.0))?,
                 mscale: num("mscale", Some(1.0))?,
                 mscale_all_dim: num("mscale_all_dim", Some(0.0))?,
-            },
+            }),
             "su" | "longrope" => Self::LongRope,
             other => bail!(
                 "unsupported rope_scaling type {other:?} (supported: default, linear, llama3, yarn; su/longrope on phi3)"

@@ -8,7 +8,7 @@ use std::cell::Cell;
 use mlx_rs::ops::{addmm, matmul};
 use mlx_rs::Array;
 
-use super::config::RopeScaling;
+use super::config::{RopeScaling, YarnScaling};
 use super::weights::Weights;
 use crate::quant::{dequantize, quantized_matmul, QuantSpec};
 
@@ -376,24 +376,8 @@ impl Rope {
                     original_max_position_embeddings,
                 ));
             }
-            Some(&RopeScaling::Yarn {
-                factor,
-                original_max_position_embeddings,
-                beta_fast,
-                beta_slow,
-                mscale,
-                mscale_all_dim,
-            }) => {
-                let (freqs, attn) = yarn(
-                    dims,
-                    base,
-                    factor,
-                    original_max_position_embeddings,
-                    beta_fast,
-                    beta_slow,
-                    mscale,
-                    mscale_all_dim,
-                )?;
+            Some(RopeScaling::Yarn(scaling)) => {
+                let (freqs, attn) = yarn(dims, base, scaling)?;
                 rope.freqs = Some(freqs);
                 rope.mscale = attn;
             }
@@ -458,16 +442,14 @@ impl Rope {
         } else {
             Some(self.base)
         };
-        crate::kernels::rope(
-            x,
-            self.dims,
-            self.traditional,
+        let params = crate::kernels::RopeParams {
+            dims: self.dims,
+            traditional: self.traditional,
             base,
-            self.scale,
-            offset,
-            self.freqs.as_ref(),
-        )
-        .context("rope")
+            scale: self.scale,
+            freqs: self.freqs.as_ref(),
+        };
+        crate::kernels::rope(x, &params, offset).context("rope")
     }
 }
 
@@ -501,18 +483,16 @@ fn llama3_freqs(dims: i32, base: f64, factor: f64, low: f64, high: f64, old_ctx:
 /// linear ramp over the dimensions, and the attention factor
 /// `(0.1 * mscale * ln(factor) + 1) / (0.1 * mscale_all_dim * ln(factor) + 1)`,
 /// in mlx-lm's arithmetic.
-#[allow(clippy::too_many_arguments)]
-fn yarn(
-    dims: i32,
-    base: f32,
-    factor: f64,
-    original_max: f64,
-    beta_fast: f64,
-    beta_slow: f64,
-    mscale: f64,
-    mscale_all_dim: f64,
-) -> Result<(Array, f32)> {
+fn yarn(dims: i32, base: f32, scaling: &YarnScaling) -> Result<(Array, f32)> {
     use mlx_rs::ops::{arange, clip, power};
+    let &YarnScaling {
+        factor,
+        original_max_position_embeddings: original_max,
+        beta_fast,
+        beta_slow,
+        mscale,
+        mscale_all_dim,
+    } = scaling;
     let correction = |rotations: f64| {
         dims as f64 * (original_max / (rotations * 2.0 * std::f64::consts::PI)).ln()
             / (2.0 * (base as f64).ln())
