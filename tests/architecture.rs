@@ -16,6 +16,14 @@ struct Rule {
     why: &'static str,
 }
 
+/// The ground floor: MLX extensions, kernels, quantization, ranks.
+const GROUND: &[&str] = &[
+    "src/quant.rs",
+    "src/collective.rs",
+    "src/mlx_ext.rs",
+    "src/kernels/",
+];
+
 /// Generation, free of serving and of the CLI.
 const ENGINE: &[&str] = &[
     "src/model/",
@@ -65,6 +73,33 @@ const RULES: &[Rule] = &[
             "crate::train",
         ],
         why: "the engine knows nothing of HTTP, the CLI, serving, or the tools built on it",
+    },
+    Rule {
+        files: GROUND,
+        except: &[],
+        never: &[
+            "crate::model",
+            "crate::cache",
+            "crate::distributed",
+            "crate::decode",
+            "crate::generate",
+            "crate::speculative",
+            "crate::sampling",
+            "crate::grammar",
+            "crate::gateway",
+            "crate::server",
+            "crate::train",
+            "crate::eval",
+            "crate::convert",
+        ],
+        why: "the ground stands on MLX alone; the model, its caches and all above stand on it",
+    },
+    Rule {
+        files: &["src/model/", "src/cache/"],
+        except: &[],
+        never: &["crate::distributed"],
+        why: "splitting a model across ranks stands on the model; the model holds only the \
+              ground's Group and its own pipeline stage",
     },
     Rule {
         files: &["src/model/", "src/cache/"],
@@ -169,6 +204,9 @@ fn the_rules_are_not_vacuous() {
         ("src/convert/dynamic.rs", "crate::lora"),
         ("src/server/", "axum"),
         ("src/gateway/", "tokio"),
+        ("src/kernels/", "crate::quant"),
+        ("src/model/layers.rs", "crate::collective"),
+        ("src/distributed/shard.rs", "crate::model"),
     ] {
         assert!(seen(from, to), "the scanner no longer sees {from} -> {to}");
     }
