@@ -2,8 +2,8 @@
 //! ([`QuantMode`]), how one layer is quantized ([`QuantSpec`]), mlx-lm's
 //! `quantization` block of config.json ([`Quantization`]), and MLX's
 //! quantized ops called through mlx-c in every mode (mlx-rs 0.33 passes
-//! `affine` only). Plain data and MLX calls: the model, the caches, convert
-//! and train stand on it.
+//! `affine` only). Plain data and MLX calls, naming nothing above them:
+//! the model, convert, train and upload stand on it.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;

@@ -1,8 +1,9 @@
 //! A layer pipeline across ranks (as mlx-lm's `PipelineMixin`): each rank
 //! runs a contiguous range of the decoder's layers, rank 0 the last ones;
 //! activations go from rank r+1 to rank r, and rank 0's output reaches every
-//! rank so every rank computes the same logits. `crate::distributed::shard`
-//! splits the layers and puts a [`PipelineStage`] into the decoder.
+//! rank so every rank computes the same logits. The sharding pass
+//! (`distributed/shard.rs`, standing on the model) splits the layers and puts
+//! a [`PipelineStage`] into the decoder.
 
 use anyhow::{Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
