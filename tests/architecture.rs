@@ -110,6 +110,18 @@ const RULES: &[Rule] = &[
         ],
         why: "eval, convert and train sit beside serving, not on it; the CLI draws their progress",
     },
+    Rule {
+        files: &[
+            "src/generate.rs",
+            "src/sampling/",
+            "src/stop.rs",
+            "src/constraint.rs",
+        ],
+        except: &[],
+        never: &["crate::decode", "crate::speculative", "crate::grammar"],
+        why: "what decoders take and give (options, prompts, results, the output sink, \
+              sampling, stop strings, the constraint interface) sits below the decoders",
+    },
 ];
 
 /// One path a file names: `crate::m` for a module of the library, else the
