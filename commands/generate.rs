@@ -6,14 +6,13 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use mlx_bun::chat_template::Message;
-use mlx_bun::generate::{generate, GenerateOptions, DEFAULT_PREFILL_STEP};
+use mlx_bun::decode::{self, generate, ConstraintSlot, Row};
+use mlx_bun::generate::{GenerateOptions, DEFAULT_PREFILL_STEP};
 use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
 use mlx_bun::sampling::SamplingParams;
-use mlx_bun::speculative::{
-    check_draft_tokenizer, generate_speculative, DraftSource, ModelDrafter, NgramDrafter,
-};
+use mlx_bun::speculative::{check_draft_tokenizer, DraftSource, ModelDrafter, NgramDrafter};
 use mlx_bun::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -336,7 +335,6 @@ pub fn run(args: Args) -> Result<()> {
             &tokenizer,
             &mut caches,
             &prompt,
-            0,
             &opts,
             constraint.as_deref_mut(),
             &mut on_token,
@@ -356,18 +354,17 @@ pub fn run(args: Args) -> Result<()> {
                 draft_model.materialize()?;
                 Box::new(ModelDrafter::new(&draft_model, &opts.sampling)?)
             };
-            generate_speculative(
+            let row = Row::new(
                 &model,
                 &tokenizer,
-                &mut caches,
-                &prompt,
+                prompt.clone(),
                 0,
                 &opts,
-                drafter.as_mut(),
-                args.num_draft_tokens,
-                constraint.as_deref_mut(),
-                &mut on_token,
+                constraint.as_deref_mut().map(ConstraintSlot::Borrowed),
+                Box::new(&mut on_token),
             )?
+            .with_drafter(Box::new(drafter.as_mut()), args.num_draft_tokens);
+            decode::run(&model, &mut caches, row, opts.prefill_step)?
         }
     };
     if let Some(e) = write_error {

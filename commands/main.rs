@@ -103,13 +103,26 @@ fn init_logging(command: &Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Fixes the engine's settings from the environment (docs/settings.md),
+/// with the defaults that depend on the command: a server uses the CUDA
+/// kernel unless told otherwise (its warm-up compiles it before it reports
+/// ready; elsewhere the first requests would pay for compiling it).
+fn install_settings(command: &Command) -> anyhow::Result<()> {
+    use mlx_bun::settings::{CudaKernel, Settings};
+    let mut settings = Settings::from_env()?;
+    if matches!(command, Command::Serve(_)) && settings.cuda_kernel == CudaKernel::Unset {
+        settings.cuda_kernel = CudaKernel::On;
+    }
+    mlx_bun::settings::install(settings)
+}
+
 fn main() -> ExitCode {
-    default_kernel_cache();
     let cli = parse_args();
-    if let Err(e) = init_logging(&cli.command) {
+    if let Err(e) = init_logging(&cli.command).and_then(|()| install_settings(&cli.command)) {
         eprintln!("error: {e:#}");
         return ExitCode::FAILURE;
     }
+    default_kernel_cache();
     let result = match cli.command {
         Command::Generate(args) => generate::run(args),
         Command::CachePrompt(args) => cache_prompt::run(args),

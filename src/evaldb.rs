@@ -72,17 +72,10 @@ pub fn schema_version() -> i64 {
     MIGRATIONS.len() as i64
 }
 
-/// `$MLX_BUN_EVAL_DB`, else `evals.db` in the XDG data folder.
+/// The settings' eval database (`MLX_BUN_EVAL_DB`, else `evals.db` in the
+/// XDG data folder).
 pub fn default_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("MLX_BUN_EVAL_DB").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let base = std::env::var_os("XDG_DATA_HOME")
-        .filter(|p| !p.is_empty())
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join("mlx-bun").join("evals.db")
+    crate::settings::get().eval_db.clone()
 }
 
 pub struct EvalDb {

@@ -1,10 +1,11 @@
-//! Generating one sequence: options and results, the output sink (end
-//! tokens, detokenizing, stop strings, streaming), prefill, and `generate`,
-//! which prefills and runs [`crate::decode`]'s serial decoder.
+//! What generating one sequence takes and gives: options, the prompt,
+//! results, the output sink (end tokens, detokenizing, stop strings,
+//! streaming) and prefill. The decoders that use them are in
+//! [`crate::decode`].
 
 use std::time::Instant;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{argpartition_axis, full, select};
 use mlx_rs::transforms::eval;
@@ -12,8 +13,6 @@ use mlx_rs::Array;
 use serde::Serialize;
 
 use crate::cache::KvCache;
-use crate::constraint::TokenConstraint;
-use crate::decode::{ConstraintSlot, Row, SerialDecoder};
 use crate::model::Model;
 use crate::sampling::SamplingParams;
 use crate::stop::{StopMatcher, StopOutcome};
@@ -316,40 +315,36 @@ pub(crate) fn token_logprob(logprobs: &Array, token: u32, k: usize) -> Result<To
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-/// Generates a continuation of `prompt`. The first `cached` prompt tokens are
-/// already in `caches` (a prompt-cache hit). `on_token` sees every emitted
-/// token and returns false to cancel.
-pub fn generate(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    caches: &mut [Box<dyn KvCache>],
-    prompt: &[u32],
-    cached: usize,
-    opts: &GenerateOptions,
-    constraint: Option<&mut (dyn TokenConstraint + 'static)>,
-    on_token: &mut dyn FnMut(&TokenEvent) -> bool,
-) -> Result<GenerationResult> {
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
+/// A prompt's tokens, and how many of the first ones the caches already
+/// hold (a prompt-cache hit). A token slice converts into a prompt none of
+/// whose tokens is cached.
+#[derive(Clone, Copy, Debug)]
+pub struct Prompt<'a> {
+    pub tokens: &'a [u32],
+    pub cached: usize,
+}
+
+impl<'a> Prompt<'a> {
+    /// `tokens` whose first `cached` are already in the caches.
+    pub fn continuing(tokens: &'a [u32], cached: usize) -> Self {
+        Self { tokens, cached }
     }
-    if cached >= prompt.len() {
-        bail!("at least one prompt token must be left to process");
+}
+
+impl<'a> From<&'a [u32]> for Prompt<'a> {
+    fn from(tokens: &'a [u32]) -> Self {
+        Self { tokens, cached: 0 }
     }
-    crate::mlx_ext::reset_peak_memory();
-    let slot = constraint.map(ConstraintSlot::Borrowed);
-    let row = Row::new(
-        model,
-        tokenizer,
-        prompt.to_vec(),
-        cached,
-        opts,
-        slot,
-        Box::new(on_token),
-    )?;
-    let (last, rest) = prompt[cached..].split_last().unwrap();
-    prefill(model, caches, rest, opts.prefill_step)?;
-    let mut decoder = SerialDecoder::start(model, caches, row, *last)?;
-    while decoder.step()? {}
-    decoder.into_result()
+}
+
+impl<'a, const N: usize> From<&'a [u32; N]> for Prompt<'a> {
+    fn from(tokens: &'a [u32; N]) -> Self {
+        Self { tokens, cached: 0 }
+    }
+}
+
+impl<'a> From<&'a Vec<u32>> for Prompt<'a> {
+    fn from(tokens: &'a Vec<u32>) -> Self {
+        Self { tokens, cached: 0 }
+    }
 }

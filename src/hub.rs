@@ -5,16 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
-/// The user cache folder of mlx-bun (`MLX_BUN_CACHE`, else `~/.cache/mlx-bun`).
+/// The user cache folder of mlx-bun (the settings' `cache_dir`).
 pub fn cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("MLX_BUN_CACHE") {
-        return PathBuf::from(dir);
-    }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
-        .unwrap_or_else(|| PathBuf::from("/tmp"));
-    base.join("mlx-bun")
+    crate::settings::get().cache_dir.clone()
 }
 
 fn looks_like_repo_id(s: &str) -> bool {

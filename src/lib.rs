@@ -32,6 +32,7 @@ pub mod reasoning;
 pub mod sampling;
 #[cfg(feature = "server")]
 pub mod server;
+pub mod settings;
 pub mod speculative;
 pub mod stop;
 pub mod tokenizer;

@@ -62,8 +62,8 @@ pub(crate) fn stored_float_dtype(dtypes: impl IntoIterator<Item = Dtype>) -> Dty
 pub fn on_gpu() -> bool {
     static ON_GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON_GPU.get_or_init(|| {
-        if let Ok(forced) = std::env::var("MLX_BUN_DEVICE") {
-            return forced == "gpu";
+        if let Some(device) = crate::settings::get().device {
+            return device == crate::settings::Device::Gpu;
         }
         let mut available = false;
         // SAFETY: plain queries of the MLX runtime; the device handle is freed.

@@ -17,8 +17,7 @@ use mlx_rs::Array;
 
 use crate::cache::{total_bytes, trim_all, KvCache};
 use crate::constraint::TokenConstraint;
-use crate::decode::{ConstraintSlot, Row, SpeculativeDecoder};
-use crate::generate::{apply_mask, prefill, GenerateOptions, GenerationResult, TokenEvent};
+use crate::generate::{apply_mask, prefill};
 use crate::model::Model;
 use crate::sampling::{log_softmax, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -290,46 +289,4 @@ pub fn check_draft_tokenizer(target: &Tokenizer, draft: &Tokenizer) -> Result<Op
         )));
     }
     Ok(None)
-}
-
-/// Generates with speculative decoding; same contract as
-/// [`crate::generate::generate`], plus speculation statistics.
-#[allow(clippy::too_many_arguments)]
-pub fn generate_speculative(
-    model: &Model,
-    tokenizer: &Tokenizer,
-    caches: &mut [Box<dyn KvCache>],
-    prompt: &[u32],
-    cached: usize,
-    opts: &GenerateOptions,
-    drafter: &mut dyn DraftSource,
-    num_draft: usize,
-    constraint: Option<&mut (dyn TokenConstraint + 'static)>,
-    on_token: &mut dyn FnMut(&TokenEvent) -> bool,
-) -> Result<GenerationResult> {
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
-    if cached >= prompt.len() {
-        bail!("at least one prompt token must be left to process");
-    }
-    if !caches.iter().all(|c| c.is_trimmable()) {
-        bail!("speculative decoding needs a trimmable cache");
-    }
-    crate::mlx_ext::reset_peak_memory();
-    let row = Row::new(
-        model,
-        tokenizer,
-        prompt.to_vec(),
-        cached,
-        opts,
-        constraint.map(ConstraintSlot::Borrowed),
-        Box::new(on_token),
-    )?
-    .with_drafter(Box::new(drafter), num_draft);
-    let (last, rest) = prompt[cached..].split_last().unwrap();
-    prefill(model, caches, rest, opts.prefill_step)?;
-    let mut decoder = SpeculativeDecoder::start(model, caches, row, *last)?;
-    while decoder.step()? {}
-    decoder.into_result()
 }

@@ -18,6 +18,7 @@ struct Rule {
 
 /// The ground floor: MLX extensions, kernels, quantization, ranks.
 const GROUND: &[&str] = &[
+    "src/settings.rs",
     "src/quant.rs",
     "src/collective.rs",
     "src/mlx_ext.rs",
@@ -144,6 +145,18 @@ const RULES: &[Rule] = &[
             "crate::gateway",
         ],
         why: "eval, convert and train sit beside serving, not on it; the CLI draws their progress",
+    },
+    Rule {
+        files: &[
+            "src/generate.rs",
+            "src/sampling/",
+            "src/stop.rs",
+            "src/constraint.rs",
+        ],
+        except: &[],
+        never: &["crate::decode", "crate::speculative", "crate::grammar"],
+        why: "what decoders take and give (options, prompts, results, the output sink, \
+              sampling, stop strings, the constraint interface) sits below the decoders",
     },
 ];
 
@@ -584,4 +597,63 @@ fn tokens(code: &str) -> Vec<(usize, Tok)> {
         i += 1;
     }
     out
+}
+
+/// Where the engine may read the process environment, and why. Everything
+/// else reaches it through `settings::get()` (docs/settings.md).
+const ENVIRONMENT_READERS: &[(&str, &str)] = &[
+    ("src/settings.rs", "the one parser of mlx-bun's variables"),
+    (
+        "src/hub.rs",
+        "Hugging Face's own variables (HF_HOME, HF_TOKEN, ...)",
+    ),
+    (
+        "src/distributed/mod.rs",
+        "the launch variables MLX's backends read (MLX_RANK, ...)",
+    ),
+    (
+        "src/collective.rs",
+        "the launch variables MLX's backends read (MLX_RANK, ...)",
+    ),
+    ("src/evaldb.rs", "HOSTNAME, recorded beside each run"),
+    (
+        "src/convert/dynamic.rs",
+        "HOME, where mlx-lm keeps its calibration file",
+    ),
+];
+
+#[test]
+fn the_engine_reads_no_environment_but_its_settings() {
+    let mut found = Vec::new();
+    for (path, text) in sources() {
+        if ENVIRONMENT_READERS.iter().any(|(p, _)| *p == path) {
+            continue;
+        }
+        let code = without_test_modules(&code_only(&text));
+        for (i, line) in code.lines().enumerate() {
+            if ["env::var", "var_os(", "env::vars"]
+                .iter()
+                .any(|needle| line.contains(needle))
+            {
+                found.push(format!("{path}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+    let mut dirs = vec![root];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if std::fs::read_to_string(&path).is_ok_and(|t| t.contains("getenv(")) {
+                found.push(format!("{}: getenv", path.display()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "environment reads outside src/settings.rs (add a setting instead):\n{}",
+        found.join("\n")
+    );
 }

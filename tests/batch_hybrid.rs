@@ -16,8 +16,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use mlx_bun::cache::KvCache;
+use mlx_bun::decode::generate;
 use mlx_bun::decode::{BatchLimits, BatchScheduler, Finished, Row};
-use mlx_bun::generate::{generate, prefill, GenerateOptions};
+use mlx_bun::generate::{prefill, GenerateOptions, Prompt};
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
 use serde_json::Value;
@@ -83,7 +84,6 @@ fn serial(model: &Model, tok: &Tokenizer, prompt: &[u32], n: usize) -> Vec<u32> 
         tok,
         &mut caches,
         prompt,
-        0,
         &greedy(n),
         None,
         &mut |_| true,
@@ -390,8 +390,7 @@ fn extracted_caches_continue_like_serial_ones() {
                 &model,
                 &tok,
                 caches,
-                &next,
-                held.len(),
+                Prompt::continuing(&next, held.len()),
                 &greedy(12),
                 None,
                 &mut |_| true,
@@ -415,7 +414,6 @@ fn extracted_caches_continue_like_serial_ones() {
                 &tok,
                 &mut alone,
                 &prompts[i],
-                0,
                 &greedy(9),
                 None,
                 &mut |_| true,

@@ -14,8 +14,9 @@ use std::time::Duration;
 use common::server::Server;
 use mlx_bun::cache::{KvCache, KvQuantization};
 use mlx_bun::chat_template::Message;
+use mlx_bun::decode::generate;
 use mlx_bun::decode::{BatchLimits, BatchScheduler, Row};
-use mlx_bun::generate::{generate, GenerateOptions, DEFAULT_PREFILL_STEP};
+use mlx_bun::generate::{GenerateOptions, DEFAULT_PREFILL_STEP};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
 use mlx_bun::speculative::NgramDrafter;
@@ -71,25 +72,34 @@ fn alone(
     o: &GenerateOptions,
 ) -> Vec<u32> {
     let mut c = caches(model, q);
-    generate(model, tok, &mut c, prompt, 0, o, None, &mut |_| true)
+    generate(model, tok, &mut c, prompt, o, None, &mut |_| true)
         .unwrap()
         .token_ids
 }
 
-/// The rows `first` inserted at once, the rows `later` after `join_after`
-/// steps (while the first decode); each row's tokens, and the most rows
+/// When rows join: `first` inserted at once, `later` after `join_after`
+/// steps (while the first decode).
+struct Joins<'s> {
+    first: &'s [usize],
+    later: &'s [usize],
+    join_after: usize,
+}
+
+/// The rows joining as `joins` says; each row's tokens, and the most rows
 /// that decoded together.
-#[allow(clippy::too_many_arguments)]
 fn batched<'a>(
     model: &'a Model,
     tok: &'a Tokenizer,
     prompts: &[Vec<u32>],
     q: KvQuantization,
     o: &GenerateOptions,
-    first: &[usize],
-    later: &[usize],
-    join_after: usize,
+    joins: Joins<'_>,
 ) -> (Vec<Option<Vec<u32>>>, usize) {
+    let Joins {
+        first,
+        later,
+        join_after,
+    } = joins;
     let limits = BatchLimits {
         prefill_step: o.prefill_step,
         ..BatchLimits::default()
@@ -152,7 +162,18 @@ fn rows_quantized_from_the_start_equal_running_alone() {
             start: 0,
         };
         let o = opts(step);
-        let (got, most) = batched(&model, &tok, &prompts, q, &o, &[0, 1], &[2, 3], 3);
+        let (got, most) = batched(
+            &model,
+            &tok,
+            &prompts,
+            q,
+            &o,
+            Joins {
+                first: &[0, 1],
+                later: &[2, 3],
+                join_after: 3,
+            },
+        );
         assert!(
             most >= 3,
             "{bits} bits: at most {most} rows decoded together"
@@ -193,7 +214,18 @@ fn a_start_between_the_rows_quantizes_every_row() {
 
     // Every row below the start throughout: the dense batch.
     let high = q(ll + MAX_TOKENS + 1);
-    let (got, most) = batched(&model, &tok, &prompts, high, &o, &[0, 1, 2, 3], &[], 0);
+    let (got, most) = batched(
+        &model,
+        &tok,
+        &prompts,
+        high,
+        &o,
+        Joins {
+            first: &[0, 1, 2, 3],
+            later: &[],
+            join_after: 0,
+        },
+    );
     assert_eq!(most, 4);
     for (i, p) in prompts.iter().enumerate() {
         assert_eq!(
@@ -206,7 +238,18 @@ fn a_start_between_the_rows_quantizes_every_row() {
     // The long row is past the start when it joins, the short one never
     // reaches it alone.
     let between = q(ls + MAX_TOKENS + 1);
-    let (got, most) = batched(&model, &tok, &prompts, between, &o, &[short, long], &[], 0);
+    let (got, most) = batched(
+        &model,
+        &tok,
+        &prompts,
+        between,
+        &o,
+        Joins {
+            first: &[short, long],
+            later: &[],
+            join_after: 0,
+        },
+    );
     assert_eq!(most, 2);
     assert_eq!(
         got[long].as_ref().unwrap(),

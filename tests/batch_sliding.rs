@@ -14,8 +14,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use mlx_bun::cache::KvCache;
+use mlx_bun::decode::generate;
 use mlx_bun::decode::{BatchLimits, BatchScheduler, Finished, Row};
-use mlx_bun::generate::{generate, prefill, GenerateOptions};
+use mlx_bun::generate::{prefill, GenerateOptions, Prompt};
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
 use serde_json::Value;
@@ -95,7 +96,6 @@ fn serial(
         tok,
         &mut caches,
         prompt,
-        0,
         &greedy(n),
         None,
         &mut |_| true,
@@ -303,8 +303,7 @@ fn extracted_caches_continue_like_serial_ones() {
             &model,
             &tok,
             caches,
-            &next,
-            held.len(),
+            Prompt::continuing(&next, held.len()),
             &opts,
             None,
             &mut |_| true,
@@ -329,7 +328,6 @@ fn extracted_caches_continue_like_serial_ones() {
                 &tok,
                 &mut alone,
                 &prompts[i],
-                0,
                 &greedy(9),
                 None,
                 &mut |_| true,

@@ -9,8 +9,9 @@ mod common;
 use std::sync::Mutex;
 
 use mlx_bun::chat_template::Message;
+use mlx_bun::decode::generate;
 use mlx_bun::decode::{BatchLimits, BatchScheduler, ConstraintSlot, Row};
-use mlx_bun::generate::{generate, GenerateOptions, GenerationResult};
+use mlx_bun::generate::{GenerateOptions, GenerationResult};
 use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::speculative::{DraftSource, ModelDrafter, NgramDrafter};
@@ -56,7 +57,6 @@ fn alone(
         tok,
         &mut caches,
         prompt,
-        0,
         opts,
         constraint.as_deref_mut(),
         &mut |_| true,

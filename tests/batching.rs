@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 
 use mlx_bun::chat_template::Message;
+use mlx_bun::decode::generate;
 use mlx_bun::decode::{BatchLimits, BatchScheduler, ConstraintSlot, Row};
-use mlx_bun::generate::{generate, GenerateOptions, GenerationResult};
+use mlx_bun::generate::{GenerateOptions, GenerationResult};
 use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
@@ -289,7 +290,6 @@ fn seeded_rows_batch_with_their_own_keys() {
         &tok,
         &mut caches,
         &prompt,
-        0,
         &seeded(7),
         None,
         &mut |_| true,

@@ -9,11 +9,12 @@ mod common;
 use mlx_bun::autodiff::forward::TrainForward;
 use mlx_bun::decode::BatchItem;
 use mlx_bun::decode::BatchLimits;
-use mlx_bun::generate::{generate, GenerateOptions};
+use mlx_bun::decode::{self, generate, Row};
+use mlx_bun::generate::{GenerateOptions, TokenEvent};
 use mlx_bun::lora::{AdapterLayout, LoraParameters};
 use mlx_bun::model::decoder::FeedForward;
 use mlx_bun::model::Model;
-use mlx_bun::speculative::{generate_speculative, ModelDrafter};
+use mlx_bun::speculative::ModelDrafter;
 use mlx_bun::tokenizer::Tokenizer;
 use mlx_bun::train::losses::Head;
 use mlx_rs::ops::expand_dims;
@@ -57,7 +58,6 @@ fn serial_tokens(model: &Model, tok: &Tokenizer, prompt: &[u32]) -> Vec<u32> {
         tok,
         &mut caches,
         prompt,
-        0,
         &greedy(8),
         None,
         &mut |_| true,
@@ -107,17 +107,21 @@ fn generation_batching_and_speculation_agree() {
         let opts = greedy(8);
         let mut drafter = ModelDrafter::new(&draft, &opts.sampling).unwrap();
         let mut caches = model.make_caches();
-        let spec = generate_speculative(
+        let spec = decode::run(
             &model,
-            &tok,
             &mut caches,
-            PROMPTS[1],
-            0,
-            &opts,
-            &mut drafter,
-            3,
-            None,
-            &mut |_| true,
+            Row::new(
+                &model,
+                &tok,
+                PROMPTS[1].to_vec(),
+                0,
+                &opts,
+                None,
+                Box::new(|_: &TokenEvent| true),
+            )
+            .unwrap()
+            .with_drafter(Box::new(&mut drafter), 3),
+            opts.prefill_step,
         );
         match spec {
             Ok(r) => assert_eq!(r.token_ids, serial[1], "{case}: speculative differs"),
@@ -323,17 +327,21 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
         let opts = greedy(8);
         let mut drafter = ModelDrafter::new(&draft, &opts.sampling).unwrap();
         let mut caches = model.make_caches();
-        let err = generate_speculative(
+        let err = decode::run(
             &model,
-            &tok,
             &mut caches,
-            PROMPTS[1],
-            0,
-            &opts,
-            &mut drafter,
-            3,
-            None,
-            &mut |_| true,
+            Row::new(
+                &model,
+                &tok,
+                PROMPTS[1].to_vec(),
+                0,
+                &opts,
+                None,
+                Box::new(|_: &TokenEvent| true),
+            )
+            .unwrap()
+            .with_drafter(Box::new(&mut drafter), 3),
+            opts.prefill_step,
         )
         .err()
         .unwrap_or_else(|| panic!("{case}: speculative decoding must be refused"));

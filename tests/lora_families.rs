@@ -14,7 +14,8 @@ use std::process::Command;
 
 use mlx_bun::adapters;
 use mlx_bun::autodiff::forward::TrainForward;
-use mlx_bun::generate::{generate, GenerateOptions};
+use mlx_bun::decode::generate;
+use mlx_bun::generate::GenerateOptions;
 use mlx_bun::lora::{AdapterLayout, LoraParameters};
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
@@ -69,18 +70,9 @@ fn greedy(model: &Model, tok: &Tokenizer) -> Vec<u32> {
         max_tokens: 8,
         ..GenerateOptions::default()
     };
-    generate(
-        model,
-        tok,
-        &mut caches,
-        &PROMPT,
-        0,
-        &opts,
-        None,
-        &mut |_| true,
-    )
-    .unwrap()
-    .token_ids
+    generate(model, tok, &mut caches, &PROMPT, &opts, None, &mut |_| true)
+        .unwrap()
+        .token_ids
 }
 
 fn load_dir(dir: &Path) -> HashMap<String, Array> {

@@ -13,7 +13,8 @@ use std::process::Command;
 
 use anyhow::{bail, ensure, Context, Result};
 use mlx_bun::chat_template::Message;
-use mlx_bun::generate::{generate, GenerateOptions, TokenEvent};
+use mlx_bun::decode::generate;
+use mlx_bun::generate::{GenerateOptions, TokenEvent};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
 use mlx_bun::sampling::SamplingParams;
@@ -376,16 +377,7 @@ fn library_continuation(
     };
     let mut caches = model.make_caches();
     let mut on_token = |_: &TokenEvent| true;
-    let result = generate(
-        model,
-        tok,
-        &mut caches,
-        &prompt,
-        0,
-        &opts,
-        None,
-        &mut on_token,
-    )?;
+    let result = generate(model, tok, &mut caches, &prompt, &opts, None, &mut on_token)?;
     Ok((
         result.token_ids,
         result.text,

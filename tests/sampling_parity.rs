@@ -10,7 +10,8 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use mlx_bun::generate::{generate, GenerateOptions};
+use mlx_bun::decode::generate;
+use mlx_bun::generate::GenerateOptions;
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
 use mlx_bun::sampling::SamplingParams;
@@ -194,7 +195,6 @@ fn library_reproduces_mlx_lm_generate_streams() {
             &tokenizer,
             &mut caches,
             &prompt,
-            0,
             &opts,
             None,
             &mut |_| true,

@@ -6,10 +6,11 @@ mod common;
 
 use std::sync::Mutex;
 
-use mlx_bun::generate::{generate, GenerateOptions, GenerationResult};
+use mlx_bun::decode::{self, generate, ConstraintSlot, Row};
+use mlx_bun::generate::{GenerateOptions, GenerationResult, TokenEvent};
 use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
 use mlx_bun::model::Model;
-use mlx_bun::speculative::{generate_speculative, ModelDrafter, NgramDrafter};
+use mlx_bun::speculative::{ModelDrafter, NgramDrafter};
 use mlx_bun::tokenizer::Tokenizer;
 use serde_json::Value;
 
@@ -23,10 +24,7 @@ fn plain(
     opts: &GenerateOptions,
 ) -> GenerationResult {
     let mut caches = model.make_caches();
-    generate(model, tok, &mut caches, prompt, 0, opts, None, &mut |_| {
-        true
-    })
-    .unwrap()
+    generate(model, tok, &mut caches, prompt, opts, None, &mut |_| true).unwrap()
 }
 
 #[test]
@@ -50,17 +48,21 @@ fn two_model_speculation_matches_mlx_lm() {
         };
         let mut drafter = ModelDrafter::new(&draft, &opts.sampling).unwrap();
         let mut caches = target.make_caches();
-        let out = generate_speculative(
+        let out = decode::run(
             &target,
-            &tok,
             &mut caches,
-            &ids,
-            0,
-            &opts,
-            &mut drafter,
-            k,
-            None,
-            &mut |_| true,
+            Row::new(
+                &target,
+                &tok,
+                ids.to_vec(),
+                0,
+                &opts,
+                None,
+                Box::new(|_: &TokenEvent| true),
+            )
+            .unwrap()
+            .with_drafter(Box::new(&mut drafter), k),
+            opts.prefill_step,
         )
         .unwrap();
         assert_eq!(out.token_ids, expected, "tokens differ from mlx-lm (k={k})");
@@ -98,17 +100,21 @@ fn ngram_drafting_equals_plain_greedy() {
     let reference = plain(&model, &tok, &prompt, &opts);
     for k in [1, 3] {
         let mut caches = model.make_caches();
-        let out = generate_speculative(
+        let out = decode::run(
             &model,
-            &tok,
             &mut caches,
-            &prompt,
-            0,
-            &opts,
-            &mut NgramDrafter::default(),
-            k,
-            None,
-            &mut |_| true,
+            Row::new(
+                &model,
+                &tok,
+                prompt.to_vec(),
+                0,
+                &opts,
+                None,
+                Box::new(|_: &TokenEvent| true),
+            )
+            .unwrap()
+            .with_drafter(Box::new(&mut NgramDrafter::default()), k),
+            opts.prefill_step,
         )
         .unwrap();
         assert_eq!(
@@ -166,7 +172,6 @@ fn grammar_with_speculation_equals_grammar_alone() {
             &tok,
             &mut caches,
             &prompt,
-            0,
             &opts,
             Some(alone_constraint.as_mut()),
             &mut |_| true,
@@ -176,31 +181,39 @@ fn grammar_with_speculation_equals_grammar_alone() {
             let mut constraint = engine.constraint(&spec).unwrap();
             let mut caches = model.make_caches();
             let out = match drafter {
-                Some(mut ngram) => generate_speculative(
+                Some(mut ngram) => decode::run(
                     &model,
-                    &tok,
                     &mut caches,
-                    &prompt,
-                    0,
-                    &opts,
-                    &mut ngram,
-                    3,
-                    Some(constraint.as_mut()),
-                    &mut |_| true,
+                    Row::new(
+                        &model,
+                        &tok,
+                        prompt.to_vec(),
+                        0,
+                        &opts,
+                        Some(ConstraintSlot::Borrowed(constraint.as_mut())),
+                        Box::new(|_: &TokenEvent| true),
+                    )
+                    .unwrap()
+                    .with_drafter(Box::new(&mut ngram), 3),
+                    opts.prefill_step,
                 ),
                 None => {
                     let mut drafter = ModelDrafter::new(&model, &opts.sampling).unwrap();
-                    generate_speculative(
+                    decode::run(
                         &model,
-                        &tok,
                         &mut caches,
-                        &prompt,
-                        0,
-                        &opts,
-                        &mut drafter,
-                        3,
-                        Some(constraint.as_mut()),
-                        &mut |_| true,
+                        Row::new(
+                            &model,
+                            &tok,
+                            prompt.to_vec(),
+                            0,
+                            &opts,
+                            Some(ConstraintSlot::Borrowed(constraint.as_mut())),
+                            Box::new(|_: &TokenEvent| true),
+                        )
+                        .unwrap()
+                        .with_drafter(Box::new(&mut drafter), 3),
+                        opts.prefill_step,
                     )
                 }
             }

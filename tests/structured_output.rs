@@ -10,7 +10,8 @@ use std::time::Instant;
 
 use mlx_bun::cache::{clone_all, KvCache};
 use mlx_bun::constraint::TokenConstraint;
-use mlx_bun::generate::{generate, prefill, FinishReason, GenerateOptions, GenerationResult};
+use mlx_bun::decode::generate;
+use mlx_bun::generate::{prefill, FinishReason, GenerateOptions, GenerationResult, Prompt};
 use mlx_bun::grammar::{constraint_from_request, ConstraintSpec, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
@@ -100,8 +101,7 @@ impl Session {
             &self.model,
             &self.tokenizer,
             &mut caches,
-            &prompt,
-            cached,
+            Prompt::continuing(&prompt, cached),
             &opts,
             Some(constraint.as_mut()),
             &mut |_| true,

@@ -43,6 +43,10 @@ int mlx_bun_cpu_rope(
 /* 1 when the kernel handles this layer shape and quantization. */
 int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bits);
 
+/* Threads (0: the cores, at most 8), helper spin time in microseconds and
+ * the widest instruction set ("" for any); call before the first product. */
+void mlx_bun_cpu_configure(int threads, int spin_us, const char* isa);
+
 /* The instruction set in use ("avx512", "avx2", "neon", "scalar"). */
 const char* mlx_bun_cpu_isa(void);
 

@@ -222,6 +222,10 @@ extern "C" int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bi
   return mlx_bun::qmv_supported(in_features, group_size, bits) ? 1 : 0;
 }
 
+extern "C" void mlx_bun_cpu_configure(int threads, int spin_us, const char* isa) {
+  mlx_bun::qmv_configure(threads, spin_us, isa);
+}
+
 extern "C" const char* mlx_bun_cpu_isa(void) {
   return mlx_bun::qmv_isa();
 }

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -60,8 +61,13 @@ struct Isa {
   RangeFn fn;
 };
 
+// Set by qmv_configure before the first product; read once.
+std::string configured_isa;
+int configured_threads = 0;
+int configured_spin_us = 50;
+
 Isa pick_isa() {
-  const char* forced = std::getenv("MLX_BUN_CPU_ISA");
+  const char* forced = configured_isa.c_str();
   auto allowed = [&](const char* name) {
     if (forced == nullptr || *forced == '\0') return true;
     // A forced ISA allows itself and everything narrower.
@@ -99,14 +105,6 @@ const Isa& isa() {
   return chosen;
 }
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return fallback;
-  char* end = nullptr;
-  const long parsed = std::strtol(v, &end, 10);
-  return (end != v && *end == '\0' && parsed >= 0) ? static_cast<int>(parsed) : fallback;
-}
-
 inline void cpu_relax() {
 #if defined(__x86_64__)
   _mm_pause();
@@ -125,7 +123,7 @@ class Pool {
   using TaskFn = void (*)(void* ctx, int task);
 
   explicit Pool(int threads) {
-    spin_ = std::chrono::microseconds(env_int("MLX_BUN_CPU_SPIN_US", 50));
+    spin_ = std::chrono::microseconds(configured_spin_us);
     for (int i = 1; i < threads; ++i) {
       std::thread([this] { helper(); }).detach();
     }
@@ -223,7 +221,7 @@ Pool& pool() {
   static Pool* p = [] {
     int hw = static_cast<int>(std::thread::hardware_concurrency());
     if (hw <= 0) hw = 1;
-    int threads = env_int("MLX_BUN_CPU_THREADS", hw < 8 ? hw : 8);
+    int threads = configured_threads > 0 ? configured_threads : (hw < 8 ? hw : 8);
     if (threads < 1) threads = 1;
     return new Pool(threads);
   }();
@@ -299,6 +297,12 @@ void qmv_split(const QmvArgs& a) {
   p.run((a.n + rows - 1) / rows, run_task, &split);
 }
 }  // namespace
+
+void qmv_configure(int threads, int spin_us, const char* isa) {
+  configured_threads = threads;
+  configured_spin_us = spin_us;
+  configured_isa = isa == nullptr ? "" : isa;
+}
 
 const char* qmv_isa() {
   return isa().name;

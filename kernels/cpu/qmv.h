@@ -45,10 +45,14 @@ void qmv(const QmvArgs& a);
 void qmv_stats(int bits, uint64_t* calls, uint64_t* ns);
 
 // The instruction set the kernel dispatches to: "avx512", "avx2", "neon" or
-// "scalar". `MLX_BUN_CPU_ISA=scalar|avx2` forces a narrower one.
+// "scalar", the widest the CPU has or the configured one allows.
 const char* qmv_isa();
 
-// Number of threads (caller included) that qmv() uses; `MLX_BUN_CPU_THREADS`.
+// Number of threads (caller included) that qmv() uses.
 int qmv_threads();
+
+// Threads (0: the cores, at most 8), helper spin time and the widest
+// instruction set ("" for any); takes effect only before the first product.
+void qmv_configure(int threads, int spin_us, const char* isa);
 
 }  // namespace mlx_bun

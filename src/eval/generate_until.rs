@@ -10,7 +10,8 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use regex::Regex;
 
-use crate::generate::{generate, GenerateOptions};
+use crate::decode::generate;
+use crate::generate::GenerateOptions;
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
@@ -130,7 +131,7 @@ pub fn generate_until(
             text.push_str(ev.text);
             !until.iter().any(|u| text.contains(u))
         };
-        let r = generate(model, tok, &mut caches, &ids, 0, &opts, None, &mut on_token)?;
+        let r = generate(model, tok, &mut caches, &ids, &opts, None, &mut on_token)?;
         // `tokenizer.decode` of the generated tokens, as mlx-lm's `batch_generate`.
         out.push(cut_at_until(&tok.decode(&r.token_ids)?, until));
         on_progress(i + 1, prompts.len());

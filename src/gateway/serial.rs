@@ -11,8 +11,9 @@ use super::route::Lane;
 use super::worker::Shared;
 use super::{GatewayError, GatewayEvent, LoadedModels};
 use crate::cache::KvCache;
-use crate::generate::{generate, prefill};
-use crate::speculative::{generate_speculative, DraftSource, ModelDrafter, NgramDrafter};
+use crate::decode::{self, generate, ConstraintSlot, Row};
+use crate::generate::{prefill, Prompt};
+use crate::speculative::{DraftSource, ModelDrafter, NgramDrafter};
 
 /// Prefill runs in steps with a cancellation check between them. Steps start
 /// at this many tokens and double or halve to take about a second, so a slow
@@ -67,18 +68,22 @@ pub(crate) fn run(shared: &mut Shared, models: &LoadedModels, job: &Job) {
                     None if shared.ngram_draft => Ok(Box::new(NgramDrafter::default())),
                     None => Err(anyhow!("no draft model is loaded")),
                 };
-                drafter.and_then(|mut drafter| {
-                    generate_speculative(
+                drafter.and_then(|drafter| {
+                    let row = Row::new(
                         &models.model,
                         &tokenizer,
-                        &mut caches,
-                        &request.prompt,
+                        request.prompt.clone(),
                         prefilled,
                         &request.options,
-                        drafter.as_mut(),
-                        shared.num_draft_tokens,
-                        constraint.as_deref_mut(),
-                        &mut on_token,
+                        constraint.as_deref_mut().map(ConstraintSlot::Borrowed),
+                        Box::new(&mut on_token),
+                    )?
+                    .with_drafter(drafter, shared.num_draft_tokens);
+                    decode::run(
+                        &models.model,
+                        &mut caches,
+                        row,
+                        request.options.prefill_step,
                     )
                 })
             }
@@ -86,8 +91,7 @@ pub(crate) fn run(shared: &mut Shared, models: &LoadedModels, job: &Job) {
                 &models.model,
                 &tokenizer,
                 &mut caches,
-                &request.prompt,
-                prefilled,
+                Prompt::continuing(&request.prompt, prefilled),
                 &request.options,
                 constraint.as_deref_mut(),
                 &mut on_token,

@@ -734,14 +734,11 @@ fn write_entry(cfg: &SsdConfig, snap: &Snapshot) -> Result<(String, u64)> {
     }
 }
 
-/// `MLX_BUN_SSD_WRITE_DELAY_MS`: a pause between the fsync and the rename,
-/// so tests can kill the process mid-write.
+/// The settings' test hook: a pause between the fsync and the rename, so
+/// tests can kill the process mid-write.
 fn test_write_delay() -> Option<std::time::Duration> {
-    let ms: u64 = std::env::var("MLX_BUN_SSD_WRITE_DELAY_MS")
-        .ok()?
-        .parse()
-        .ok()?;
-    Some(std::time::Duration::from_millis(ms))
+    let delay = crate::settings::get().ssd_write_delay;
+    (!delay.is_zero()).then_some(delay)
 }
 
 fn write_and_commit(cfg: &SsdConfig, state: &Mutex<State>, snap: Snapshot) {

@@ -4,19 +4,20 @@
 //! batched decode and speculative verification (2 to `MAX_ROWS`
 //! rows) of large layers on an NVIDIA GPU, and the gated MLP's
 //! `silu(gate) * up` as one node; MLX's `quantized_matmul` covers everything
-//! else. `serve` uses it by default (its warm-up compiles it);
-//! `MLX_BUN_CUDA_KERNEL=1` turns it on elsewhere, `=0` off everywhere, `=all`
-//! takes single rows and layers of any size. Design and numbers:
+//! else. The settings' `cuda_kernel` says where it runs: `serve` uses it by
+//! default (its warm-up compiles it), `MLX_BUN_CUDA_KERNEL=1` turns it on
+//! elsewhere, `=0` off everywhere, `=all` takes single rows and layers of
+//! any size. Design and numbers:
 //! `docs/gpu.md`.
 
 use std::ffi::CString;
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use anyhow::{anyhow, bail, Result};
 use mlx_rs::{Array, Dtype};
 
 use crate::quant::QuantSpec;
+use crate::settings::CudaKernel;
 
 const SOURCE: &str = include_str!("../../kernels/cuda/qmv.cu");
 /// Rows of `x` the kernel takes; from 8 rows MLX's tiled kernel wins.
@@ -38,21 +39,9 @@ const UNSET: u8 = 0;
 const ON: u8 = 1;
 const OFF: u8 = 2;
 const ALL: u8 = 3;
+/// The kernel's state in this process: from the settings on first use,
+/// switched only by benchmarks ([`set_enabled`], [`set_everywhere`]).
 static STATE: AtomicU8 = AtomicU8::new(UNSET);
-
-/// Whether a process that did not choose (no `MLX_BUN_CUDA_KERNEL`) uses
-/// the kernel: see [`use_by_default`].
-static BY_DEFAULT: AtomicBool = AtomicBool::new(false);
-
-/// Makes the kernel this process's default. MLX compiles custom kernels
-/// anew in every process (its disk cache of compiled kernels leaves them
-/// out), about a second per launch shape, which a one-shot `generate` pays
-/// in its decode; a server compiles them in its warm-up before it reports
-/// ready, so `serve` calls this before loading a model. Elsewhere
-/// `MLX_BUN_CUDA_KERNEL=1` (or `all`) turns it on.
-pub fn use_by_default() {
-    BY_DEFAULT.store(true, Ordering::Relaxed);
-}
 
 /// Whether the kernel is used where it applies (GPU only).
 pub fn enabled() -> bool {
@@ -62,15 +51,13 @@ pub fn enabled() -> bool {
 fn state() -> u8 {
     match STATE.load(Ordering::Relaxed) {
         UNSET => {
-            let setting = std::env::var("MLX_BUN_CUDA_KERNEL").unwrap_or_default();
             let state = if !crate::mlx_ext::on_gpu() {
                 OFF
             } else {
-                match setting.as_str() {
-                    "all" => ALL,
-                    "1" | "on" => ON,
-                    "" if BY_DEFAULT.load(Ordering::Relaxed) => ON,
-                    _ => OFF,
+                match crate::settings::get().cuda_kernel {
+                    CudaKernel::All => ALL,
+                    CudaKernel::On => ON,
+                    CudaKernel::Off | CudaKernel::Unset => OFF,
                 }
             };
             STATE.store(state, Ordering::Relaxed);
@@ -81,9 +68,9 @@ fn state() -> u8 {
 }
 
 /// Turns the kernel on or off for this process (benchmarks compare both);
-/// on keeps `MLX_BUN_CUDA_KERNEL=all`'s wider policy.
+/// on keeps the settings' `all` policy.
 pub fn set_enabled(on: bool) {
-    let all = std::env::var("MLX_BUN_CUDA_KERNEL").is_ok_and(|v| v == "all");
+    let all = crate::settings::get().cuda_kernel == CudaKernel::All;
     let state = match (on, all) {
         (false, _) => OFF,
         (true, true) => ALL,
@@ -203,9 +190,8 @@ fn launch(variant: Variant, x: &Array, weights: &[&Array], spec: QuantSpec) -> R
     )
 }
 
-/// Launch shape overrides, read once from the environment, for tuning on a
-/// new GPU: `MLX_BUN_QMV_R` (output columns per warp: 1, 2, 4 or 8) and
-/// `MLX_BUN_QMV_WARPS` (warps per block, 1 to 16).
+/// Launch shape overrides from the settings, for tuning on a new GPU:
+/// output columns per warp (1, 2, 4 or 8) and warps per block (1 to 16).
 #[derive(Clone, Copy)]
 struct Tuning {
     columns: Option<i32>,
@@ -213,16 +199,11 @@ struct Tuning {
 }
 
 fn tuning() -> Tuning {
-    static TUNING: std::sync::OnceLock<Tuning> = std::sync::OnceLock::new();
-    *TUNING.get_or_init(|| {
-        let read = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<i32>().ok());
-        Tuning {
-            columns: read("MLX_BUN_QMV_R").filter(|r| matches!(r, 1 | 2 | 4 | 8)),
-            warps: read("MLX_BUN_QMV_WARPS")
-                .filter(|w| (1..=16).contains(w))
-                .unwrap_or(WARPS_PER_BLOCK),
-        }
-    })
+    let qmv = &crate::settings::get().qmv;
+    Tuning {
+        columns: qmv.columns,
+        warps: qmv.warps.unwrap_or(WARPS_PER_BLOCK),
+    }
 }
 
 /// Output columns per warp: 4 (the fastest on every Llama-8B layer shape on
@@ -337,13 +318,9 @@ fn header() -> Result<&'static str> {
     static HEADER: std::sync::OnceLock<Result<String, String>> = std::sync::OnceLock::new();
     HEADER
         .get_or_init(|| {
-            let source = match std::env::var_os("MLX_BUN_QMV_SOURCE") {
-                Some(path) => std::fs::read_to_string(&path).map_err(|e| {
-                    format!(
-                        "reading MLX_BUN_QMV_SOURCE {}: {e}",
-                        Path::new(&path).display()
-                    )
-                })?,
+            let source = match &crate::settings::get().qmv.source {
+                Some(path) => std::fs::read_to_string(path)
+                    .map_err(|e| format!("reading MLX_BUN_QMV_SOURCE {}: {e}", path.display()))?,
                 None => SOURCE.to_string(),
             };
             Ok(compact(&source))

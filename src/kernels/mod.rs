@@ -45,16 +45,12 @@ extern "C" {
         freqs: mlx_sys::mlx_array,
     ) -> c_int;
     fn mlx_bun_cpu_qmm_supported(in_features: c_int, group_size: c_int, bits: c_int) -> c_int;
+    fn mlx_bun_cpu_configure(threads: c_int, spin_us: c_int, isa: *const c_char);
     fn mlx_bun_cpu_isa() -> *const c_char;
     fn mlx_bun_cpu_threads() -> c_int;
     fn mlx_bun_cpu_qmm_stats(bits: c_int, calls: *mut u64, nanoseconds: *mut u64);
     fn mlx_bun_last_error() -> *const c_char;
 }
-
-/// Rows up to which `Linear` uses the kernel rather than its dense path.
-/// Measured on the default model (docs/cpu-kernel.md): the kernel wins
-/// clearly at 42 prompt tokens, the dense path at 330.
-const DEFAULT_MAX_ROWS: usize = 64;
 
 /// `x @ dequantize(w).T` by mlx-bun's CPU kernel: `x`, `scales` and `biases`
 /// float32, `w` uint32 in MLX's affine layout, bits 4 or 8, group size 32, 64
@@ -223,20 +219,32 @@ pub fn supported(in_features: i32, spec: QuantSpec) -> bool {
         && unsafe { mlx_bun_cpu_qmm_supported(in_features, spec.group_size, spec.bits) == 1 }
 }
 
-/// The most rows the kernel takes, or None when it is off (GPU, or
-/// `MLX_BUN_CPU_KERNEL=0`).
+/// The most rows the kernel takes, or None when it is off (GPU, or the
+/// settings turn it off).
 fn max_rows() -> Option<usize> {
     static ROWS: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
     *ROWS.get_or_init(|| {
-        if crate::mlx_ext::on_gpu() || std::env::var("MLX_BUN_CPU_KERNEL").is_ok_and(|v| v == "0") {
-            return None;
-        }
-        let rows = std::env::var("MLX_BUN_CPU_KERNEL_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(DEFAULT_MAX_ROWS);
-        (rows > 0).then_some(rows)
+        configure();
+        let rows = crate::settings::get().cpu_kernel.max_rows;
+        (!crate::mlx_ext::on_gpu() && rows > 0).then_some(rows)
     })
+}
+
+/// Hands the kernel its threads, spin time and instruction set from the
+/// settings, once, before its first product.
+fn configure() {
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        let kernel = &crate::settings::get().cpu_kernel;
+        let isa = std::ffi::CString::new(kernel.isa.clone().unwrap_or_default())
+            .expect("instruction set names have no NUL");
+        let threads = kernel
+            .threads
+            .map_or(0, |t| t.min(c_int::MAX as usize) as c_int);
+        let spin = kernel.spin.as_micros().min(c_int::MAX as u128) as c_int;
+        // SAFETY: copies the string and two integers before returning.
+        unsafe { mlx_bun_cpu_configure(threads, spin, isa.as_ptr()) };
+    });
 }
 
 /// Whether `Linear` and the tied output head use the kernel.
@@ -252,6 +260,7 @@ pub(crate) fn preferred_rows() -> usize {
 
 /// The instruction set the kernel uses here: `avx512`, `avx2`, `neon` or `scalar`.
 pub fn isa() -> &'static str {
+    configure();
     // SAFETY: returns a pointer to a static C string.
     unsafe { CStr::from_ptr(mlx_bun_cpu_isa()) }
         .to_str()
@@ -260,6 +269,7 @@ pub fn isa() -> &'static str {
 
 /// Threads one product is split over, the MLX worker included.
 pub fn threads() -> usize {
+    configure();
     // SAFETY: plain query; starts the kernel's helper threads on first use.
     unsafe { mlx_bun_cpu_threads() as usize }
 }

@@ -201,18 +201,12 @@ impl Linear {
 /// matmul on the CPU: MLX's CPU quantized kernel costs the same per row at
 /// any batch size, while a float32 GEMM reads the weights once for all rows.
 /// Row counts the CPU kernel (`crate::kernels`) prefers stay with it.
-/// `MLX_BUN_DENSE_ROWS=0` turns this off.
+/// The settings' `dense_rows` (0 turns this off).
 fn dense_rows_threshold() -> usize {
-    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| {
-        if crate::mlx_ext::on_gpu() {
-            return 0;
-        }
-        std::env::var("MLX_BUN_DENSE_ROWS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(16)
-    })
+    if crate::mlx_ext::on_gpu() {
+        return 0;
+    }
+    crate::settings::get().dense_rows
 }
 
 fn dense_path_for(x: &Array) -> bool {

@@ -29,8 +29,7 @@ pub struct PipelineStage {
 impl PipelineStage {
     /// This rank's stage of a pipeline over `group`.
     pub(crate) fn new(group: &Group) -> Self {
-        let by_all_sum = crate::mlx_ext::on_gpu()
-            || std::env::var("MLX_BUN_PIPELINE_ALL_SUM").is_ok_and(|v| v == "1");
+        let by_all_sum = crate::mlx_ext::on_gpu() || crate::settings::get().pipeline_all_sum;
         Self {
             group: group.clone(),
             by_all_sum,

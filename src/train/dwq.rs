@@ -485,56 +485,71 @@ pub fn loss_and_grads(
     Ok((loss, n, grads))
 }
 
-/// A validation pass: token-weighted KL over the valid batches and the
-/// perplexity of the valid rows.
-/// KL to the teacher and perplexity on the validation data after `iter`
-/// training steps, reported as an [`Event::Validation`].
-#[allow(clippy::too_many_arguments)]
-fn validate(
-    iter: usize,
-    student: &Model,
-    sites: &[String],
-    params: &[Array],
-    (valid, rows): (&[DwqBatch], &[Vec<i32>]),
-    opts: &DwqOptions,
-    target_dir: &Path,
-    on_event: &mut dyn FnMut(Event) -> Result<()>,
-) -> Result<Quality> {
-    on_event(Event::Phase {
-        name: "validate",
-        total: valid.len() + rows.len(),
-    })?;
-    let mut model = student.clone();
-    write_params(&mut model, sites, params)?;
-    let (mut kl_sum, mut n_sum) = (0.0f64, 0.0f64);
-    for (i, batch) in valid.iter().enumerate() {
-        let targets = read_targets(target_dir, "valid", i, batch)?;
-        let (loss, n) = dwq_loss(&model, sites, params, batch, &targets, opts.temperature)?;
-        eval([&loss, &n])?;
-        let n = n.item_cast::<f32>() as f64;
-        kl_sum += loss.item_cast::<f32>() as f64 * n;
-        n_sum += n;
-        on_event(Event::Progress { done: i + 1 })?;
-    }
-    let (mut ce_sum, mut ce_n) = (0.0f64, 0usize);
-    for (j, row) in rows.iter().enumerate() {
-        let losses = token_losses(&model, std::slice::from_ref(row), 1, &mut |_, _| {})?;
-        ce_sum += losses.iter().map(|&x| x as f64).sum::<f64>();
-        ce_n += losses.len();
-        on_event(Event::Progress {
-            done: valid.len() + j + 1,
+/// What a validation pass reads: the validation batches with their teacher
+/// targets on disk, the rows scored for perplexity, and the student's
+/// trainable sites.
+struct Validation<'a> {
+    batches: &'a [DwqBatch],
+    rows: &'a [Vec<i32>],
+    target_dir: &'a Path,
+    student: &'a Model,
+    sites: &'a [String],
+    temperature: f32,
+}
+
+impl Validation<'_> {
+    /// KL to the teacher and perplexity on the validation data with `params`
+    /// after `iter` training steps, reported as an [`Event::Validation`].
+    fn run(
+        &self,
+        iter: usize,
+        params: &[Array],
+        on_event: &mut dyn FnMut(Event) -> Result<()>,
+    ) -> Result<Quality> {
+        let Self {
+            batches: valid,
+            rows,
+            target_dir,
+            student,
+            sites,
+            temperature,
+        } = *self;
+        on_event(Event::Phase {
+            name: "validate",
+            total: valid.len() + rows.len(),
         })?;
+        let mut model = student.clone();
+        write_params(&mut model, sites, params)?;
+        let (mut kl_sum, mut n_sum) = (0.0f64, 0.0f64);
+        for (i, batch) in valid.iter().enumerate() {
+            let targets = read_targets(target_dir, "valid", i, batch)?;
+            let (loss, n) = dwq_loss(&model, sites, params, batch, &targets, temperature)?;
+            eval([&loss, &n])?;
+            let n = n.item_cast::<f32>() as f64;
+            kl_sum += loss.item_cast::<f32>() as f64 * n;
+            n_sum += n;
+            on_event(Event::Progress { done: i + 1 })?;
+        }
+        let (mut ce_sum, mut ce_n) = (0.0f64, 0usize);
+        for (j, row) in rows.iter().enumerate() {
+            let losses = token_losses(&model, std::slice::from_ref(row), 1, &mut |_, _| {})?;
+            ce_sum += losses.iter().map(|&x| x as f64).sum::<f64>();
+            ce_n += losses.len();
+            on_event(Event::Progress {
+                done: valid.len() + j + 1,
+            })?;
+        }
+        let quality = Quality {
+            kl: kl_sum / n_sum.max(1.0),
+            perplexity: (ce_sum / ce_n.max(1) as f64).exp(),
+        };
+        on_event(Event::Validation {
+            iter,
+            kl: quality.kl,
+            perplexity: quality.perplexity,
+        })?;
+        Ok(quality)
     }
-    let quality = Quality {
-        kl: kl_sum / n_sum.max(1.0),
-        perplexity: (ce_sum / ce_n.max(1) as f64).exp(),
-    };
-    on_event(Event::Validation {
-        iter,
-        kl: quality.kl,
-        perplexity: quality.perplexity,
-    })?;
-    Ok(quality)
 }
 
 /// Copies the files of model folder `src` into a new folder `dst`.
@@ -653,16 +668,15 @@ pub fn run(
     let mut params = read_params(&student, &sites)?;
     let trainable_params = params.iter().map(|p| p.size()).sum();
 
-    let before = validate(
-        0,
-        &student,
-        &sites,
-        &params,
-        (&valid, &valid_rows),
-        opts,
-        &target_dir,
-        on_event,
-    )?;
+    let validation = Validation {
+        batches: &valid,
+        rows: &valid_rows,
+        target_dir: &target_dir,
+        student: &student,
+        sites: &sites,
+        temperature: opts.temperature,
+    };
+    let before = validation.run(0, &params, on_event)?;
     let mut opt = Optimizer::new(
         OptimizerKind::Adam,
         &OptimizerSettings {
@@ -695,16 +709,7 @@ pub fn run(
             tokens: n,
         })?;
         if (it + 1) % opts.steps_per_eval.max(1) == 0 && it + 1 < train.len() {
-            validate(
-                it + 1,
-                &student,
-                &sites,
-                &params,
-                (&valid, &valid_rows),
-                opts,
-                &target_dir,
-                on_event,
-            )?;
+            validation.run(it + 1, &params, on_event)?;
             on_event(Event::Phase {
                 name: "train",
                 total: train.len(),
@@ -712,16 +717,7 @@ pub fn run(
             on_event(Event::Progress { done: it + 1 })?;
         }
     }
-    let after = validate(
-        train.len(),
-        &student,
-        &sites,
-        &params,
-        (&valid, &valid_rows),
-        opts,
-        &target_dir,
-        on_event,
-    )?;
+    let after = validation.run(train.len(), &params, on_event)?;
     save_params(&opts.mlx_path, &sites, &params)?;
     if temporary {
         let _ = std::fs::remove_dir_all(&target_dir);
