@@ -304,6 +304,60 @@ fn rope_matches_mlx() {
     }
 }
 
+/// Rows of a batch, each at its own position: every row's numbers equal
+/// those of the row rotated alone (so a row decodes the same in a batch as
+/// by itself; MLX's RoPE with an array offset rounds its angles otherwise,
+/// which flipped a near-tie between a served batch and `generate`), and
+/// MLX's within float32 rounding of angles up to 4095 radians.
+#[test]
+fn rope_per_row_equals_each_row_alone() {
+    let mut rng = StdRng::seed_from_u64(23);
+    let freqs = Array::from_slice(
+        &(0..16).map(|i| 1.0 + i as f32 * 3.5).collect::<Vec<_>>(),
+        &[16],
+    );
+    let starts = [0, 7, 130, 4095];
+    for (base, f) in [(Some(10000.0), None), (None, Some(&freqs))] {
+        for len in [1, 3] {
+            // [B, L, H, D] transposed to [B, H, L, D], as attention holds it.
+            let x = random_array(&mut rng, &[4, len, 2, 32], 2.0)
+                .transpose_axes(&[0, 2, 1, 3])
+                .unwrap();
+            let params = RopeParams {
+                dims: 32,
+                traditional: false,
+                base,
+                scale: 1.0,
+                freqs: f,
+            };
+            let offsets = Array::from_slice(&starts, &[4]);
+            let batch = mlx_bun::kernels::rope_per_row(&x, &params, &offsets).unwrap();
+            let want = mlx_rs::fast::rope_dynamic(&x, 32, false, base, 1.0, &offsets, f).unwrap();
+            eval([&batch, &want]).unwrap();
+            let worst = batch
+                .as_slice::<f32>()
+                .iter()
+                .zip(want.as_slice::<f32>())
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst < 1e-3,
+                "per-row rope, {len} positions: {worst} from MLX's"
+            );
+            for (b, &start) in starts.iter().enumerate() {
+                let b = b as i32;
+                let row = x.index((b..b + 1, .., .., ..));
+                let alone = mlx_bun::kernels::rope(&row, &params, start).unwrap();
+                let in_batch = batch.index((b..b + 1, .., .., ..));
+                assert!(
+                    alone.eq_values(&in_batch).unwrap(),
+                    "row {b} at {start} differs from alone"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn rms_norm_and_rope_gradients_match_mlx() {
     let mut rng = StdRng::seed_from_u64(23);

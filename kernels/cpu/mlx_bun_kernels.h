@@ -38,7 +38,8 @@ int mlx_bun_cpu_rope(
     float base,
     float scale,
     int offset,
-    mlx_array freqs);
+    mlx_array freqs,
+    mlx_array offsets);
 
 /* 1 when the kernel handles this layer shape and quantization. */
 int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bits);

@@ -114,26 +114,42 @@ class CpuRmsNorm : public mx::UnaryPrimitive {
 };
 
 // Non-traditional (rotate-half) RoPE over the last axis, positions along the
-// second-to-last, starting at `offset`. `inverse` rotates by -theta (the VJP).
+// second-to-last, starting at `offset`, or, with `per_row`, at each batch
+// row's own offset (an int32 input [B] after `freqs`; x is [B, ..., L, d]).
+// `inverse` rotates by -theta (the VJP). A row's numbers are the same
+// whether it is rotated alone or in a batch.
 class CpuRope : public mx::UnaryPrimitive {
  public:
-  CpuRope(mx::Stream stream, int dims, float base, float scale, int offset, bool inverse)
+  CpuRope(
+      mx::Stream stream,
+      int dims,
+      float base,
+      float scale,
+      int offset,
+      bool inverse,
+      bool has_freqs,
+      bool per_row)
       : mx::UnaryPrimitive(stream),
         dims_(dims),
         base_(base),
         scale_(scale),
         offset_(offset),
-        inverse_(inverse) {}
+        inverse_(inverse),
+        has_freqs_(has_freqs),
+        per_row_(per_row) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& encoder = mx::cpu::get_command_encoder(stream());
     for (const auto& in : inputs) encoder.set_input_array(in);
     encoder.set_output_array(out);
-    const bool has_freqs = inputs.size() > 1;
+    const bool has_freqs = has_freqs_;
+    const bool per_row = per_row_;
     encoder.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
                       freqs = mx::array::unsafe_weak_copy(inputs[has_freqs ? 1 : 0]),
+                      offsets = mx::array::unsafe_weak_copy(inputs[per_row ? inputs.size() - 1 : 0]),
                       has_freqs,
+                      per_row,
                       y = out.data<float>(),
                       dims = dims_,
                       base = base_,
@@ -144,6 +160,14 @@ class CpuRope : public mx::UnaryPrimitive {
       const int d = x.shape(-1);
       const int len = nd >= 2 ? x.shape(-2) : 1;
       const int half = dims / 2;
+      // Starting position of each batch row (one shared offset unless per_row).
+      const int batch = per_row ? x.shape(0) : 1;
+      std::vector<int> starts(batch, offset);
+      if (per_row) {
+        const int32_t* o = offsets.data<int32_t>();
+        const int64_t os = offsets.strides().back();
+        for (int b = 0; b < batch; ++b) starts[b] = o[b * os];
+      }
       // Inverse frequencies exactly as MLX's fallback forms them.
       std::vector<float> inv(half);
       if (has_freqs) {
@@ -154,22 +178,27 @@ class CpuRope : public mx::UnaryPrimitive {
         const float step = std::log(base) / static_cast<float>(half);
         for (int i = 0; i < half; ++i) inv[i] = std::exp(static_cast<float>(-i) * step);
       }
-      std::vector<float> cs(static_cast<size_t>(len) * half), sn(cs.size());
-      for (int l = 0; l < len; ++l) {
-        const float pos = (static_cast<float>(l) + static_cast<float>(offset)) * scale;
-        for (int i = 0; i < half; ++i) {
-          const float theta = pos * inv[i];
-          cs[l * half + i] = std::cos(theta);
-          sn[l * half + i] = std::sin(theta);
+      std::vector<float> cs(static_cast<size_t>(batch) * len * half), sn(cs.size());
+      for (int b = 0; b < batch; ++b) {
+        for (int l = 0; l < len; ++l) {
+          const float pos = (static_cast<float>(l) + static_cast<float>(starts[b])) * scale;
+          const size_t at = (static_cast<size_t>(b) * len + l) * half;
+          for (int i = 0; i < half; ++i) {
+            const float theta = pos * inv[i];
+            cs[at + i] = std::cos(theta);
+            sn[at + i] = std::sin(theta);
+          }
         }
       }
       const int64_t xs = x.strides().back();
       const float* xp = x.data<float>();
       const size_t rows = x.size() / d;
+      const size_t rows_per_batch = rows / batch;
       for (size_t r = 0; r < rows; ++r) {
         const float* row = xp + row_offset(x, r);
-        const float* c = cs.data() + (r % len) * half;
-        const float* s = sn.data() + (r % len) * half;
+        const size_t table = (r / rows_per_batch) * len + r % len;
+        const float* c = cs.data() + table * half;
+        const float* s = sn.data() + table * half;
         float* dst = y + r * d;
         for (int i = 0; i < half; ++i) {
           const float x1 = row[i * xs];
@@ -202,11 +231,12 @@ class CpuRope : public mx::UnaryPrimitive {
         throw std::invalid_argument("[mlx_bun_cpu_rope] gradients only with respect to x");
       }
       std::vector<mx::array> in{cotangents[0]};
-      if (primals.size() > 1) in.push_back(primals[1]);
+      for (size_t i = 1; i < primals.size(); ++i) in.push_back(primals[i]);
       grads.push_back(mx::array(
           cotangents[0].shape(),
           mx::float32,
-          std::make_shared<CpuRope>(stream(), dims_, base_, scale_, offset_, !inverse_),
+          std::make_shared<CpuRope>(
+              stream(), dims_, base_, scale_, offset_, !inverse_, has_freqs_, per_row_),
           std::move(in)));
     }
     return grads;
@@ -218,7 +248,8 @@ class CpuRope : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const CpuRope&>(other);
     return dims_ == o.dims_ && base_ == o.base_ && scale_ == o.scale_ &&
-        offset_ == o.offset_ && inverse_ == o.inverse_;
+        offset_ == o.offset_ && inverse_ == o.inverse_ && has_freqs_ == o.has_freqs_ &&
+        per_row_ == o.per_row_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
@@ -230,6 +261,8 @@ class CpuRope : public mx::UnaryPrimitive {
   float scale_;
   int offset_;
   bool inverse_;
+  bool has_freqs_;
+  bool per_row_;
 };
 
 }  // namespace
@@ -265,7 +298,8 @@ extern "C" int mlx_bun_cpu_rope(
     float base,
     float scale,
     int offset,
-    mlx_array freqs) {
+    mlx_array freqs,
+    mlx_array offsets) {
   try {
     const auto& xa = mlx_array_get_(x);
     if (xa.dtype() != mx::float32 || xa.ndim() < 2 || dims <= 0 || dims % 2 != 0 ||
@@ -274,12 +308,23 @@ extern "C" int mlx_bun_cpu_rope(
           "[mlx_bun_cpu_rope] needs float32 x [..., L, d] and even dims <= d");
     }
     std::vector<mx::array> inputs{xa};
-    if (freqs.ctx != nullptr) {
+    const bool has_freqs = freqs.ctx != nullptr;
+    if (has_freqs) {
       const auto& fa = mlx_array_get_(freqs);
       if (fa.dtype() != mx::float32 || fa.ndim() != 1 || fa.shape(0) != dims / 2) {
         throw std::invalid_argument("[mlx_bun_cpu_rope] freqs must be float32 [dims / 2]");
       }
       inputs.push_back(fa);
+    }
+    const bool per_row = offsets.ctx != nullptr;
+    if (per_row) {
+      const auto& oa = mlx_array_get_(offsets);
+      if (oa.dtype() != mx::int32 || oa.ndim() != 1 || xa.ndim() < 3 ||
+          oa.shape(0) != xa.shape(0)) {
+        throw std::invalid_argument(
+            "[mlx_bun_cpu_rope] per-row offsets must be int32 [B] for x [B, ..., L, d]");
+      }
+      inputs.push_back(oa);
     }
     mlx_array_set_(
         *res,
@@ -287,7 +332,14 @@ extern "C" int mlx_bun_cpu_rope(
             xa.shape(),
             mx::float32,
             std::make_shared<mlx_bun::CpuRope>(
-                mx::default_stream(mx::Device::cpu), dims, base, scale, offset, false),
+                mx::default_stream(mx::Device::cpu),
+                dims,
+                base,
+                scale,
+                offset,
+                false,
+                has_freqs,
+                per_row),
             std::move(inputs)));
     return 0;
   } catch (const std::exception& e) {

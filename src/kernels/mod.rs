@@ -43,6 +43,7 @@ extern "C" {
         scale: f32,
         offset: c_int,
         freqs: mlx_sys::mlx_array,
+        offsets: mlx_sys::mlx_array,
     ) -> c_int;
     fn mlx_bun_cpu_qmm_supported(in_features: c_int, group_size: c_int, bits: c_int) -> c_int;
     fn mlx_bun_cpu_configure(threads: c_int, spin_us: c_int, isa: *const c_char);
@@ -145,16 +146,7 @@ pub fn rope(x: &Array, params: &RopeParams, offset: i32) -> Result<Array> {
         scale,
         freqs,
     } = params;
-    let ours = enabled()
-        && !traditional
-        && x.dtype() == Dtype::Float32
-        && x.ndim() >= 2
-        && dims > 0
-        && dims % 2 == 0
-        && dims <= x.shape()[x.ndim() - 1]
-        && (freqs.is_some() || base.is_some())
-        && freqs.is_none_or(|f| f.dtype() == Dtype::Float32);
-    if !ours {
+    if !rope_applies(x, params) {
         return Ok(mlx_rs::fast::rope(
             x,
             dims,
@@ -165,12 +157,70 @@ pub fn rope(x: &Array, params: &RopeParams, offset: i32) -> Result<Array> {
             freqs,
         )?);
     }
+    cpu_rope(x, params, offset, None)
+}
+
+/// [`rope`] with each batch row (`x` is `[B, ..., L, d]`) starting at its
+/// own position: `offsets` is int32 `[B]` (as `fast::rope` with an array
+/// offset). Each row's numbers equal those [`rope`] gives the row alone, so
+/// a row decodes the same in a batch as by itself.
+pub fn rope_per_row(x: &Array, params: &RopeParams, offsets: &Array) -> Result<Array> {
+    let &RopeParams {
+        dims,
+        traditional,
+        base,
+        scale,
+        freqs,
+    } = params;
+    let per_row = x.ndim() >= 3
+        && offsets.dtype() == Dtype::Int32
+        && offsets.ndim() == 1
+        && offsets.shape()[0] == x.shape()[0];
+    if !per_row || !rope_applies(x, params) {
+        return Ok(mlx_rs::fast::rope_dynamic(
+            x,
+            dims,
+            traditional,
+            base,
+            scale,
+            offsets,
+            freqs,
+        )?);
+    }
+    cpu_rope(x, params, 0, Some(offsets))
+}
+
+/// Whether mlx-bun's CPU RoPE computes `x` with these parameters.
+fn rope_applies(x: &Array, params: &RopeParams) -> bool {
+    let dims = params.dims;
+    enabled()
+        && !params.traditional
+        && x.dtype() == Dtype::Float32
+        && x.ndim() >= 2
+        && dims > 0
+        && dims % 2 == 0
+        && dims <= x.shape()[x.ndim() - 1]
+        && (params.freqs.is_some() || params.base.is_some())
+        && params.freqs.is_none_or(|f| f.dtype() == Dtype::Float32)
+}
+
+fn cpu_rope(x: &Array, params: &RopeParams, offset: i32, offsets: Option<&Array>) -> Result<Array> {
     // SAFETY (inside `call`): valid handles owned by the caller; an empty
-    // handle stands for "no freqs".
+    // handle stands for "no freqs" or "one shared offset".
     call("CPU rope", |res| unsafe {
         let none = mlx_sys::mlx_array_new();
-        let f = freqs.map_or(none, |f| f.as_ptr());
-        mlx_bun_cpu_rope(res, x.as_ptr(), dims, base.unwrap_or(0.0), scale, offset, f)
+        let f = params.freqs.map_or(none, |f| f.as_ptr());
+        let o = offsets.map_or(none, |o| o.as_ptr());
+        mlx_bun_cpu_rope(
+            res,
+            x.as_ptr(),
+            params.dims,
+            params.base.unwrap_or(0.0),
+            params.scale,
+            offset,
+            f,
+            o,
+        )
     })
 }
 

@@ -410,40 +410,29 @@ impl Rope {
             crate::cache::Positions::Shared(offset) => self.forward(x, *offset),
             crate::cache::Positions::PerRow(offsets) => {
                 let x = &self.pre_scale(x)?;
-                let base = if self.freqs.is_some() {
-                    None
-                } else {
-                    Some(self.base)
-                };
-                mlx_rs::fast::rope_dynamic(
-                    x,
-                    self.dims,
-                    self.traditional,
-                    base,
-                    self.scale,
-                    offsets,
-                    self.freqs.as_ref(),
-                )
-                .context("rope with per-row offsets")
+                crate::kernels::rope_per_row(x, &self.params(), offsets)
+                    .context("rope with per-row offsets")
             }
         }
     }
 
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
         let x = &self.pre_scale(x)?;
-        let base = if self.freqs.is_some() {
-            None
-        } else {
-            Some(self.base)
-        };
-        let params = crate::kernels::RopeParams {
+        crate::kernels::rope(x, &self.params(), offset).context("rope")
+    }
+
+    fn params(&self) -> crate::kernels::RopeParams<'_> {
+        crate::kernels::RopeParams {
             dims: self.dims,
             traditional: self.traditional,
-            base,
+            base: if self.freqs.is_some() {
+                None
+            } else {
+                Some(self.base)
+            },
             scale: self.scale,
             freqs: self.freqs.as_ref(),
-        };
-        crate::kernels::rope(x, &params, offset).context("rope")
+        }
     }
 }
 
