@@ -14,8 +14,8 @@ use anyhow::{bail, Result};
 use crate::cache::{trim_all, KvCache};
 use crate::chat_template::Message;
 use crate::generate::{generate, GenerateOptions, GenerationResult, TokenEvent};
-use crate::kv_file;
 use crate::model::Model;
+use crate::prefix::file as kv_file;
 use crate::tokenizer::Tokenizer;
 
 /// Makes empty caches (on start and reset).

@@ -20,12 +20,11 @@ pub mod generate;
 pub mod grammar;
 pub mod hub;
 pub mod kernels;
-pub mod kv_file;
 pub mod lora;
 pub mod mlx_ext;
 pub mod model;
+pub mod prefix;
 pub mod prompt;
-pub mod prompt_cache;
 pub mod reasoning;
 pub mod sampling;
 #[cfg(feature = "server")]
