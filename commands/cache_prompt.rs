@@ -10,8 +10,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 use mlx_bun::cache::KvQuantization;
 use mlx_bun::chat_template::Message;
 use mlx_bun::generate::DEFAULT_PREFILL_STEP;
-use mlx_bun::kv_file;
 use mlx_bun::model::Model;
+use mlx_bun::prefix::file as kv_file;
 use mlx_bun::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]

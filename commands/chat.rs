@@ -109,7 +109,7 @@ pub fn run(args: Args) -> Result<()> {
         // Reuses generate's checks; the placeholder prompt is not used.
         let (_, caches) =
             crate::cache_prompt::continue_from(file, path, &model, &tokenizer, &input, max_kv, kv)?;
-        let file = mlx_bun::kv_file::CacheFile {
+        let file = mlx_bun::prefix::file::CacheFile {
             caches,
             metadata: Default::default(),
         };

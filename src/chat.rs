@@ -15,8 +15,8 @@ use crate::cache::{trim_all, KvCache};
 use crate::chat_template::Message;
 use crate::decode::generate;
 use crate::generate::{GenerateOptions, GenerationResult, Prompt, TokenEvent};
-use crate::kv_file;
 use crate::model::Model;
+use crate::prefix::file as kv_file;
 use crate::tokenizer::Tokenizer;
 
 /// Makes empty caches (on start and reset).

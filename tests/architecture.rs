@@ -33,6 +33,7 @@ const ENGINE: &[&str] = &[
     "src/sampling/",
     "src/kernels/",
     "src/grammar/",
+    "src/prefix/",
     "src/speculative.rs",
     "src/generate.rs",
 ];
@@ -111,6 +112,7 @@ const RULES: &[Rule] = &[
             "crate::speculative",
             "crate::sampling",
             "crate::grammar",
+            "crate::prefix",
             "crate::gateway",
             "crate::server",
             "crate::train",
@@ -118,6 +120,21 @@ const RULES: &[Rule] = &[
             "crate::convert",
         ],
         why: "a model and its caches compute logits; decoding stands on them, not under",
+    },
+    Rule {
+        files: &["src/prefix/"],
+        except: &[],
+        never: &[
+            "crate::gateway",
+            "crate::server",
+            "crate::decode",
+            "axum",
+            "tokio",
+            "clap",
+            "indicatif",
+        ],
+        why: "prefix storage stands on model and cache (and generate's prefill); the server \
+              calls it through one PrefixStore, never the other way round",
     },
     Rule {
         files: SHARED,
@@ -220,6 +237,8 @@ fn the_rules_are_not_vacuous() {
         ("src/kernels/", "crate::quant"),
         ("src/model/layers.rs", "crate::collective"),
         ("src/distributed/shard.rs", "crate::model"),
+        ("src/prefix/", "crate::cache"),
+        ("src/gateway/", "crate::prefix"),
     ] {
         assert!(seen(from, to), "the scanner no longer sees {from} -> {to}");
     }

@@ -10,8 +10,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use mlx_bun::cache::KvCache;
-use mlx_bun::kv_file;
 use mlx_bun::model::Model;
+use mlx_bun::prefix::file as kv_file;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::Array;
 use serde_json::{json, Value};

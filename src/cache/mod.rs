@@ -64,6 +64,37 @@ pub(crate) fn attention_mask(
     Ok(Mask::Array(logical_and(&causal, &in_window)?))
 }
 
+/// How a server builds its KV caches: dense (the default), bounded to
+/// `max_kv_size` positions, or quantized. Bounded and quantized caches do
+/// not batch: a server with them runs requests serially.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvSettings {
+    /// Positions a cache keeps (`--max-kv-size`); `None`: all of them.
+    pub max_kv_size: Option<usize>,
+    /// Quantized keys and values (`--kv-bits`).
+    pub quantization: Option<KvQuantization>,
+}
+
+impl KvSettings {
+    /// Whether these are the default, dense caches.
+    pub(crate) fn is_default(&self) -> bool {
+        self.max_kv_size.is_none() && self.quantization.is_none()
+    }
+
+    /// What a prefix stored on disk records, so it is only restored into
+    /// caches of the same kind.
+    pub(crate) fn describe(&self) -> String {
+        match (self.max_kv_size, self.quantization) {
+            (Some(n), _) => format!("rotating max={n} keep=4"),
+            (None, Some(q)) => format!(
+                "quantized bits={} group={} start={}",
+                q.bits, q.group_size, q.start
+            ),
+            (None, None) => "dense".into(),
+        }
+    }
+}
+
 /// How many positions a standard cache grows by at a time.
 const STEP: i32 = 256;
 

@@ -232,7 +232,7 @@ impl<'a> BatchLane<'a> {
         let outcome =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.scheduler.step()));
         for (tokens, caches) in self.scheduler.take_checkpoints() {
-            shared.checkpoint(&tokens, &caches);
+            shared.prefixes.checkpoint(&tokens, &caches);
         }
         match outcome {
             Ok(Ok(finished)) => {
@@ -265,7 +265,7 @@ impl<'a> BatchLane<'a> {
         shared
             .reporter
             .finish(&info.client, result, info.first_token.get());
-        shared.store(tokens, f.caches);
+        shared.prefixes.store(tokens, f.caches);
     }
 
     /// The engine failed mid-step: every row fails, and the batch starts over.

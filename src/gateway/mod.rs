@@ -12,7 +12,6 @@
 //! - `admission`: the KV budget
 //! - `job`: a request's events and how its end is reported and counted
 //! - `stats`: counters and the `/stats` snapshot
-//! - `ssd_tier`: the prompt cache's cold tier on disk (`--ssd-cache`)
 //! - `lockstep`: a model sharded across ranks (rank 0 leads, the others follow)
 
 mod admission;
@@ -21,13 +20,13 @@ mod job;
 mod lockstep;
 mod route;
 mod serial;
-mod ssd_tier;
 mod stats;
 mod worker;
 
+pub use crate::cache::KvSettings;
+pub use crate::prefix::{SsdConfig, SsdStats};
 pub use lockstep::{shard_serving, Sharding};
 pub use route::{route, Lane, RequestShape};
-pub use ssd_tier::{SsdConfig, SsdStats};
 pub use stats::{quantile, GatewayStats};
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -47,7 +46,7 @@ const BATCH_PREFILL_TARGET: Duration = Duration::from_millis(500);
 use crate::generate::{GenerateOptions, GenerationResult, TokenLogprob};
 use crate::grammar::ConstraintSpec;
 use crate::model::Model;
-use crate::prompt_cache::PromptCache;
+use crate::prefix::PrefixStore;
 use crate::tokenizer::Tokenizer;
 use admission::KvBudget;
 use job::{Client, InFlight, Job, Reporter};
@@ -131,34 +130,6 @@ pub enum Health {
     Ready,
     /// It cannot serve: the warm-up failed, or the worker stopped.
     Failed(String),
-}
-
-/// How the server builds KV caches: dense (the default), bounded to
-/// `max_kv_size` positions, or quantized. Bounded and quantized caches do
-/// not batch: such servers run requests serially (see [`route`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KvSettings {
-    pub max_kv_size: Option<usize>,
-    pub quantization: Option<crate::cache::KvQuantization>,
-}
-
-impl KvSettings {
-    pub(crate) fn is_default(&self) -> bool {
-        self.max_kv_size.is_none() && self.quantization.is_none()
-    }
-
-    /// What an SSD entry records, so entries are only restored into caches
-    /// of the same kind.
-    pub(crate) fn describe(&self) -> String {
-        match (self.max_kv_size, self.quantization) {
-            (Some(n), _) => format!("rotating max={n} keep=4"),
-            (None, Some(q)) => format!(
-                "quantized bits={} group={} start={}",
-                q.bits, q.group_size, q.start
-            ),
-            (None, None) => "dense".into(),
-        }
-    }
 }
 
 /// The models the worker serves: the target and an optional draft.
@@ -299,15 +270,16 @@ impl Gateway {
         };
         let ready = readiness.clone();
         let decode_concurrency = config.decode_concurrency.max(1);
-        let ssd = match &config.ssd {
-            Some(c) => Some(ssd_tier::SsdTier::open(c.clone())?),
-            None => None,
-        };
-        *counters.ssd.lock().unwrap() = ssd.as_ref().map(|t| t.stats_handle());
+        let mut prefixes = PrefixStore::open(config.prompt_cache_bytes, config.ssd.as_ref())?;
+        *counters.prefixes.lock().unwrap() = prefixes.stats_handle();
         let default_kv = config.kv.is_default();
         let sharding = lockstep::claim()?;
-        if sharding.is_some() && (!default_kv || ssd.is_some()) {
+        if sharding.is_some() && (!default_kv || prefixes.has_disk()) {
             bail!("a sharded server runs with dense KV caches and no --ssd-cache");
+        }
+        if sharding.is_some() {
+            // Its hits would depend on each rank's memory.
+            prefixes = prefixes.without_ram();
         }
         let handle = std::thread::Builder::new()
             .name("mlx-bun-gateway".into())
@@ -376,19 +348,12 @@ impl Gateway {
                 let shared = Shared {
                     tokenizer,
                     grammar: None,
-                    // Its hits would depend on each rank's memory.
-                    prompt_cache: PromptCache::new(if sharding.is_some() {
-                        0
-                    } else {
-                        config.prompt_cache_bytes
-                    }),
+                    prefixes,
                     reporter,
                     num_draft_tokens: config.num_draft_tokens,
                     ngram_draft: config.ngram_draft,
                     kv: config.kv,
-                    ssd,
                 };
-                shared.publish_cache_stats();
                 let plan = WorkerPlan {
                     limits: BatchLimits {
                         decode_concurrency,
@@ -557,6 +522,7 @@ impl Gateway {
         let samples = c.samples.lock().unwrap();
         let ttft: Vec<f64> = samples.ttft_s.iter().copied().collect();
         let tps: Vec<f64> = samples.decode_tps.iter().copied().collect();
+        let prefixes = c.prefixes.lock().unwrap().get();
         GatewayStats {
             queue_depth: c.queued.load(Ordering::SeqCst),
             max_queue: self.max_queue,
@@ -581,8 +547,8 @@ impl Gateway {
             drafted_tokens: c.drafted_tokens.load(Ordering::Relaxed),
             accepted_tokens: c.accepted_tokens.load(Ordering::Relaxed),
             outside_batch: c.outside_batch.lock().unwrap().clone(),
-            prompt_cache: *c.prompt_cache.lock().unwrap(),
-            ssd: c.ssd.lock().unwrap().as_ref().map(|h| h.get()),
+            prompt_cache: prefixes.ram,
+            ssd: prefixes.ssd,
             ttft_p50_s: quantile(&ttft, 0.5),
             ttft_p95_s: quantile(&ttft, 0.95),
             decode_tps_p50: quantile(&tps, 0.5),

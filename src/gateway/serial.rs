@@ -50,7 +50,9 @@ pub(crate) fn run(shared: &mut Shared, models: &LoadedModels, job: &Job) {
         Err(e) => return reporter.fail(client, GatewayError::Internal(format!("{e:#}"))),
     };
     if prefilled > cached {
-        shared.checkpoint(&request.prompt[..prefilled], &caches);
+        shared
+            .prefixes
+            .checkpoint(&request.prompt[..prefilled], &caches);
     }
     let mut first_token: Option<Instant> = None;
     let abort = reporter.abort.clone();
@@ -109,7 +111,7 @@ pub(crate) fn run(shared: &mut Shared, models: &LoadedModels, job: &Job) {
             // The client has its answer before the cache is kept (the SSD
             // tier copies it to host memory here).
             reporter.finish(client, result, first_token);
-            shared.store(cache_tokens, caches);
+            shared.prefixes.store(cache_tokens, caches);
         }
         Err(e) => reporter.fail(client, GatewayError::Internal(format!("{e:#}"))),
     }
@@ -138,7 +140,9 @@ fn prefill_cancellable(
     while done < target {
         if should_stop(shared, &job.client) {
             // What was prefilled is still a valid prefix for a retry.
-            shared.store(prompt[..done].to_vec(), std::mem::take(caches));
+            shared
+                .prefixes
+                .store(prompt[..done].to_vec(), std::mem::take(caches));
             shared.reporter.dropped(&job.client);
             return Ok(None);
         }

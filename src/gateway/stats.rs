@@ -4,8 +4,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::Mutex;
 
-use super::ssd_tier::{SsdStats, SsdStatsHandle};
-use crate::prompt_cache::PromptCacheStats;
+use crate::prefix::{PrefixStatsHandle, PromptCacheStats, SsdStats};
 
 /// How many recent requests the latency percentiles are computed over.
 const SAMPLE_WINDOW: usize = 1024;
@@ -62,8 +61,8 @@ pub(crate) struct Counters {
     /// Requests routed outside the batch, by reason.
     pub outside_batch: Mutex<std::collections::BTreeMap<&'static str, u64>>,
     pub samples: Mutex<Samples>,
-    pub prompt_cache: Mutex<PromptCacheStats>,
-    pub ssd: Mutex<Option<SsdStatsHandle>>,
+    /// The prefix store's counters, read live.
+    pub prefixes: Mutex<PrefixStatsHandle>,
 }
 
 /// A snapshot for `/stats` and `/metrics`.

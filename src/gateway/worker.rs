@@ -14,29 +14,27 @@ use super::admission::KvBudget;
 use super::batch_lane::BatchLane;
 use super::job::{Job, Reporter, Waiting};
 use super::route::Lane;
-use super::ssd_tier::SsdTier;
 use super::{serial, GatewayError, KvSettings, LoadedModels, Readiness};
 use crate::cache::KvCache;
 use crate::constraint::TokenConstraint;
 use crate::decode::BatchLimits;
 use crate::grammar::{ConstraintSpec, GrammarEngine};
 use crate::model::Model;
-use crate::prompt_cache::PromptCache;
+use crate::prefix::PrefixStore;
 use crate::tokenizer::Tokenizer;
 
-/// What every lane uses: the tokenizer, the grammar engine, the prompt
-/// cache (RAM, and the SSD tier when there is one), the KV cache settings,
-/// and the reporter.
+/// What every lane uses: the tokenizer, the grammar engine, the prefix
+/// store (the prompt cache in RAM, and the SSD tier when there is one), the
+/// KV cache settings, and the reporter.
 pub(crate) struct Shared {
     pub tokenizer: Arc<Tokenizer>,
     pub grammar: Option<GrammarEngine>,
-    pub prompt_cache: PromptCache,
+    pub prefixes: PrefixStore,
     pub reporter: Reporter,
     pub num_draft_tokens: usize,
     /// Prompt-lookup drafting when no draft model is loaded.
     pub ngram_draft: bool,
     pub kv: KvSettings,
-    pub ssd: Option<SsdTier>,
 }
 
 impl Shared {
@@ -66,62 +64,17 @@ impl Shared {
             .expect("the server made these caches once before it started")
     }
 
-    /// Caches holding the longest cached prefix of `prompt`, and its length:
-    /// from RAM, or from the SSD tier when it holds a longer prefix.
+    /// Caches holding the longest stored prefix of `prompt`, and its
+    /// length; empty caches of the server's kind when none is stored.
     pub(crate) fn cached_prefix(
         &mut self,
         model: &Model,
         prompt: &[u32],
     ) -> (Vec<Box<dyn KvCache>>, usize) {
-        let ram = self.prompt_cache.lookup(prompt);
-        let ram_cached = ram.as_ref().map_or(0, |h| h.cached);
-        let disk = self
-            .ssd
-            .as_ref()
-            .and_then(|ssd| ssd.restore(model, prompt, ram_cached));
-        let found = match (disk, ram) {
-            (Some(d), _) => d,
-            (None, Some(hit)) => (hit.caches, hit.cached),
-            (None, None) => (self.fresh_caches(model), 0),
-        };
-        self.publish_cache_stats();
-        found
-    }
-
-    /// Keeps `caches` (which hold exactly `tokens`) in the prompt cache, and
-    /// hands them to the SSD tier with any entry RAM evicts that is not on
-    /// disk yet.
-    pub fn store(&mut self, tokens: Vec<u32>, caches: Vec<Box<dyn KvCache>>) {
-        if let Some(ssd) = &self.ssd {
-            ssd.snapshot(&tokens, &caches);
+        match self.prefixes.longest(model, prompt) {
+            Some(hit) => (hit.caches, hit.cached),
+            None => (self.fresh_caches(model), 0),
         }
-        let evicted = self.prompt_cache.insert(tokens, caches);
-        if let Some(ssd) = &self.ssd {
-            for (tokens, caches) in evicted {
-                if !ssd.contains(&tokens) {
-                    ssd.snapshot(&tokens, &caches);
-                }
-            }
-        }
-        self.publish_cache_stats();
-    }
-
-    /// Keeps a copy of `caches`, which hold exactly `tokens` (a prompt
-    /// without its last token), when they cannot drop positions: the end
-    /// of the request stores a longer entry that cannot serve a prompt
-    /// diverging inside the reply, and this one can.
-    pub(crate) fn checkpoint(&mut self, tokens: &[u32], caches: &[Box<dyn KvCache>]) {
-        let kept = self.prompt_cache.is_enabled() || self.ssd.is_some();
-        if !kept || caches.iter().all(|c| c.is_trimmable()) {
-            return;
-        }
-        self.store(tokens.to_vec(), crate::cache::clone_all(caches));
-    }
-
-    pub(crate) fn publish_cache_stats(&self) {
-        let counters = &self.reporter.counters;
-        // The SSD tier's counters are read live through its handle.
-        *counters.prompt_cache.lock().unwrap() = self.prompt_cache.stats();
     }
 }
 

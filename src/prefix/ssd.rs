@@ -8,7 +8,7 @@
 //! rest is prefilled.
 //!
 //! The files are the database; there is no other index. Each is a
-//! prompt-cache file in mlx-lm's layout ([`crate::kv_file`]) whose metadata
+//! prompt-cache file in mlx-lm's layout ([`crate::prefix::file`]) whose metadata
 //! also holds the format version, the model and tokenizer fingerprints, the
 //! KV cache settings, the token ids and a CRC-32 of every tensor and of the
 //! token list. Writes go to a temporary name, are fsynced and renamed (then
@@ -34,8 +34,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use mlx_rs::{Array, Dtype};
 use safetensors::SafeTensors;
 
+use super::file;
 use crate::cache::{trim_all, KvCache};
-use crate::kv_file;
 use crate::model::Model;
 
 /// Bumped when the file layout or its metadata change meaning.
@@ -55,10 +55,13 @@ const MAX_HEADER: u64 = 64 << 20;
 /// Where the tier lives and what its entries must match.
 #[derive(Clone, Debug)]
 pub struct SsdConfig {
+    /// The folder holding the entries (`--ssd-cache`).
     pub dir: PathBuf,
     /// Byte cap of the folder's entries (the quarantine is not counted).
     pub max_bytes: u64,
+    /// The weights (and adapter) an entry was made with.
     pub model_fingerprint: String,
+    /// The tokenizer files an entry's token ids come from.
     pub tokenizer_fingerprint: String,
     /// The KV cache settings (quantization, bound) an entry was made with.
     pub kv_config: String,
@@ -72,9 +75,9 @@ impl SsdConfig {
         max_bytes: u64,
         model_dir: &Path,
         adapter: Option<&Path>,
-        kv: &super::KvSettings,
+        kv: &crate::cache::KvSettings,
     ) -> Result<SsdConfig> {
-        let mut model_fingerprint = kv_file::model_fingerprint(model_dir)?;
+        let mut model_fingerprint = file::model_fingerprint(model_dir)?;
         if let Some(adapter) = adapter {
             let mut files: Vec<PathBuf> = std::fs::read_dir(adapter)
                 .with_context(|| format!("listing {}", adapter.display()))?
@@ -92,7 +95,7 @@ impl SsdConfig {
             dir,
             max_bytes,
             model_fingerprint,
-            tokenizer_fingerprint: kv_file::tokenizer_fingerprint(model_dir)?,
+            tokenizer_fingerprint: file::tokenizer_fingerprint(model_dir)?,
             kv_config: kv.describe(),
         })
     }
@@ -104,6 +107,7 @@ pub struct SsdStats {
     /// Lookups restored from disk, and lookups that found nothing in RAM or on disk.
     pub hits: u64,
     pub misses: u64,
+    /// Entries on disk, their bytes, and the cap (`--ssd-cache-max`).
     pub entries: usize,
     pub bytes: u64,
     pub max_bytes: u64,
@@ -113,6 +117,7 @@ pub struct SsdStats {
     pub write_errors: u64,
     pub dropped_writes: u64,
     pub quarantined: u64,
+    /// Seconds spent restoring entries, in all and the last time.
     pub restore_seconds_total: f64,
     pub last_restore_s: f64,
 }
@@ -244,12 +249,12 @@ fn check_header(
     }
     let pairs = [
         (
-            kv_file::MODEL_FINGERPRINT_KEY,
+            file::MODEL_FINGERPRINT_KEY,
             &cfg.model_fingerprint,
             "model weights",
         ),
         (
-            kv_file::TOKENIZER_FINGERPRINT_KEY,
+            file::TOKENIZER_FINGERPRINT_KEY,
             &cfg.tokenizer_fingerprint,
             "tokenizer",
         ),
@@ -263,7 +268,7 @@ fn check_header(
     }
     let sums: BTreeMap<String, u32> = serde_json::from_str(field(CHECKSUMS_KEY)?)
         .map_err(|e| anyhow!("bad checksum list: {e}"))?;
-    let text = field(kv_file::TOKENS_KEY)?;
+    let text = field(file::TOKENS_KEY)?;
     if sums.get(TOKENS_SUM) != Some(&crc32fast::hash(text.as_bytes())) {
         bail!("the token list fails its checksum");
     }
@@ -343,7 +348,7 @@ fn host_bytes<T: mlx_rs::ArrayElement>(a: &Array) -> Result<Vec<u8>> {
 fn host_tensors(
     caches: &[Box<dyn KvCache>],
 ) -> Result<(Vec<(String, HostTensor)>, BTreeMap<String, String>)> {
-    let (tensors, meta) = kv_file::layout(caches, &BTreeMap::new(), false)?;
+    let (tensors, meta) = file::layout(caches, &BTreeMap::new(), false)?;
     let mut ready = Vec::with_capacity(tensors.len());
     for (name, a) in tensors {
         let a = match a.dtype() {
@@ -557,7 +562,7 @@ impl SsdTier {
         if tokens.len() != len {
             return Err(Restore::Corrupt("the token list changed".into()));
         }
-        let file = kv_file::parse(&map, &path).map_err(corrupt)?;
+        let file = file::parse(&map, &path).map_err(corrupt)?;
         let mut caches = file.caches;
         if caches.len() != model.decoder.cache_count() || caches.iter().any(|c| c.offset() != len) {
             return Err(Restore::Corrupt(format!(
@@ -567,7 +572,7 @@ impl SsdTier {
                 model.decoder.cache_count()
             )));
         }
-        kv_file::cast_to(&mut caches, model.dtype).map_err(corrupt)?;
+        file::cast_to(&mut caches, model.dtype).map_err(corrupt)?;
         if !trim_all(&mut caches, len - usable) {
             return Err(Restore::Unusable);
         }
@@ -609,15 +614,15 @@ impl SsdTier {
         let free = [
             (VERSION_KEY, FORMAT_VERSION.to_string()),
             (
-                kv_file::MODEL_FINGERPRINT_KEY,
+                file::MODEL_FINGERPRINT_KEY,
                 self.cfg.model_fingerprint.clone(),
             ),
             (
-                kv_file::TOKENIZER_FINGERPRINT_KEY,
+                file::TOKENIZER_FINGERPRINT_KEY,
                 self.cfg.tokenizer_fingerprint.clone(),
             ),
             (KV_CONFIG_KEY, self.cfg.kv_config.clone()),
-            (kv_file::TOKENS_KEY, text),
+            (file::TOKENS_KEY, text),
             (CHECKSUMS_KEY, serde_json::to_string(&sums).unwrap()),
             ("model", self.cfg.model_fingerprint.clone()),
         ];
@@ -836,7 +841,7 @@ mod tests {
         let (name, _, _) = tier.best(prompt, 0, false)?;
         let bytes = std::fs::read(tier.cfg.dir.join(&name)).unwrap();
         let tokens = verify(&bytes, &tier.cfg).ok()?;
-        let file = kv_file::parse(&bytes, Path::new(&name)).unwrap();
+        let file = file::parse(&bytes, Path::new(&name)).unwrap();
         let (k, _) = file.caches[0].state().unwrap();
         Some((tokens, k.as_slice::<f32>().to_vec()))
     }

@@ -11,6 +11,7 @@
 //! back differently than it was generated; and an entry that cannot be cut
 //! back never replaces the shorter entries it extends.
 
+use super::PrefixHit;
 use crate::cache::{clone_all, total_bytes, trim_all, KvCache};
 
 struct Entry {
@@ -38,19 +39,16 @@ impl Entry {
 /// An entry pushed out of the cache: its tokens and caches.
 pub(crate) type Evicted = (Vec<u32>, Vec<Box<dyn KvCache>>);
 
-/// Caches ready for a prompt: the first `cached` prompt tokens are in them.
-pub(crate) struct PromptCacheHit {
-    pub caches: Vec<Box<dyn KvCache>>,
-    pub cached: usize,
-}
-
-/// Counters for `/stats`.
+/// Counters of the RAM tier, for `/stats` and `/metrics`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PromptCacheStats {
+    /// Lookups that found a usable prefix, and lookups that found none.
     pub hits: u64,
     pub misses: u64,
+    /// Entries held and the bytes of their caches.
     pub entries: usize,
     pub bytes: usize,
+    /// The byte cap (`--prompt-cache`); 0: the tier is off.
     pub max_bytes: usize,
 }
 
@@ -91,7 +89,7 @@ impl PromptCache {
 
     /// Copies of the caches sharing the longest prefix with `prompt`, trimmed
     /// to that prefix. At least one prompt token is always left to process.
-    pub fn lookup(&mut self, prompt: &[u32]) -> Option<PromptCacheHit> {
+    pub fn lookup(&mut self, prompt: &[u32]) -> Option<PrefixHit> {
         if !self.is_enabled() {
             return None;
         }
@@ -118,7 +116,7 @@ impl PromptCache {
         }
         entry.last_used = now;
         self.hits += 1;
-        Some(PromptCacheHit {
+        Some(PrefixHit {
             caches,
             cached: usable,
         })

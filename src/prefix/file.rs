@@ -44,6 +44,7 @@ const PAD_STEP: i32 = 256;
 
 /// A loaded cache file.
 pub struct CacheFile {
+    /// One cache per layer, as the file holds them.
     pub caches: Vec<Box<dyn KvCache>>,
     /// The free metadata (`model`, `tokenizer_config`, fingerprints…).
     pub metadata: BTreeMap<String, String>,
@@ -85,7 +86,7 @@ fn pad_positions(a: &Array, offset: i32) -> Result<Array> {
 /// Tensors and metadata of `caches` in mlx-lm's layout (`metadata` goes
 /// under `0.`): what [`save`] writes. `pad` pads dense keys and values to a
 /// multiple of 256 positions as mlx-lm's buffer is (readers need not).
-pub fn layout(
+pub(crate) fn layout(
     caches: &[Box<dyn KvCache>],
     metadata: &BTreeMap<String, String>,
     pad: bool,
@@ -319,7 +320,7 @@ pub fn load(path: &Path) -> Result<CacheFile> {
 }
 
 /// Reads a prompt-cache file from its bytes; `path` names it in errors.
-pub fn parse(bytes: &[u8], path: &Path) -> Result<CacheFile> {
+pub(crate) fn parse(bytes: &[u8], path: &Path) -> Result<CacheFile> {
     let st = SafeTensors::deserialize(bytes).map_err(|e| {
         anyhow!(
             "{} is not a valid safetensors file ({e:?}): truncated or corrupt",
@@ -611,7 +612,7 @@ const FNV_OFFSET: u64 = 0xcbf29ce484222325;
 
 /// A cheap fingerprint of a model's weights: its config, every safetensors
 /// header and 64 KiB samples at 16 evenly spaced places of each file.
-pub fn model_fingerprint(dir: &Path) -> Result<String> {
+pub(crate) fn model_fingerprint(dir: &Path) -> Result<String> {
     use std::io::{Read, Seek, SeekFrom};
     let mut h = FNV_OFFSET;
     let config = dir.join("config.json");
