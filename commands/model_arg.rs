@@ -28,6 +28,12 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     }
 }
 
+/// Whether the memory check before loading a model runs (`generate`,
+/// `serve`): `MLX_BUN_SKIP_FIT_CHECK=1` turns it off (docs/fit.md).
+pub fn fit_check_enabled() -> bool {
+    std::env::var("MLX_BUN_SKIP_FIT_CHECK").map_or(true, |v| v != "1")
+}
+
 /// `--compute-dtype`, shared by every command that runs a model.
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct ComputeArgs {

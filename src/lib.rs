@@ -27,6 +27,7 @@ pub mod model;
 pub mod prompt;
 pub mod prompt_cache;
 pub mod reasoning;
+pub mod runtime;
 pub mod sampling;
 #[cfg(feature = "server")]
 pub mod server;

@@ -26,6 +26,7 @@ const ENGINE: &[&str] = &[
     "src/grammar/",
     "src/speculative.rs",
     "src/generate.rs",
+    "src/runtime.rs",
 ];
 
 /// What convert, eval and train share (adapters, the differentiable forward, dataset rows).

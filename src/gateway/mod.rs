@@ -30,6 +30,8 @@ pub use route::{route, Lane, RequestShape};
 pub use ssd_tier::{SsdConfig, SsdStats};
 pub use stats::{quantile, GatewayStats};
 
+pub(crate) use crate::cache::KvSettings;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::{Arc, Condvar, Mutex};
@@ -133,38 +135,25 @@ pub enum Health {
     Failed(String),
 }
 
-/// How the server builds KV caches: dense (the default), bounded to
-/// `max_kv_size` positions, or quantized. Bounded and quantized caches do
-/// not batch: such servers run requests serially (see [`route`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KvSettings {
-    pub max_kv_size: Option<usize>,
-    pub quantization: Option<crate::cache::KvQuantization>,
-}
-
-impl KvSettings {
-    pub(crate) fn is_default(&self) -> bool {
-        self.max_kv_size.is_none() && self.quantization.is_none()
-    }
-
-    /// What an SSD entry records, so entries are only restored into caches
-    /// of the same kind.
-    pub(crate) fn describe(&self) -> String {
-        match (self.max_kv_size, self.quantization) {
-            (Some(n), _) => format!("rotating max={n} keep=4"),
-            (None, Some(q)) => format!(
-                "quantized bits={} group={} start={}",
-                q.bits, q.group_size, q.start
-            ),
-            (None, None) => "dense".into(),
-        }
-    }
-}
-
 /// The models the worker serves: the target and an optional draft.
 pub struct LoadedModels {
     pub model: Model,
     pub draft: Option<Model>,
+}
+
+impl From<crate::runtime::Runtime> for LoadedModels {
+    /// The runtime's model and draft model; prompt-lookup drafting is the
+    /// gateway's `ngram_draft`.
+    fn from(runtime: crate::runtime::Runtime) -> Self {
+        let draft = match runtime.draft {
+            Some(crate::runtime::Draft::Model { model, .. }) => Some(*model),
+            Some(crate::runtime::Draft::Ngram) | None => None,
+        };
+        Self {
+            model: runtime.model,
+            draft,
+        }
+    }
 }
 
 /// One generation request, already tokenized and validated.
