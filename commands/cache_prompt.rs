@@ -7,11 +7,12 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use indicatif::{ProgressBar, ProgressStyle};
-use mlx_bun::cache::KvQuantization;
+use mlx_bun::cache::KvSettings;
 use mlx_bun::chat_template::Message;
 use mlx_bun::generate::DEFAULT_PREFILL_STEP;
 use mlx_bun::model::Model;
 use mlx_bun::prefix::file as kv_file;
+use mlx_bun::runtime::{Runtime, RuntimeSpec};
 use mlx_bun::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -74,15 +75,20 @@ fn messages(args: &Args) -> Result<Vec<Message>> {
 pub fn run(args: Args) -> Result<()> {
     let messages = messages(&args)?;
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let model = Model::load_as(&dir, args.compute.dtype)?;
     let tokenizer = Tokenizer::load(&dir)?;
-    let kv = args.kv.settings()?;
-    let text = kv_file::cache_prompt_text(&tokenizer, &messages)?;
+    let spec = RuntimeSpec {
+        kv: args.kv.settings(args.max_kv_size),
+        materialize: false,
+        ..RuntimeSpec::new(dir.clone(), args.compute.dtype)
+    };
+    let runtime = Runtime::assemble(&spec, tokenizer)?;
+    let (model, tokenizer) = (&runtime.model, &*runtime.tokenizer);
+    let text = kv_file::cache_prompt_text(tokenizer, &messages)?;
     let tokens = tokenizer.encode(&text)?;
     if tokens.is_empty() {
         bail!("the prompt is empty");
     }
-    let mut caches = model.decoder.make_caches_with(args.max_kv_size, kv)?;
+    let mut caches = runtime.make_caches()?;
 
     let bar = ProgressBar::new(tokens.len() as u64);
     bar.set_style(
@@ -93,7 +99,7 @@ pub fn run(args: Args) -> Result<()> {
     let start = Instant::now();
     mlx_bun::mlx_ext::reset_peak_memory();
     kv_file::fill(
-        &model,
+        model,
         &mut caches,
         &tokens,
         args.prefill_step_size,
@@ -114,7 +120,7 @@ pub fn run(args: Args) -> Result<()> {
         .model
         .clone()
         .unwrap_or_else(|| dir.display().to_string());
-    let metadata = kv_file::file_metadata(&model_name, &model, &tokens)?;
+    let metadata = kv_file::file_metadata(&model_name, model, &tokens)?;
     let written = kv_file::save(&args.prompt_cache_file, &caches, &metadata)?;
     eprintln!("Saved {} positions to {}", tokens.len(), written.display());
     Ok(())
@@ -144,10 +150,10 @@ pub fn continue_from(
     model: &Model,
     tokenizer: &Tokenizer,
     input: &mlx_bun::prompt::PromptInput,
-    max_kv_size: Option<usize>,
-    kv: Option<KvQuantization>,
+    kv: KvSettings,
 ) -> Result<Continuation> {
     use mlx_bun::prompt::PromptInput;
+    let (max_kv_size, kv) = (kv.max_kv_size, kv.quantization);
     kv_file::check_compatible(&file, model, path)?;
     let p = path.display();
     if let Some((bits, group)) = kv_file::kv_quantization(&file) {

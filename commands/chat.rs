@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Result;
 use mlx_bun::chat::ChatSession;
 use mlx_bun::generate::{GenerateOptions, TokenEvent, DEFAULT_PREFILL_STEP};
-use mlx_bun::model::Model;
+use mlx_bun::runtime::{Runtime, RuntimeSpec};
 use mlx_bun::sampling::SamplingParams;
 use mlx_bun::tokenizer::Tokenizer;
 
@@ -77,10 +77,12 @@ pub fn run(args: Args) -> Result<()> {
     let file = crate::cache_prompt::open_file(args.prompt_cache_file.as_deref())?;
     let model_arg = crate::cache_prompt::model_arg(args.model.as_deref(), file.as_ref());
     let dir = crate::model_arg::resolve(model_arg.as_deref())?;
-    let model = Model::load_as(&dir, args.compute.dtype)?;
-    model.materialize()?;
-    let tokenizer = Tokenizer::load(&dir)?;
-    let kv = args.kv.settings()?;
+    let spec = RuntimeSpec {
+        kv: args.kv.settings(args.max_kv_size),
+        ..RuntimeSpec::new(dir.clone(), args.compute.dtype)
+    };
+    let runtime = Runtime::assemble(&spec, Tokenizer::load(&dir)?)?;
+    let (model, tokenizer) = (&runtime.model, &*runtime.tokenizer);
     mlx_rs::random::seed(args.seed)?;
     let opts = GenerateOptions {
         max_tokens: args.max_tokens,
@@ -92,13 +94,12 @@ pub fn run(args: Args) -> Result<()> {
         logprobs: None,
         prefill_step: args.prefill_step_size,
     };
-    let max_kv = args.max_kv_size;
-    let decoder = &model.decoder;
+    let rt = &runtime;
     let mut session = ChatSession::new(
-        &model,
-        &tokenizer,
+        model,
+        tokenizer,
         args.system.clone(),
-        Box::new(move || decoder.make_caches_with(max_kv, kv)),
+        Box::new(move || rt.make_caches()),
     )?;
     if let (Some(file), Some(path)) = (file, args.prompt_cache_file.as_deref()) {
         let input = mlx_bun::prompt::PromptInput::Text {
@@ -108,7 +109,7 @@ pub fn run(args: Args) -> Result<()> {
         };
         // Reuses generate's checks; the placeholder prompt is not used.
         let (_, caches) =
-            crate::cache_prompt::continue_from(file, path, &model, &tokenizer, &input, max_kv, kv)?;
+            crate::cache_prompt::continue_from(file, path, model, tokenizer, &input, runtime.kv)?;
         let file = mlx_bun::prefix::file::CacheFile {
             caches,
             metadata: Default::default(),

@@ -9,6 +9,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_bun::eval::{generate_until, rolling, tasks};
 use mlx_bun::evaldb::{EvalDb, Metric};
 use mlx_bun::model::Model;
+use mlx_bun::runtime::{Runtime, RuntimeSpec};
 use mlx_bun::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -182,8 +183,12 @@ pub fn run(a: Args) -> Result<()> {
         let task = load(&name, &file, &a).with_context(|| format!("task {name}"))?;
         loaded.push((name, task));
     }
-    let tok = Tokenizer::load(&model_dir)?;
-    let model = Model::load_as(&model_dir, a.compute.dtype)?;
+    let spec = RuntimeSpec {
+        materialize: false,
+        ..RuntimeSpec::new(model_dir.clone(), a.compute.dtype)
+    };
+    let runtime = Runtime::assemble(&spec, Tokenizer::load(&model_dir)?)?;
+    let (model, tok) = (&runtime.model, &*runtime.tokenizer);
     let db = if a.no_db {
         None
     } else {
@@ -218,7 +223,7 @@ pub fn run(a: Args) -> Result<()> {
             .progress_chars("=> "),
         );
         bar.set_prefix(name.clone());
-        let r = score(name, task, &model, &tok, &a, &mut |done, total| {
+        let r = score(name, task, model, tok, &a, &mut |done, total| {
             bar.set_length(total as u64);
             bar.set_position(done as u64);
         });

@@ -9,10 +9,9 @@ use mlx_bun::chat_template::Message;
 use mlx_bun::decode::{self, generate, ConstraintSlot, Row};
 use mlx_bun::generate::{GenerateOptions, DEFAULT_PREFILL_STEP};
 use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
-use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
+use mlx_bun::runtime::{Draft, DraftSpec, FitCheck, Runtime, RuntimeSpec};
 use mlx_bun::sampling::SamplingParams;
-use mlx_bun::speculative::{check_draft_tokenizer, DraftSource, ModelDrafter, NgramDrafter};
 use mlx_bun::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -212,6 +211,15 @@ fn sampling(args: &Args) -> Result<SamplingParams> {
     })
 }
 
+/// `--draft-model`: `ngram`, else a model directory or repo id.
+pub(crate) fn draft_spec(draft_model: Option<&str>) -> Result<Option<DraftSpec>> {
+    Ok(match draft_model {
+        None => None,
+        Some("ngram") => Some(DraftSpec::Ngram),
+        Some(spec) => Some(DraftSpec::Model(crate::model_arg::resolve(Some(spec))?)),
+    })
+}
+
 pub fn run(args: Args) -> Result<()> {
     if args.batch_file.is_some() {
         return run_batch_file(args);
@@ -236,32 +244,33 @@ pub fn run(args: Args) -> Result<()> {
     // refuse at once what cannot fit in memory.
     let plain_prompt = match &cache_file {
         Some(_) => None,
-        None => {
-            let (_, prompt) = build_prompt(&tokenizer, &input)?;
-            let draft_dir = match args.draft_model.as_deref() {
-                Some(spec) if spec != "ngram" => Some(crate::model_arg::resolve(Some(spec))?),
-                _ => None,
-            };
-            let context = prompt.len() + args.max_tokens;
-            let n_draft = args.num_draft_tokens;
-            // A sharded model need not fit one device.
-            if group.is_none() {
-                mlx_bun::fit::check_fits(
-                    &dir,
-                    draft_dir.as_deref(),
-                    args.compute.dtype,
-                    context,
-                    n_draft,
-                    0,
-                )?;
-            }
-            Some(prompt)
-        }
+        None => Some(build_prompt(&tokenizer, &input)?.1),
     };
-    let mut model = Model::load_as(&dir, args.compute.dtype)?;
+    let spec = RuntimeSpec {
+        model_dir: dir,
+        compute: args.compute.dtype,
+        adapter: args.adapter_path.clone(),
+        draft: draft_spec(args.draft_model.as_deref())?,
+        num_draft_tokens: args.num_draft_tokens,
+        kv: args.kv.settings(args.max_kv_size),
+        // A sharded model need not fit one device.
+        fit: match &plain_prompt {
+            Some(prompt) if group.is_none() && crate::model_arg::fit_check_enabled() => {
+                Some(FitCheck {
+                    context: prompt.len() + args.max_tokens,
+                    reserved_bytes: 0,
+                })
+            }
+            _ => None,
+        },
+        // A model split across ranks runs forward passes with the others.
+        materialize: group.is_none(),
+    };
+    let mut runtime = Runtime::assemble(&spec, tokenizer)?;
     if let Some(group) = &group {
-        crate::launch::shard(&mut model, group, args.pipeline)?;
+        crate::launch::shard(&mut runtime.model, group, args.pipeline)?;
     }
+    let (model, tokenizer) = (&runtime.model, &*runtime.tokenizer);
     if let Some(id) = sampling
         .logit_bias
         .keys()
@@ -272,30 +281,19 @@ pub fn run(args: Args) -> Result<()> {
             model.vocab_size()
         );
     }
-    if let Some(adapter) = &args.adapter_path {
-        mlx_bun::adapters::apply(&mut model, adapter)?;
-    }
-    if group.is_none() {
-        model.materialize()?;
-    }
-    let kv = args.kv.settings()?;
     let (prompt, mut caches) = match cache_file {
         Some(file) => crate::cache_prompt::continue_from(
             file,
             args.prompt_cache_file.as_deref().unwrap(),
-            &model,
-            &tokenizer,
+            model,
+            tokenizer,
             &input,
-            args.max_kv_size,
-            kv,
+            runtime.kv,
         )?,
-        None => (
-            plain_prompt.unwrap_or_default(),
-            model.decoder.make_caches_with(args.max_kv_size, kv)?,
-        ),
+        None => (plain_prompt.unwrap_or_default(), runtime.make_caches()?),
     };
     let mut constraint = match &constraint_spec {
-        Some(spec) => Some(GrammarEngine::new(&tokenizer)?.constraint(spec)?),
+        Some(spec) => Some(GrammarEngine::new(tokenizer)?.constraint(spec)?),
         None => None,
     };
     // Ranks sample alike only from the same seed: they agree on rank 0's.
@@ -329,42 +327,35 @@ pub fn run(args: Args) -> Result<()> {
         }
         true
     };
-    let result = match args.draft_model.as_deref() {
+    if let Some(Draft::Model {
+        warning: Some(warning),
+        ..
+    }) = &runtime.draft
+    {
+        eprintln!("warning: {warning}");
+    }
+    let result = match runtime.drafter(&opts.sampling)? {
         None => generate(
-            &model,
-            &tokenizer,
+            model,
+            tokenizer,
             &mut caches,
             &prompt,
             &opts,
             constraint.as_deref_mut(),
             &mut on_token,
         )?,
-        Some(spec) => {
-            let draft_model;
-            let mut drafter: Box<dyn DraftSource> = if spec == "ngram" {
-                Box::new(NgramDrafter::default())
-            } else {
-                let draft_dir = crate::model_arg::resolve(Some(spec))?;
-                let draft_tok = Tokenizer::load(&draft_dir)?;
-                if let Some(warning) = check_draft_tokenizer(&tokenizer, &draft_tok)? {
-                    eprintln!("warning: {warning}");
-                }
-                draft_model = Model::load_as(&draft_dir, args.compute.dtype)
-                    .context("loading the draft model")?;
-                draft_model.materialize()?;
-                Box::new(ModelDrafter::new(&draft_model, &opts.sampling)?)
-            };
+        Some(mut drafter) => {
             let row = Row::new(
-                &model,
-                &tokenizer,
+                model,
+                tokenizer,
                 prompt.clone(),
                 0,
                 &opts,
                 constraint.as_deref_mut().map(ConstraintSlot::Borrowed),
                 Box::new(&mut on_token),
             )?
-            .with_drafter(Box::new(drafter.as_mut()), args.num_draft_tokens);
-            decode::run(&model, &mut caches, row, opts.prefill_step)?
+            .with_drafter(Box::new(drafter.as_mut()), runtime.num_draft_tokens);
+            decode::run(model, &mut caches, row, opts.prefill_step)?
         }
     };
     if let Some(e) = write_error {
@@ -408,12 +399,13 @@ fn run_batch_file(args: Args) -> Result<()> {
     let sampling = sampling(&args)?;
     let constraint = args.constraint.spec()?;
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
-    let mut model = Model::load_as(&dir, args.compute.dtype)?;
-    if let Some(adapter) = &args.adapter_path {
-        mlx_bun::adapters::apply(&mut model, adapter)?;
-    }
-    model.materialize()?;
     let tokenizer = Tokenizer::load(&dir)?;
+    let spec = RuntimeSpec {
+        adapter: args.adapter_path.clone(),
+        ..RuntimeSpec::new(dir.clone(), args.compute.dtype)
+    };
+    let runtime = Runtime::assemble(&spec, tokenizer)?;
+    let model = &runtime.model;
     if !model.supports_batching() {
         bail!(
             "{} has layer caches that cannot batch; run its prompts one at a time",
@@ -439,5 +431,5 @@ fn run_batch_file(args: Args) -> Result<()> {
         },
         json: args.json,
     };
-    crate::batch_file::run(&path, &model, &tokenizer, defaults)
+    crate::batch_file::run(&path, model, &runtime.tokenizer, defaults)
 }

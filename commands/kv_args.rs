@@ -1,8 +1,7 @@
 //! The KV-cache flags that `generate`, `chat`, `cache-prompt` and `serve`
 //! share, declared and lowered here once.
 
-use anyhow::Result;
-use mlx_bun::cache::KvQuantization;
+use mlx_bun::cache::{KvQuantization, KvSettings};
 
 /// KV-cache quantization flags, as mlx-lm's.
 #[derive(clap::Args)]
@@ -19,18 +18,16 @@ pub struct KvArgs {
 }
 
 impl KvArgs {
-    /// The quantization these flags ask for (the model checks that the
-    /// group size divides what it caches when it makes its caches).
-    pub fn settings(&self) -> Result<Option<KvQuantization>> {
-        let Some(bits) = self.kv_bits else {
-            return Ok(None);
-        };
-        let q = KvQuantization {
-            bits,
-            group_size: self.kv_group_size,
-            start: self.quantized_kv_start,
-        };
-        q.validate()?;
-        Ok(Some(q))
+    /// The KV settings these flags and `--max-kv-size` ask for (the engine
+    /// checks them where it builds the caches).
+    pub fn settings(&self, max_kv_size: Option<usize>) -> KvSettings {
+        KvSettings {
+            max_kv_size,
+            quantization: self.kv_bits.map(|bits| KvQuantization {
+                bits,
+                group_size: self.kv_group_size,
+                start: self.quantized_kv_start,
+            }),
+        }
     }
 }

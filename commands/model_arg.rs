@@ -28,6 +28,13 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     }
 }
 
+/// Whether the memory check before loading a model runs (`generate`,
+/// `serve`): the settings' `skip_fit_check` (`MLX_BUN_SKIP_FIT_CHECK=1`)
+/// turns it off (docs/fit.md).
+pub fn fit_check_enabled() -> bool {
+    !mlx_bun::settings::get().skip_fit_check
+}
+
 /// `--compute-dtype`, shared by every command that runs a model.
 #[derive(clap::Args, Clone, Copy, Debug)]
 pub struct ComputeArgs {

@@ -1,12 +1,13 @@
 //! `mlx-bun perplexity`: perplexity of a model on text, as `mlx_lm.perplexity`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::Result;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_bun::eval::perplexity::{perplexity, token_rows, RowOptions};
 use mlx_bun::evaldb::{EvalDb, Metric};
-use mlx_bun::model::Model;
+use mlx_bun::runtime::{Runtime, RuntimeSpec};
 use mlx_bun::tokenizer::Tokenizer;
 
 #[derive(clap::Args)]
@@ -51,7 +52,7 @@ pub fn run(a: Args) -> Result<()> {
         n => anyhow::bail!("--num-samples must be positive or -1 (all), got {n}"),
     };
     let model_dir = crate::model_arg::resolve(a.model.as_deref())?;
-    let tok = Tokenizer::load(&model_dir)?;
+    let tok = Arc::new(Tokenizer::load(&model_dir)?);
     let records = mlx_bun::eval::data::load_records(&a.data_path)?;
     let rows = token_rows(
         &tok,
@@ -62,7 +63,11 @@ pub fn run(a: Args) -> Result<()> {
             seed: a.seed.into(),
         },
     )?;
-    let model = Model::load_as(&model_dir, a.compute.dtype)?;
+    let spec = RuntimeSpec {
+        materialize: false,
+        ..RuntimeSpec::new(model_dir.clone(), a.compute.dtype)
+    };
+    let model = Runtime::assemble(&spec, tok)?.model;
     let flags = serde_json::json!({
         "data_path": a.data_path,
         "sequence_length": a.sequence_length,

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use mlx_bun::gateway::{GatewayConfig, Warmup};
 use mlx_bun::reasoning::ReasoningMarkers;
+use mlx_bun::runtime::{Runtime, RuntimeSpec};
 use mlx_bun::server::agent::AgentConfig;
 use mlx_bun::server::models::{Allowed, ModelPool, PoolConfig};
 use mlx_bun::server::{AppState, ServerConfig};
@@ -133,21 +134,6 @@ pub struct Args {
     /// Size cap of --ssd-cache in GiB (least recently used entries go first).
     #[arg(long, default_value_t = 32.0)]
     ssd_cache_max: f64,
-}
-
-/// The KV cache kind from `--max-kv-size` and `--kv-*`.
-fn kv_settings(args: &Args) -> Result<mlx_bun::gateway::KvSettings> {
-    let quantization = args.kv.settings()?;
-    if args.max_kv_size.is_some() && quantization.is_some() {
-        bail!("--max-kv-size and --kv-bits cannot be combined (as in mlx-lm)");
-    }
-    if args.max_kv_size.is_some_and(|n| n <= 4) {
-        bail!("--max-kv-size must exceed the 4 positions it always keeps");
-    }
-    Ok(mlx_bun::gateway::KvSettings {
-        max_kv_size: args.max_kv_size,
-        quantization,
-    })
 }
 
 impl Args {
@@ -288,13 +274,13 @@ fn follow(args: &Args, rank: usize) -> Result<()> {
     }
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     let tokenizer = Arc::new(mlx_bun::tokenizer::Tokenizer::load(&dir)?);
-    let compute = args.compute.dtype;
-    let load = move || {
-        Ok(mlx_bun::gateway::LoadedModels {
-            model: mlx_bun::model::Model::load_as(&dir, compute)?,
-            draft: None,
-        })
+    // The gateway splits the model across the ranks once it is loaded.
+    let spec = RuntimeSpec {
+        materialize: false,
+        ..RuntimeSpec::new(dir, args.compute.dtype)
     };
+    let shared = tokenizer.clone();
+    let load = move || Ok(Runtime::assemble(&spec, shared)?.into());
     let gateway = mlx_bun::gateway::Gateway::start(
         load,
         tokenizer,
@@ -308,7 +294,7 @@ fn follow(args: &Args, rank: usize) -> Result<()> {
 
 fn gateway_config(
     args: &Args,
-    kv: mlx_bun::gateway::KvSettings,
+    kv: mlx_bun::cache::KvSettings,
     ssd: Option<mlx_bun::gateway::SsdConfig>,
 ) -> GatewayConfig {
     let gib = |g: f64| (g * (1u64 << 30) as f64) as usize;
@@ -373,7 +359,7 @@ pub fn run(args: Args) -> Result<()> {
         cors: mlx_bun::server::cors::AllowedOrigins::parse(&args.allowed_origins),
         agent,
     };
-    let kv = kv_settings(&args)?;
+    let kv = args.kv.settings(args.max_kv_size);
     let ssd = match &args.ssd_cache {
         Some(folder) => Some(mlx_bun::gateway::SsdConfig::for_model(
             folder.clone(),
@@ -396,6 +382,7 @@ pub fn run(args: Args) -> Result<()> {
         min_context: args.max_tokens_default + 512,
         chat_template,
         compute: args.compute.dtype,
+        fit_check: crate::model_arg::fit_check_enabled(),
         gateway: gateway_config(&args, kv, ssd),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()

@@ -485,11 +485,11 @@ pub fn compute_dtype_bytes(dir: &Path, compute: crate::mlx_ext::ComputeDtype) ->
     })
 }
 
-/// The start-up check of `serve` and `generate`: an error with the numbers
+/// The start-up check of `serve` and `generate` (run by
+/// `runtime::Runtime::assemble` before loading): an error with the numbers
 /// when `dir` (+ `draft`) cannot hold `context` tokens in the available
-/// memory. `None` where the available memory is unknown (no /proc/meminfo)
-/// or `MLX_BUN_SKIP_FIT_CHECK=1` turns the check off.
-pub fn check_fits(
+/// memory. `None` where the available memory is unknown (no /proc/meminfo).
+pub(crate) fn check_fits(
     dir: &Path,
     draft: Option<&Path>,
     compute: crate::mlx_ext::ComputeDtype,
@@ -497,9 +497,6 @@ pub fn check_fits(
     num_draft_tokens: usize,
     reserved_bytes: u64,
 ) -> Result<Option<FitReport>> {
-    if std::env::var("MLX_BUN_SKIP_FIT_CHECK").is_ok_and(|v| v == "1") {
-        return Ok(None);
-    }
     let Ok(memory_bytes) = available_memory() else {
         return Ok(None);
     };

@@ -28,6 +28,7 @@ pub mod prefix;
 pub mod prompt;
 pub mod quant;
 pub mod reasoning;
+pub mod runtime;
 pub mod sampling;
 #[cfg(feature = "server")]
 pub mod server;

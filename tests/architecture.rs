@@ -36,6 +36,7 @@ const ENGINE: &[&str] = &[
     "src/prefix/",
     "src/speculative.rs",
     "src/generate.rs",
+    "src/runtime.rs",
 ];
 
 /// What convert, eval and train share (adapters, the differentiable forward, dataset rows).

@@ -23,6 +23,57 @@ use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
 use mlx_rs::ops::{arange, concatenate, expand_dims, ge, gt, logical_and, subtract, zeros_dtype};
 use mlx_rs::Array;
 
+/// How KV caches are built: dense (the default), bounded to `max_kv_size`
+/// positions (`--max-kv-size`), or quantized (`--kv-bits`). Bounded and
+/// quantized caches do not batch in the server: such servers run requests
+/// serially (see `gateway::route`).
+/// How KV caches are built: dense (the default), bounded to `max_kv_size`
+/// positions, or quantized.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KvSettings {
+    /// Positions a cache keeps (`--max-kv-size`); `None`: all of them.
+    pub max_kv_size: Option<usize>,
+    /// Quantized keys and values (`--kv-bits`).
+    pub quantization: Option<KvQuantization>,
+}
+
+impl KvSettings {
+    /// Checks what holds for any model: bounded and quantized caches do not
+    /// combine, a bound exceeds the positions it always keeps, and the bits
+    /// and group size are ones MLX quantizes with. Whether the group size
+    /// divides what a model caches is checked against the model
+    /// (`Decoder::check_kv`).
+    pub fn validate(&self) -> Result<()> {
+        if self.max_kv_size.is_some() && self.quantization.is_some() {
+            bail!("--max-kv-size and --kv-bits cannot be combined (as in mlx-lm)");
+        }
+        if self.max_kv_size.is_some_and(|n| n <= 4) {
+            bail!("--max-kv-size must exceed the 4 positions it always keeps");
+        }
+        if let Some(q) = &self.quantization {
+            q.validate()?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn is_default(&self) -> bool {
+        self.max_kv_size.is_none() && self.quantization.is_none()
+    }
+
+    /// What an SSD entry records, so entries are only restored into caches
+    /// of the same kind.
+    pub(crate) fn describe(&self) -> String {
+        match (self.max_kv_size, self.quantization) {
+            (Some(n), _) => format!("rotating max={n} keep=4"),
+            (None, Some(q)) => format!(
+                "quantized bits={} group={} start={}",
+                q.bits, q.group_size, q.start
+            ),
+            (None, None) => "dense".into(),
+        }
+    }
+}
+
 /// The RoPE positions of the next tokens: one offset for every row, or one
 /// offset per row (`[batch]` int32).
 pub enum Positions {
@@ -62,37 +113,6 @@ pub(crate) fn attention_mask(
     let causal = ge(&q, &k)?;
     let in_window = gt(&k, &subtract(&q, Array::from_int(window as i32))?)?;
     Ok(Mask::Array(logical_and(&causal, &in_window)?))
-}
-
-/// How a server builds its KV caches: dense (the default), bounded to
-/// `max_kv_size` positions, or quantized. Bounded and quantized caches do
-/// not batch: a server with them runs requests serially.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct KvSettings {
-    /// Positions a cache keeps (`--max-kv-size`); `None`: all of them.
-    pub max_kv_size: Option<usize>,
-    /// Quantized keys and values (`--kv-bits`).
-    pub quantization: Option<KvQuantization>,
-}
-
-impl KvSettings {
-    /// Whether these are the default, dense caches.
-    pub(crate) fn is_default(&self) -> bool {
-        self.max_kv_size.is_none() && self.quantization.is_none()
-    }
-
-    /// What a prefix stored on disk records, so it is only restored into
-    /// caches of the same kind.
-    pub(crate) fn describe(&self) -> String {
-        match (self.max_kv_size, self.quantization) {
-            (Some(n), _) => format!("rotating max={n} keep=4"),
-            (None, Some(q)) => format!(
-                "quantized bits={} group={} start={}",
-                q.bits, q.group_size, q.start
-            ),
-            (None, None) => "dense".into(),
-        }
-    }
 }
 
 /// How many positions a standard cache grows by at a time.

@@ -31,9 +31,9 @@ pub struct KvQuantization {
 
 impl KvQuantization {
     /// Checks the bits and group size; whether the group size divides a
-    /// model's cached widths is checked where its caches are made
-    /// (`Decoder::make_caches_with`).
-    pub fn validate(&self) -> Result<()> {
+    /// model's cached widths is checked against the model
+    /// (`Decoder::check_kv`).
+    pub(crate) fn validate(&self) -> Result<()> {
         if !matches!(self.bits, 2 | 3 | 4 | 5 | 6 | 8) {
             bail!("--kv-bits must be one of 2, 3, 4, 5, 6, 8");
         }

@@ -23,7 +23,6 @@ mod serial;
 mod stats;
 mod worker;
 
-pub use crate::cache::KvSettings;
 pub use crate::prefix::{SsdConfig, SsdStats};
 pub use lockstep::{shard_serving, Sharding};
 pub use route::{route, Lane, RequestShape};
@@ -38,6 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail, Context, Result};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
+use crate::cache::KvSettings;
 use crate::decode::BatchLimits;
 
 /// A step of the batch spends about this long on prefill: decoding rows keep
@@ -136,6 +136,21 @@ pub enum Health {
 pub struct LoadedModels {
     pub model: Model,
     pub draft: Option<Model>,
+}
+
+impl From<crate::runtime::Runtime> for LoadedModels {
+    /// The runtime's model and draft model; prompt-lookup drafting is the
+    /// gateway's `ngram_draft`.
+    fn from(runtime: crate::runtime::Runtime) -> Self {
+        let draft = match runtime.draft {
+            Some(crate::runtime::Draft::Model { model, .. }) => Some(*model),
+            Some(crate::runtime::Draft::Ngram) | None => None,
+        };
+        Self {
+            model: runtime.model,
+            draft,
+        }
+    }
 }
 
 /// One generation request, already tokenized and validated.

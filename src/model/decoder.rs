@@ -16,7 +16,9 @@ use super::layers::{Embedding, Linear, RmsNorm, Rope};
 use super::lfm2::ShortConv;
 use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
-use crate::cache::{KvCache, KvQuantization, Mask, QuantizedCache, RotatingCache, StandardCache};
+use crate::cache::{
+    KvCache, KvQuantization, KvSettings, Mask, QuantizedCache, RotatingCache, StandardCache,
+};
 
 /// What differs between the families.
 #[derive(Clone, Debug, Default)]
@@ -667,39 +669,45 @@ impl Decoder {
         self.project(&last)
     }
 
+    /// Checks `kv` (`KvSettings::validate`) and that its group size
+    /// divides what each attention layer caches.
+    pub(crate) fn check_kv(&self, kv: &KvSettings) -> Result<()> {
+        kv.validate()?;
+        let Some(q) = kv.quantization else {
+            return Ok(());
+        };
+        for i in 0..self.cache_count() {
+            if self.layers[i].linear_attn.is_some() {
+                continue;
+            }
+            if let Some(w) = self
+                .cached_widths(i)
+                .into_iter()
+                .find(|w| w % q.group_size != 0)
+            {
+                anyhow::bail!(
+                    "--kv-group-size {} does not divide the {w} values per head that \
+                     layer {i} caches",
+                    q.group_size
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Caches bounded to `max_kv_size` positions (mlx-lm's
     /// `RotatingKVCache` keeping the first 4) or quantized from
-    /// `kv.start` on. Layers with their own sliding window keep it.
+    /// `kv.start` on, after [`Self::check_kv`]. Layers with their own
+    /// sliding window keep it.
     pub fn make_caches_with(
         &self,
         max_kv_size: Option<usize>,
         kv: Option<KvQuantization>,
     ) -> Result<Vec<Box<dyn KvCache>>> {
-        if max_kv_size.is_some() && kv.is_some() {
-            anyhow::bail!("--max-kv-size and --kv-bits cannot be combined (as in mlx-lm)");
-        }
-        if max_kv_size.is_some_and(|n| n <= 4) {
-            anyhow::bail!("--max-kv-size must exceed the 4 positions it always keeps");
-        }
-        if let Some(q) = kv {
-            q.validate()?;
-            for i in 0..self.cache_count() {
-                if self.layers[i].linear_attn.is_some() {
-                    continue;
-                }
-                if let Some(w) = self
-                    .cached_widths(i)
-                    .into_iter()
-                    .find(|w| w % q.group_size != 0)
-                {
-                    anyhow::bail!(
-                        "--kv-group-size {} does not divide the {w} values per head that \
-                         layer {i} caches",
-                        q.group_size
-                    );
-                }
-            }
-        }
+        self.check_kv(&KvSettings {
+            max_kv_size,
+            quantization: kv,
+        })?;
         Ok((0..self.cache_count())
             .map(|i| -> Box<dyn KvCache> {
                 if self.layers[i].linear_attn.is_some() {

@@ -20,8 +20,9 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::fields::Fields;
-use crate::gateway::{Gateway, GatewayConfig, GatewayStats, Health, LoadedModels};
-use crate::model::{ComputeDtype, Model};
+use crate::gateway::{Gateway, GatewayConfig, GatewayStats, Health};
+use crate::model::ComputeDtype;
+use crate::runtime::{DraftSpec, FitCheck, Refusal, Runtime, RuntimeSpec};
 use crate::tokenizer::Tokenizer;
 
 /// Where models other than the default may come from (`--allowed-models`).
@@ -67,6 +68,9 @@ pub struct PoolConfig {
     pub chat_template: Option<String>,
     /// `--compute-dtype`, for every model the pool loads.
     pub compute: ComputeDtype,
+    /// Whether a model must fit in the available memory to be loaded
+    /// (`MLX_BUN_SKIP_FIT_CHECK=1` turns the check off).
+    pub fit_check: bool,
     /// Gateway settings of the default model; other models get the same
     /// without its KV settings (`--kv-bits`, `--max-kv-size`) and SSD tier,
     /// which are sized for and fingerprinted by the default model.
@@ -458,15 +462,6 @@ impl ModelPool {
                 .map_err(failed)?,
             );
         }
-        let tokenizer = Arc::new(tokenizer);
-        if let Some(draft) = &key.draft {
-            let draft_tokenizer = Tokenizer::load(draft).map_err(failed)?;
-            match crate::speculative::check_draft_tokenizer(&tokenizer, &draft_tokenizer) {
-                Ok(Some(warning)) => tracing::warn!("{warning}"),
-                Ok(None) => {}
-                Err(e) => return Err(ApiError::invalid("draft_model", format!("{e:#}"))),
-            }
-        }
         let min_context = self
             .config
             .min_context
@@ -480,34 +475,34 @@ impl ModelPool {
                 ..self.config.gateway.clone()
             }
         };
-        crate::fit::check_fits(
-            &key.dir,
-            key.draft.as_deref(),
-            self.config.compute,
-            min_context,
-            c.num_draft_tokens,
-            c.prompt_cache_bytes as u64,
-        )
-        .map_err(|e| {
-            ApiError::unavailable(
+        let spec = RuntimeSpec {
+            model_dir: key.dir.clone(),
+            compute: self.config.compute,
+            adapter: key.adapter.clone(),
+            draft: key.draft.clone().map(DraftSpec::Model),
+            num_draft_tokens: c.num_draft_tokens,
+            kv: c.kv,
+            fit: self.config.fit_check.then_some(FitCheck {
+                context: min_context,
+                reserved_bytes: c.prompt_cache_bytes as u64,
+            }),
+            // The gateway's warm-up reads the weights (after splitting the
+            // model across ranks, when sharded).
+            materialize: false,
+        };
+        let prepared = Runtime::prepare(&spec, tokenizer).map_err(|e| match e {
+            Refusal::Draft(e) => ApiError::invalid("draft_model", format!("{e:#}")),
+            Refusal::Fit(e) => ApiError::unavailable(
                 format!("model {id:?} does not fit in memory now: {e:#}"),
                 "insufficient_memory",
-            )
+            ),
+            Refusal::Other(e) => failed(e),
         })?;
-        let load_key = key.clone();
-        let compute = self.config.compute;
-        let load = move || -> Result<LoadedModels> {
-            let mut model = Model::load_as(&load_key.dir, compute)?;
-            if let Some(adapter) = &load_key.adapter {
-                crate::adapters::apply(&mut model, adapter)
-                    .with_context(|| format!("applying adapters {}", adapter.display()))?;
-            }
-            let draft = match &load_key.draft {
-                Some(d) => Some(Model::load_as(d, compute).context("loading the draft model")?),
-                None => None,
-            };
-            Ok(LoadedModels { model, draft })
-        };
+        if let Some(warning) = &prepared.draft_warning {
+            tracing::warn!("{warning}");
+        }
+        let tokenizer = prepared.tokenizer.clone();
+        let load = move || Ok(prepared.load()?.into());
         let gateway = Gateway::start(load, tokenizer.clone(), c.clone()).map_err(failed)?;
         gateway.wait_ready().map_err(failed)?;
         tracing::info!("model {id} ready in {:.1} s", start.elapsed().as_secs_f64());
@@ -701,6 +696,7 @@ mod tests {
             min_context: 1,
             chat_template: None,
             compute: ComputeDtype::Auto,
+            fit_check: true,
             gateway: GatewayConfig {
                 max_queue: 1,
                 prompt_cache_bytes: 0,
