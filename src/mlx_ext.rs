@@ -76,6 +76,7 @@ pub fn on_gpu() -> bool {
     })
 }
 
+/// Whether `dtype` is a floating-point dtype.
 pub fn is_float(dtype: Dtype) -> bool {
     matches!(
         dtype,
@@ -92,14 +93,19 @@ pub(crate) fn cast_float(a: Array, dtype: Dtype) -> Result<Array> {
     }
 }
 
+/// The most memory MLX has had allocated since start or the last
+/// [`reset_peak_memory`], in bytes (0 if MLX cannot say).
 pub fn peak_memory_bytes() -> usize {
     mlx_rs::memory::peak_memory().unwrap_or(0)
 }
 
+/// Restarts MLX's peak-memory count ([`peak_memory_bytes`]).
 pub fn reset_peak_memory() {
     let _ = mlx_rs::memory::reset_peak_memory();
 }
 
+/// The dtype's name as config.json and the command line spell it (`bfloat16`),
+/// or `other`.
 pub fn dtype_name(dtype: Dtype) -> &'static str {
     match dtype {
         Dtype::Float32 => "float32",
@@ -115,6 +121,8 @@ pub fn dtype_name(dtype: Dtype) -> &'static str {
     }
 }
 
+/// The dtype a name (`float32`/`f32`, `float16`/`f16`, `bfloat16`/`bf16`)
+/// stands for; `None` for anything else.
 pub fn parse_dtype(name: &str) -> Option<Dtype> {
     Some(match name {
         "float32" | "f32" => Dtype::Float32,

@@ -70,7 +70,9 @@ pub struct Settings {
 /// The device kind the dtype and kernel policies assume.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Device {
+    /// The CPU.
     Cpu,
+    /// A GPU (Metal or CUDA).
     Gpu,
 }
 
@@ -95,6 +97,7 @@ pub struct CpuKernel {
 pub enum CudaKernel {
     /// Not chosen: on for `serve` (its warm-up compiles the kernel), off elsewhere.
     Unset,
+    /// Never.
     Off,
     /// Where it wins: batched rows of large layers.
     On,

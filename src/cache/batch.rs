@@ -100,6 +100,8 @@ pub(super) fn rows_mask(
     Ok(Mask::Array(logical_and(&live, &causal)?))
 }
 
+/// One attention layer's keys and values for several rows of different
+/// lengths, right-aligned with left padding (mlx-lm's `BatchKVCache`).
 #[derive(Clone, Default)]
 pub struct BatchKvCache {
     keys: Option<Array>,
@@ -143,6 +145,7 @@ impl BatchKvCache {
         }
     }
 
+    /// Number of rows.
     pub fn rows(&self) -> usize {
         self.lengths.len()
     }

@@ -77,7 +77,10 @@ impl KvSettings {
 /// The RoPE positions of the next tokens: one offset for every row, or one
 /// offset per row (`[batch]` int32).
 pub enum Positions {
+    /// Every row's next token is at this position (a single sequence, or rows
+    /// of equal length).
     Shared(i32),
+    /// Row `r`'s next token is at `offsets[r]`.
     PerRow(Array),
 }
 
@@ -118,6 +121,8 @@ pub(crate) fn attention_mask(
 /// How many positions a standard cache grows by at a time.
 const STEP: i32 = 256;
 
+/// One attention layer's cache of keys and values for one sequence (mlx-lm's
+/// `KVCache` family), or a recurrent layer's state.
 pub trait KvCache: Send {
     /// Number of positions seen so far (the RoPE offset of the next token).
     fn offset(&self) -> usize;
@@ -192,6 +197,7 @@ pub trait KvCache: Send {
 /// single-sequence caches of the matching kind, leave by [`BatchCache::filter`]
 /// or [`BatchCache::extract`], and drop rejected drafts per row.
 pub trait BatchCache: KvCache {
+    /// Number of rows.
     fn rows(&self) -> usize;
     /// Appends a row holding `single`'s contents (a cache of the kind whose
     /// [`KvCache::empty_batch`] made this one).
@@ -243,6 +249,7 @@ pub struct StandardCache {
 }
 
 impl StandardCache {
+    /// An empty cache.
     pub fn new() -> Self {
         Self::default()
     }
@@ -480,10 +487,12 @@ pub(crate) fn trim_all(caches: &mut [Box<dyn KvCache>], n: usize) -> bool {
     caches.iter_mut().all(|c| c.trim(n) == n)
 }
 
+/// Bytes all of `caches` hold on the device.
 pub fn total_bytes(caches: &[Box<dyn KvCache>]) -> usize {
     caches.iter().map(|c| c.nbytes()).sum()
 }
 
+/// Independent copies of `caches` (sharing storage until written).
 pub fn clone_all(caches: &[Box<dyn KvCache>]) -> Vec<Box<dyn KvCache>> {
     caches.iter().map(|c| c.boxed_clone()).collect()
 }

@@ -24,8 +24,11 @@ const STEP: i32 = 256;
 /// `--quantized-kv-start`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvQuantization {
+    /// Bits per quantized value (`--kv-bits`: 2, 3, 4, 5, 6 or 8).
     pub bits: i32,
+    /// Values sharing one scale and bias (`--kv-group-size`: 32, 64 or 128).
     pub group_size: i32,
+    /// Positions kept dense before the cache turns quantized (`--quantized-kv-start`).
     pub start: usize,
 }
 
@@ -48,9 +51,13 @@ impl KvQuantization {
 /// `[batch, kv_heads, positions, *]`.
 #[derive(Clone)]
 pub struct QuantizedState {
+    /// The keys' packed values, scales and biases.
     pub keys: [Array; 3],
+    /// The values' packed values, scales and biases.
     pub values: [Array; 3],
+    /// Values sharing one scale and bias.
     pub group_size: i32,
+    /// Bits per quantized value.
     pub bits: i32,
 }
 
@@ -60,6 +67,7 @@ impl QuantizedState {
         self.keys[0].shape()[2]
     }
 
+    /// Whether no position is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -74,6 +82,8 @@ enum Store {
     },
 }
 
+/// One layer's quantized KV cache (mlx-lm's `QuantizedKVCache`), dense until
+/// `start` positions are held.
 #[derive(Clone)]
 pub struct QuantizedCache {
     store: Store,
@@ -149,6 +159,7 @@ impl QuantizedCache {
         })
     }
 
+    /// The quantization settings this cache was made with.
     pub fn settings(&self) -> KvQuantization {
         self.q
     }

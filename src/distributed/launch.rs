@@ -36,8 +36,11 @@ pub struct Host {
 /// The ranks to start (one per entry of `hosts`).
 #[derive(Clone, Debug, Default)]
 pub struct HostFile {
+    /// The machines, one rank each, rank 0 first.
     pub hosts: Vec<Host>,
+    /// The backend the file asks for (`ring`, `nccl`, `mpi`), if any.
     pub backend: Option<String>,
+    /// `NAME=VALUE` settings for every rank.
     pub envs: Vec<String>,
 }
 
@@ -61,6 +64,8 @@ impl HostFile {
         Self::parse(&text).with_context(|| format!("host file {}", path.display()))
     }
 
+    /// Parses a host file: a JSON list of `{"ssh", "ips"}` hosts, or an object
+    /// with `hosts` and optional `backend` and `envs`.
     pub fn parse(text: &str) -> Result<Self> {
         #[derive(serde::Deserialize)]
         struct RawHost {
@@ -124,11 +129,14 @@ fn is_local(host: &Host) -> bool {
 /// What to start on every rank, and how the ranks meet.
 #[derive(Clone, Debug)]
 pub struct LaunchSpec {
+    /// The ranks' hosts.
     pub hosts: HostFile,
+    /// The backend the ranks use: `ring`, `nccl`, `mpi` or `any`.
     pub backend: String,
     /// First ring port (one per rank and address); `None` picks free ports
     /// when every rank is local, else 32323 (as `mlx.launch`).
     pub starting_port: Option<u16>,
+    /// The port rank 0 listens on for NCCL's rendezvous (`NCCL_PORT`).
     pub nccl_port: u16,
     /// Extra `NAME=VALUE` for every rank.
     pub env: Vec<String>,
@@ -246,8 +254,11 @@ pub enum Outcome {
     Success,
     /// A rank failed first: its number, exit status and last `error:` line.
     RankFailed {
+        /// The rank that failed.
         rank: usize,
+        /// Its exit status.
         status: ExitStatus,
+        /// The last line it wrote starting `error:`, if any.
         error: Option<String>,
     },
     /// The launcher got this signal and passed it on.

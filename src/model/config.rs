@@ -29,12 +29,21 @@ pub(crate) fn family_args<T: serde::de::DeserializeOwned>(raw: &serde_json::Valu
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
     /// Positions divided by `factor`.
-    Linear { factor: f64 },
+    Linear {
+        /// The divisor; positive.
+        factor: f64,
+    },
     /// Llama 3.1's frequency bands.
     Llama3 {
+        /// How much the low frequencies are stretched.
         factor: f64,
+        /// Wavelengths above `original_max_position_embeddings / low_freq_factor`
+        /// are stretched by `factor`; default 1.
         low_freq_factor: f64,
+        /// Wavelengths below `original_max_position_embeddings / high_freq_factor`
+        /// stay as they are; default 4 (those between are blended).
         high_freq_factor: f64,
+        /// The context length trained before the extension; default 8192.
         original_max_position_embeddings: f64,
     },
     /// YaRN (GPT-OSS, DeepSeek-style long context).
@@ -126,39 +135,65 @@ impl RopeScaling {
     }
 }
 
+/// The `config.json` fields the decoder-only families share (mlx-lm's
+/// `ModelArgs`); each family reads what else it needs from the raw JSON.
 #[derive(Clone, Debug, Deserialize)]
 pub struct ModelArgs {
+    /// The architecture name (`llama`, `qwen3`, ...) that picks the family.
     pub model_type: String,
+    /// Width of the residual stream.
     pub hidden_size: i32,
+    /// Number of decoder layers.
     pub num_hidden_layers: i32,
+    /// Width of the MLP's hidden layer.
     pub intermediate_size: i32,
+    /// Number of query heads.
     pub num_attention_heads: i32,
+    /// Number of key/value heads (grouped-query attention); defaults to
+    /// `num_attention_heads`.
     #[serde(default)]
     pub num_key_value_heads: Option<i32>,
+    /// Width of one attention head; defaults to `hidden_size / num_attention_heads`.
     #[serde(default)]
     pub head_dim: Option<i32>,
+    /// The RMS norms' epsilon; default `1e-6`.
     #[serde(default = "default_eps")]
     pub rms_norm_eps: f32,
+    /// Number of token ids the embedding and output head cover.
     pub vocab_size: i32,
+    /// The RoPE frequency base; default `rope_parameters.rope_theta`, else 10000.
     #[serde(default)]
     pub rope_theta: Option<f32>,
     /// transformers >= 5 nests `rope_theta` and the scaling here.
     #[serde(default)]
     pub rope_parameters: Option<serde_json::Value>,
+    /// Rotates adjacent feature pairs instead of the two halves; default false.
     #[serde(default)]
     pub rope_traditional: bool,
+    /// The RoPE scaling block (`linear`, `llama3`, `yarn`, `su`/`longrope`),
+    /// parsed by [`RopeScaling::parse`].
     #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
+    /// The output head shares the embedding matrix; default true.
     #[serde(default = "default_true")]
     pub tie_word_embeddings: bool,
+    /// Bias on the attention projections; default false (biases are loaded
+    /// wherever the weights carry them).
     #[serde(default)]
     pub attention_bias: bool,
+    /// Bias on the MLP projections; default false (biases are loaded wherever
+    /// the weights carry them).
     #[serde(default)]
     pub mlp_bias: bool,
+    /// The longest context the model was trained for, in tokens.
     #[serde(default)]
     pub max_position_embeddings: Option<usize>,
+    /// The sliding attention window, in tokens, of layers `layer_types` marks
+    /// `sliding_attention`.
     #[serde(default)]
     pub sliding_window: Option<usize>,
+    /// Per layer: its attention kind (`full_attention`, `sliding_attention`, or
+    /// a family's own names); as many entries as layers.
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
     /// mlx-lm's `quantization` block, or its `quantization_config` alias
@@ -167,10 +202,13 @@ pub struct ModelArgs {
     pub quantization: Option<Quantization>,
     #[serde(default)]
     quantization_config: Option<serde_json::Value>,
+    /// The checkpoint's float dtype (`bfloat16`, `float16`, `float32`).
     #[serde(default)]
     pub torch_dtype: Option<String>,
+    /// End-of-sequence token id(s); see [`ModelArgs::eos_ids`].
     #[serde(default)]
     pub eos_token_id: Option<TokenIds>,
+    /// The beginning-of-sequence token id(s), as written; kept but not read.
     #[serde(default)]
     pub bos_token_id: Option<serde_json::Value>,
 }
@@ -205,6 +243,7 @@ impl ModelArgs {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
     }
 
+    /// Width of one attention head: `head_dim`, else `hidden_size / num_attention_heads`.
     pub fn head_dim(&self) -> i32 {
         self.head_dim
             .unwrap_or(self.hidden_size / self.num_attention_heads)

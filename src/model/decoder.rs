@@ -30,17 +30,29 @@ pub struct DecoderOptions {
     pub layer_windows: Vec<Option<usize>>,
 }
 
+/// Grouped-query self-attention with RoPE (mlx-lm's `Attention`), with the
+/// options the families add.
 #[derive(Clone)]
 pub struct Attention {
+    /// Projects the hidden states to the queries (and, with `output_gate`, their gates).
     pub q_proj: Linear,
+    /// Projects the hidden states to the keys, `n_kv_heads × head_dim` wide.
     pub k_proj: Linear,
+    /// Projects the hidden states to the values, `n_kv_heads × head_dim` wide.
     pub v_proj: Linear,
+    /// Projects the concatenated heads back to the hidden size.
     pub o_proj: Linear,
+    /// RMS norm on the queries (Qwen3's `q_norm`), over `qk_norm_span`.
     pub q_norm: Option<RmsNorm>,
+    /// RMS norm on the keys (Qwen3's `k_norm`), over `qk_norm_span`.
     pub k_norm: Option<RmsNorm>,
+    /// Number of query heads (`num_attention_heads`).
     pub n_heads: i32,
+    /// Number of key/value heads (`num_key_value_heads`); divides `n_heads`.
     pub n_kv_heads: i32,
+    /// Width of one head.
     pub head_dim: i32,
+    /// Multiplies the attention scores: `head_dim^-0.5` unless the family says otherwise.
     pub scale: f32,
     /// `None` in layers without positional encoding (SmolLM3's NoPE layers).
     pub rope: Option<Rope>,
@@ -77,7 +89,9 @@ pub enum QkNormSpan {
 /// multiplied by `1 + beta * ln(1 + floor(p / max_position))`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct QueryScaling {
+    /// The strength `beta` (Ministral 3's `rope_parameters.llama_4_scaling_beta`).
     pub beta: f32,
+    /// Positions per bucket (`rope_parameters.original_max_position_embeddings`).
     pub max_position: f32,
 }
 
@@ -212,6 +226,8 @@ impl Attention {
         })
     }
 
+    /// The attention output `[B, L, hidden]` for `x` `[B, L, hidden]`, appending
+    /// this step's keys and values to `cache`.
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         if let Some(latent) = &self.latent {
             return latent.forward(self, x, cache);
@@ -290,11 +306,16 @@ pub enum Activation {
     GeluApprox,
 }
 
+/// The gated MLP: `down_proj(act(gate_proj(x)) * up_proj(x))`.
 #[derive(Clone)]
 pub struct Mlp {
+    /// Projects the hidden states to the intermediate size; goes through `activation`.
     pub gate_proj: Linear,
+    /// Projects the hidden states to the intermediate size, multiplied by the gate.
     pub up_proj: Linear,
+    /// Projects the intermediate size back to the hidden size.
     pub down_proj: Linear,
+    /// The gate's activation.
     pub activation: Activation,
 }
 
@@ -308,6 +329,7 @@ impl Mlp {
         })
     }
 
+    /// The MLP output `[B, L, hidden]` for `x` `[B, L, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         if let Some(h) = self.fused_silu_glu(x)? {
             return self.down_proj.forward(&h);
@@ -343,11 +365,14 @@ impl Mlp {
 /// A layer's feed-forward: one gated MLP, or a sparse mixture of experts.
 #[derive(Clone)]
 pub enum FeedForward {
+    /// One gated MLP for every token.
     Dense(Mlp),
+    /// A sparse mixture of experts, each token routed to its top-k experts.
     Sparse(super::moe::SparseMoe),
 }
 
 impl FeedForward {
+    /// The feed-forward output `[B, L, hidden]` for `x` `[B, L, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         match self {
             FeedForward::Dense(mlp) => mlp.forward(x),
@@ -364,6 +389,8 @@ impl FeedForward {
     }
 }
 
+/// One decoder layer: a token mixer and a feed-forward, joined to the
+/// residual stream as `residual` says.
 #[derive(Clone)]
 pub struct Block {
     /// The token mixer, unless `linear_attn` replaces it.
@@ -373,9 +400,13 @@ pub struct Block {
     /// `self_attn` is then [`Attention::absent`] and the layer's cache a
     /// [`crate::cache::StateCache`].
     pub linear_attn: Option<Box<Recurrent>>,
+    /// The layer's feed-forward.
     pub mlp: FeedForward,
+    /// The norm before the token mixer (unused with `Residual::PostNorm`).
     pub input_layernorm: RmsNorm,
+    /// The norm before the feed-forward, or after attention where `residual` says so.
     pub post_attention_layernorm: RmsNorm,
+    /// How the branches join the residual stream.
     pub residual: Residual,
 }
 
@@ -391,6 +422,8 @@ pub enum Recurrent {
 }
 
 impl Recurrent {
+    /// The mixer's output `[B, L, hidden]` for `x` `[B, L, hidden]`, advancing
+    /// the running state in `cache`.
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         match self {
             Recurrent::GatedDelta(delta) => delta.forward(x, cache),
@@ -414,7 +447,10 @@ pub enum Residual {
     /// normalizes the attention output and this one the MLP output:
     /// `h = x + norm(attn(x))`, `h + norm(mlp(h))` (OLMo 3, EXAONE 4).
     /// The block's `input_layernorm` is then unused.
-    PostNorm { post_feedforward_layernorm: RmsNorm },
+    PostNorm {
+        /// The norm on the MLP output.
+        post_feedforward_layernorm: RmsNorm,
+    },
     /// Nemotron-H: the mixer alone as a residual layer, between residual
     /// ReLU² MLP layers; the block's `mlp` and `post_attention_layernorm`
     /// are then unused.
@@ -487,6 +523,8 @@ impl Block {
         })
     }
 
+    /// The layer's output `[B, L, hidden]` for `x` `[B, L, hidden]`, updating
+    /// this layer's `cache`.
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let scale = match &self.residual {
             Residual::Sandwich(norms) => return norms.forward(self, x, cache),
@@ -522,12 +560,20 @@ impl Block {
     }
 }
 
+/// The decoder-only language model: token embedding, the layers, a final
+/// RMS norm and the output head.
 #[derive(Clone)]
 pub struct Decoder {
+    /// The token embedding table (`model.embed_tokens`), `[vocab, hidden]`.
     pub embed_tokens: Embedding,
+    /// The decoder layers, in order.
     pub layers: Vec<Block>,
+    /// The final RMS norm (`model.norm`).
     pub norm: RmsNorm,
+    /// The output head (`lm_head`); `None` when tied to `embed_tokens`
+    /// (`tie_word_embeddings`).
     pub lm_head: Option<Linear>,
+    /// The family's options the layers were built with.
     pub options: DecoderOptions,
     /// Multiplies the token embeddings (Gemma: `sqrt(hidden_size)`).
     pub embed_scale: Option<f32>,
@@ -539,6 +585,8 @@ pub struct Decoder {
 }
 
 impl Decoder {
+    /// Loads a LLaMA-style decoder (every layer pre-norm attention and a dense
+    /// MLP) from the `model.*` and `lm_head` tensors in `w`.
     pub fn load(w: &mut Weights, args: &ModelArgs, options: DecoderOptions) -> Result<Self> {
         let embed_tokens = Embedding::load(w, "model.embed_tokens")?;
         let layers = (0..args.num_hidden_layers)
@@ -744,6 +792,9 @@ impl Decoder {
         super::gemma4_text::cache_count(self).unwrap_or(self.layers.len())
     }
 
+    /// One fresh cache per layer that keeps one: a rotating cache of the window
+    /// for sliding-window layers, a state cache for recurrent layers, and an
+    /// unbounded one otherwise.
     pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
         (0..self.cache_count())
             .map(|i| -> Box<dyn KvCache> {
@@ -762,6 +813,7 @@ impl Decoder {
 /// The last step on the output logits.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum LogitsMap {
+    /// The logits as the head computes them.
     Identity,
     /// `cap * tanh(logits / cap)` (Gemma 2's `final_logit_softcapping`).
     SoftCap(f32),
@@ -770,6 +822,7 @@ pub enum LogitsMap {
 }
 
 impl LogitsMap {
+    /// `logits` `[.., vocab]` mapped as this says.
     pub fn apply(self, logits: Array) -> Result<Array> {
         match self {
             LogitsMap::Identity => Ok(logits),

@@ -176,6 +176,7 @@ impl DeepseekV3Args {
 /// `[heads, out, in]` (dense or quantized along `in`).
 #[derive(Clone)]
 pub struct MultiLinear {
+    /// The stacked per-head matrices `[heads, out, in]`, dense or quantized.
     pub weight: LinearWeight,
 }
 
@@ -249,16 +250,25 @@ impl MultiLinear {
 pub struct LatentAttention {
     /// `q_a_proj`, `q_a_layernorm`, `q_b_proj`; `None` for a plain `q_proj`.
     pub q_lora: Option<(Linear, RmsNorm, Linear)>,
+    /// Projects the hidden states to the compressed KV latent (`kv_lora_rank`)
+    /// and the shared rotary key (`qk_rope_head_dim`).
     pub kv_a_proj_with_mqa: Linear,
+    /// The RMS norm on the KV latent.
     pub kv_a_layernorm: RmsNorm,
     /// Per head `[kv_lora_rank, qk_nope_head_dim]`: the latent's keys.
     pub embed_q: MultiLinear,
     /// Per head `[v_head_dim, kv_lora_rank]`: the latent's values.
     pub unembed_out: MultiLinear,
+    /// RoPE on the rotary part of the queries and key.
     pub rope: Rope,
+    /// Width of the compressed KV latent the cache holds.
     pub kv_lora_rank: i32,
+    /// Width of each query head's part without RoPE.
     pub qk_nope_head_dim: i32,
+    /// Width of the rotary part of the queries and the shared key.
     pub qk_rope_head_dim: i32,
+    /// The softmax scale: `(qk_nope_head_dim + qk_rope_head_dim)^-0.5`, times
+    /// YaRN's `mscale_all_dim` factor squared where set.
     pub scale: f32,
 }
 
@@ -552,6 +562,10 @@ fn refuse_foreign_quantization(w: &Weights) -> Result<()> {
     Ok(())
 }
 
+/// Loads a DeepSeek-V3 decoder (multi-head latent attention, sparse MoE after
+/// the first `first_k_dense_replace` layers), dropping the multi-token-prediction
+/// layer, from the checkpoint's tensors `w`, the shared config `args` and the
+/// raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: DeepseekV3Args = family_args(raw)?;
     extra.check()?;

@@ -42,6 +42,7 @@ impl Exaone4Args {
     }
 }
 
+/// Loads an EXAONE 4 decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Exaone4Args = family_args(raw)?;
     let n = args.num_hidden_layers as usize;

@@ -28,10 +28,15 @@ use crate::cache::{KvCache, StateCache};
 /// The sizes of a gated DeltaNet layer (`linear_*` fields of config.json).
 #[derive(Clone, Copy, Debug)]
 pub struct DeltaDims {
+    /// Number of query/key heads (`linear_num_key_heads`).
     pub num_k_heads: i32,
+    /// Number of value heads (`linear_num_value_heads`); a multiple of the key heads.
     pub num_v_heads: i32,
+    /// Width of a query/key head (`linear_key_head_dim`).
     pub head_k_dim: i32,
+    /// Width of a value head (`linear_value_head_dim`).
     pub head_v_dim: i32,
+    /// Width of the causal convolution, in steps (`linear_conv_kernel_dim`).
     pub conv_kernel: i32,
 }
 
@@ -86,30 +91,42 @@ pub enum InProj {
 /// Qwen3-Next's two fused input projections.
 #[derive(Clone)]
 pub struct GroupedProj {
+    /// `in_proj_qkvz`: queries, keys, values and the output gate `z`.
     pub qkvz: Linear,
+    /// `in_proj_ba`: the write strength `b` and decay input `a` per value head.
     pub ba: Linear,
 }
 
 /// Qwen3.5's four input projections.
 #[derive(Clone)]
 pub struct SplitProj {
+    /// `in_proj_qkv`: all queries, keys, then values.
     pub qkv: Linear,
+    /// `in_proj_z`: the output gate per value channel.
     pub z: Linear,
+    /// `in_proj_b`: the write strength's logit per value head.
     pub b: Linear,
+    /// `in_proj_a`: the decay's input per value head.
     pub a: Linear,
 }
 
+/// A gated DeltaNet layer (mlx-lm's `GatedDeltaNet`): short convolution,
+/// then the gated delta rule over a running state.
 #[derive(Clone)]
 pub struct GatedDeltaNet {
+    /// Projects the hidden states to q, k, v, `z`, `b` and `a`.
     pub in_proj: InProj,
     /// Depthwise convolution weights `[channels, kernel, 1]` (no bias).
     pub conv1d: Array,
+    /// Added to `a` before the softplus of the decay, per value head.
     pub dt_bias: Array,
     /// `log A` per value head, float32.
     pub a_log: Array,
     /// The per-head RMS norm before the `silu(z)` gate.
     pub norm: RmsNorm,
+    /// Projects the gated output back to the hidden size.
     pub out_proj: Linear,
+    /// The layer's sizes.
     pub dims: DeltaDims,
 }
 
@@ -208,6 +225,8 @@ impl GatedDeltaNet {
         }
     }
 
+    /// The layer's output `[B, L, hidden]` for `x` `[B, L, hidden]`, advancing
+    /// the convolution inputs and state in `cache` (a state cache).
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let kind = cache.kind();
         let state = cache.as_state_mut().ok_or_else(|| {

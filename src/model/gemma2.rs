@@ -44,7 +44,9 @@ fn default_final_cap() -> Option<f32> {
 /// Gemma's `pre_feedforward_layernorm` and `post_feedforward_layernorm`.
 #[derive(Clone)]
 pub struct SandwichNorms {
+    /// The norm on the MLP input.
     pub pre_feedforward_layernorm: RmsNorm,
+    /// The norm on the MLP output, before the residual add.
     pub post_feedforward_layernorm: RmsNorm,
 }
 
@@ -187,6 +189,8 @@ pub(super) fn gemma_ends(
     Ok((embed, norm, head))
 }
 
+/// Loads a Gemma 2 decoder from the checkpoint's tensors `w`, the shared
+/// config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Gemma2Args = family_args(raw)?;
     let attn_scale = (1.0 / (extra.query_pre_attn_scalar as f64).sqrt()) as f32;

@@ -58,6 +58,7 @@ impl Gemma3Args {
     }
 }
 
+/// Loads a Gemma 3 text decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Gemma3Args = family_args(raw)?;
     if extra.sliding_window_pattern == 0 || extra.sliding_window == 0 {

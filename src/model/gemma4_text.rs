@@ -356,6 +356,7 @@ fn roots(w: &Weights, args: &ModelArgs) -> Roots {
     }
 }
 
+/// Loads a Gemma 4 text decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Gemma4Args = family_args(raw)?;
     let n = args.num_hidden_layers as usize;

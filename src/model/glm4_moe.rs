@@ -127,6 +127,8 @@ fn sparse_layer(
     Ok(moe)
 }
 
+/// Loads a GLM-4.5 (`glm4_moe`) decoder, dropping the multi-token-prediction
+/// layer, from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Glm4MoeArgs = family_args(raw)?;
     extra.check()?;

@@ -45,6 +45,7 @@ const LAYOUT: MoeLayout = MoeLayout {
     activation: ExpertActivation::SwiGluOai,
 };
 
+/// Loads a GPT-OSS decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: GptOssArgs = family_args(raw)?;
     if w.contains("model.layers.0.mlp.experts.gate_up_proj_blocks") {

@@ -20,6 +20,7 @@ pub(crate) struct GraniteArgs {
     pub logits_scaling: f32,
 }
 
+/// Loads a Granite 3 decoder (with its four multipliers) from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: GraniteArgs = family_args(raw)?;
     if !(extra.logits_scaling.is_finite() && extra.logits_scaling != 0.0) {

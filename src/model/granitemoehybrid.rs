@@ -220,6 +220,7 @@ fn feed_forward(w: &mut Weights, prefix: &str, extra: &GraniteHybridArgs) -> Res
     Ok(FeedForward::Sparse(sparse))
 }
 
+/// Loads a Granite 4 (`granitemoehybrid`) decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: GraniteHybridArgs = family_args(raw)?;
     if !(extra.logits_scaling.is_finite() && extra.logits_scaling != 0.0) {

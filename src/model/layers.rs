@@ -33,29 +33,43 @@ fn differentiable_quantized() -> bool {
 /// A low-rank adapter: `y += scale * (dropout(x) @ a) @ b`, `a: [in, r]`, `b: [r, out]`.
 #[derive(Clone)]
 pub struct Lora {
+    /// The down projection `[in, r]`.
     pub a: Array,
+    /// The up projection `[r, out]`.
     pub b: Array,
+    /// Multiplies the adapter's output (mlx-lm's `scale`).
     pub scale: f32,
     /// Dropout probability on the adapter input; non-zero only while training.
     pub dropout: f32,
 }
 
+/// A linear layer's weight, as stored.
 #[derive(Clone)]
 pub enum LinearWeight {
+    /// A float matrix `[out, in]`.
     Dense(Array),
     /// Packed `weight` with its `scales`, and `biases` in affine mode only.
     Quantized {
+        /// The packed quantized values `[out, in × bits / 32]` (`uint32`).
         weight: Array,
+        /// One scale per group of `spec.group_size` inputs.
         scales: Array,
+        /// One bias per group (affine mode); `None` in the float-scale modes.
         biases: Option<Array>,
+        /// Bits, group size and mode of the quantization.
         spec: QuantSpec,
     },
 }
 
+/// A linear layer `y = x @ weight.T + bias`, dense or quantized, with an
+/// optional LoRA adapter.
 #[derive(Clone)]
 pub struct Linear {
+    /// The weight matrix `[out, in]`, dense or quantized.
     pub weight: LinearWeight,
+    /// The bias `[out]`, if the layer has one.
     pub bias: Option<Array>,
+    /// A LoRA adapter added to the output.
     pub lora: Option<Lora>,
     /// Row-parallel under tensor parallelism: the output is this rank's
     /// partial sum, summed across the group.
@@ -97,6 +111,8 @@ impl Linear {
         }
     }
 
+    /// `x @ weight.T + bias` (plus the adapter, summed across ranks when
+    /// row-parallel) for `x` `[.., in]`: `[.., out]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let mut y = match (&self.weight, &self.bias) {
             (LinearWeight::Dense(w), Some(b)) => addmm(b, x, w.t(), None, None)?,
@@ -239,16 +255,19 @@ fn load_weight(w: &mut Weights, prefix: &str) -> Result<LinearWeight> {
 /// Token embedding, dense or quantized; doubles as the tied output head.
 #[derive(Clone)]
 pub struct Embedding {
+    /// The table `[vocab, hidden]`, dense or quantized.
     pub weight: LinearWeight,
 }
 
 impl Embedding {
+    /// Loads `{prefix}.weight` (with `scales`/`biases` when quantized).
     pub fn load(w: &mut Weights, prefix: &str) -> Result<Self> {
         Ok(Self {
             weight: load_weight(w, prefix)?,
         })
     }
 
+    /// The embedding rows `[.., hidden]` of the token ids `ids`, dequantized.
     pub fn forward(&self, ids: &Array) -> Result<Array> {
         match &self.weight {
             LinearWeight::Dense(w) => Ok(w.take_axis(ids, 0)?),
@@ -287,6 +306,7 @@ impl Embedding {
         }
     }
 
+    /// Number of rows in the table.
     pub fn vocab_size(&self) -> i32 {
         match &self.weight {
             LinearWeight::Dense(w) => w.shape()[0],
@@ -295,13 +315,17 @@ impl Embedding {
     }
 }
 
+/// RMS normalization with a learned per-feature scale (`weight`).
 #[derive(Clone)]
 pub struct RmsNorm {
+    /// The per-feature scale `[dims]`.
     pub weight: Array,
+    /// Added to the mean square before its root (`rms_norm_eps`).
     pub eps: f32,
 }
 
 impl RmsNorm {
+    /// Loads `{prefix}.weight`, normalizing with `eps`.
     pub fn load(w: &mut Weights, prefix: &str, eps: f32) -> Result<Self> {
         Ok(Self {
             weight: w.take(&format!("{prefix}.weight"))?,
@@ -318,6 +342,7 @@ impl RmsNorm {
         })
     }
 
+    /// `x` normalized over its last axis and scaled by `weight`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         crate::kernels::rms_norm(x, &self.weight, self.eps)
     }
@@ -327,10 +352,17 @@ impl RmsNorm {
 /// (Llama 3 scaling) or a linear position scale.
 #[derive(Clone)]
 pub struct Rope {
+    /// How many leading features of each head rotate (all of `head_dim`
+    /// unless `partial_rotary_factor` says less).
     pub dims: i32,
+    /// Rotates adjacent pairs (`rope_traditional`) instead of the two halves.
     pub traditional: bool,
+    /// The frequency base (`rope_theta`), unused when `freqs` is set.
     pub base: f32,
+    /// Multiplies the positions (`1 / factor` under linear scaling).
     pub scale: f32,
+    /// Per-pair frequencies replacing `base` (Llama 3 and YaRN scaling), as
+    /// MLX's `fast::rope` takes them.
     pub freqs: Option<Array>,
     /// Multiplies the rotated features before rotation (Phi-3's su/longrope
     /// attention factor); 1 elsewhere.
@@ -338,6 +370,8 @@ pub struct Rope {
 }
 
 impl Rope {
+    /// RoPE over `dims` features with frequency base `base`, adjusted by the
+    /// config's `rope_scaling`; errs on a scaling only Phi-3 supports.
     pub fn new(
         dims: i32,
         traditional: bool,
@@ -416,6 +450,7 @@ impl Rope {
         }
     }
 
+    /// Rotates `x` `[B, H, L, D]` for tokens at positions `offset..offset + L`.
     pub fn forward(&self, x: &Array, offset: i32) -> Result<Array> {
         let x = &self.pre_scale(x)?;
         crate::kernels::rope(x, &self.params(), offset).context("rope")

@@ -134,10 +134,13 @@ pub(crate) fn shared_config(raw: serde_json::Value) -> serde_json::Value {
 /// and its output is gated by `c` before `out_proj`.
 #[derive(Clone)]
 pub struct ShortConv {
+    /// Projects the hidden states to `b`, `c` and `x`, `3 × hidden` wide.
     pub in_proj: Linear,
     /// Depthwise convolution weights `[hidden, kernel, 1]`.
     pub conv: Array,
+    /// The convolution's bias `[hidden]` (`conv_bias`), if the config has one.
     pub conv_bias: Option<Array>,
+    /// Projects the gated convolution output back to the hidden size.
     pub out_proj: Linear,
 }
 
@@ -183,6 +186,8 @@ impl ShortConv {
         })
     }
 
+    /// The mixer's output `[B, L, hidden]` for `x` `[B, L, hidden]`, keeping the
+    /// last convolution inputs in `cache` (a state cache).
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let kind = cache.kind();
         let state = cache.as_state_mut().ok_or_else(|| {
@@ -252,6 +257,9 @@ fn feed_forward(w: &mut Weights, prefix: &str, ff_dim: i32) -> Result<Mlp> {
     Ok(mlp)
 }
 
+/// Loads an LFM2 decoder (attention layers among short-convolution layers)
+/// from the checkpoint's tensors `w`, the shared config `args` and the raw
+/// `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Lfm2Args = family_args(raw)?;
     let n = args.num_hidden_layers as usize;

@@ -5,6 +5,8 @@
 use super::config::ModelArgs;
 use super::decoder::DecoderOptions;
 
+/// The decoder options of the LLaMA family: a sliding window (`sliding_window`)
+/// on the layers `layer_types` names `sliding_attention`, full attention elsewhere.
 pub fn options(args: &ModelArgs) -> DecoderOptions {
     let layer_windows = match (&args.layer_types, args.sliding_window) {
         (Some(types), Some(window)) => types

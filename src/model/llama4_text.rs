@@ -21,6 +21,7 @@ pub(crate) struct Llama4TextArgs {
     pub use_qk_norm: bool,
 }
 
+/// Loads a dense Llama 4 text decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Llama4TextArgs = family_args(raw)?;
     let n = args.num_hidden_layers as usize;

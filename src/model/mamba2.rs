@@ -42,10 +42,15 @@ const CHUNK: i32 = 256;
 /// The sizes of a Mamba-2 mixer.
 #[derive(Clone, Copy, Debug)]
 pub struct Mamba2Dims {
+    /// Number of SSM heads (`mamba_num_heads`).
     pub heads: i32,
+    /// Channels per head (`mamba_head_dim`).
     pub head_dim: i32,
+    /// Number of groups sharing one `B` and `C` (`n_groups`).
     pub groups: i32,
+    /// Size of each head's state per channel (`ssm_state_size`).
     pub state_size: i32,
+    /// Width of the causal convolution, in steps (`conv_kernel`).
     pub conv_kernel: i32,
 }
 
@@ -85,7 +90,9 @@ impl Mamba2Dims {
 /// Where the step sizes are clipped to (`time_step_limit`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepLimit {
+    /// The smallest step size.
     pub min: f32,
+    /// The largest step size.
     pub max: f32,
 }
 
@@ -98,24 +105,34 @@ impl Default for StepLimit {
     }
 }
 
+/// A Mamba-2 mixer (mlx-lm's `Mamba2Mixer`): gated selective state space
+/// scan behind a depthwise causal convolution.
 #[derive(Clone)]
 pub struct Mamba2 {
+    /// Projects the hidden states to `z`, `xBC` and `dt`.
     pub in_proj: Linear,
     /// Depthwise convolution weights `[conv_dim, kernel, 1]`.
     pub conv1d: Array,
+    /// The convolution's bias `[conv_dim]`, if the checkpoint has one.
     pub conv_bias: Option<Array>,
+    /// Added to `dt` before the softplus, per head.
     pub dt_bias: Array,
     /// `log A` per head, as stored (mlx-lm does not cast it).
     pub a_log: Array,
+    /// The skip connection `D` per head: `y += D · x`.
     pub d: Array,
     /// The gated norm's scale `[inner]`.
     pub norm_weight: Array,
+    /// The gated norm's epsilon.
     pub norm_eps: f32,
     /// The groups of channels the gated norm normalizes apart (`n_groups`
     /// for Nemotron-H; 1, all channels at once, for Granite 4).
     pub norm_groups: i32,
+    /// Projects the gated, normed output back to the hidden size.
     pub out_proj: Linear,
+    /// The mixer's sizes.
     pub dims: Mamba2Dims,
+    /// Where the step sizes are clipped to.
     pub limit: StepLimit,
 }
 
@@ -194,6 +211,8 @@ impl Mamba2 {
         })
     }
 
+    /// The mixer's output `[B, L, hidden]` for `x` `[B, L, hidden]`, advancing
+    /// the convolution inputs and scan state in `cache` (a state cache).
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let kind = cache.kind();
         let state = cache.as_state_mut().ok_or_else(|| {

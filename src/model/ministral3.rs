@@ -31,6 +31,7 @@ pub(crate) struct RopeParameters {
     pub original_max_position_embeddings: f32,
 }
 
+/// Loads a Ministral 3 decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Ministral3Args = family_args(raw)?;
     let params = &extra.rope_parameters;

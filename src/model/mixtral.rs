@@ -29,6 +29,7 @@ fn default_top_k() -> i32 {
     2
 }
 
+/// Loads a Mixtral decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: MixtralArgs = family_args(raw)?;
     let mut args = args.clone();

@@ -49,9 +49,13 @@ use weights::Weights;
 /// A loaded model: its config and its weights, ready to run.
 #[derive(Clone)]
 pub struct Model {
+    /// The shared `config.json` fields.
     pub args: ModelArgs,
+    /// The network.
     pub decoder: Decoder,
+    /// The dtype the model computes in (its float weights cast to it).
     pub dtype: Dtype,
+    /// The model directory it was loaded from.
     pub path: PathBuf,
     /// Bytes of all weights as loaded.
     pub weight_bytes: usize,
@@ -144,6 +148,9 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
     }
 }
 
+/// Reads `dir/config.json`: the shared fields, checked, and the raw JSON the
+/// families read their own fields from (a multimodal or nested config
+/// flattened to its text decoder's).
 pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
     let path = dir.join("config.json");
     let text =
@@ -244,6 +251,7 @@ impl Model {
         Ok(())
     }
 
+    /// One fresh cache per layer that keeps one ([`Decoder::make_caches`]).
     pub fn make_caches(&self) -> Vec<Box<dyn KvCache>> {
         self.decoder.make_caches()
     }
@@ -253,6 +261,7 @@ impl Model {
         self.weight_bytes
     }
 
+    /// Number of decoder layers.
     pub fn num_layers(&self) -> usize {
         self.decoder.layers.len()
     }
@@ -276,6 +285,7 @@ impl Model {
         Ok(())
     }
 
+    /// Number of token ids the model's embedding covers.
     pub fn vocab_size(&self) -> usize {
         self.decoder.embed_tokens.vocab_size() as usize
     }

@@ -28,15 +28,22 @@ pub enum SwitchWeight {
     /// Packed `[experts, out, in * bits / 32]` with its scales (and biases
     /// in affine mode).
     Quantized {
+        /// The packed quantized values, `uint32`.
         weight: Array,
+        /// One scale per group of `spec.group_size` inputs, per expert and row.
         scales: Array,
+        /// One bias per group (affine mode); `None` in the float-scale modes.
         biases: Option<Array>,
+        /// Bits, group size and mode of the quantization.
         spec: QuantSpec,
     },
 }
 
+/// One projection of every expert (mlx-lm's `SwitchLinear`), run only on
+/// the experts each token is routed to.
 #[derive(Clone)]
 pub struct SwitchLinear {
+    /// The stacked weights, dense or quantized.
     pub weight: SwitchWeight,
     /// `[experts, out]` (GPT-OSS).
     pub bias: Option<Array>,
@@ -172,9 +179,13 @@ pub const EXPERT_PROJS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 /// The experts' SwiGLU: `down(silu(gate(x)) * up(x))` per chosen expert.
 #[derive(Clone)]
 pub struct SwitchGlu {
+    /// The experts' gate projections.
     pub gate_proj: SwitchLinear,
+    /// The experts' up projections.
     pub up_proj: SwitchLinear,
+    /// The experts' down projections.
     pub down_proj: SwitchLinear,
+    /// How the gate and up outputs combine.
     pub activation: ExpertActivation,
 }
 
@@ -229,7 +240,10 @@ impl SwitchGlu {
 pub enum Routing {
     /// Softmax over all experts, keep the top k, optionally renormalized
     /// (Qwen3-MoE's `norm_topk_prob`).
-    SoftmaxTopK { normalize: bool },
+    SoftmaxTopK {
+        /// Renormalize the top k probabilities to sum to 1.
+        normalize: bool,
+    },
     /// Keep the top k logits, softmax over them (Mixtral).
     TopKSoftmax,
     /// The same, the top k taken from the end of the partition (GPT-OSS's
@@ -240,8 +254,11 @@ pub enum Routing {
     /// groups of experts whose two best scores sum highest), the unbiased
     /// scores weight them, renormalized when `normalize` and `k > 1`.
     SigmoidGroups {
+        /// The number of groups the experts are split into.
         n_group: i32,
+        /// How many groups keep their experts in the running.
         topk_group: i32,
+        /// Renormalize the chosen experts' weights to sum to 1 (`norm_topk_prob`).
         normalize: bool,
     },
 }
@@ -257,15 +274,20 @@ pub struct MoeLayout {
     pub hf_names: [&'static str; 3],
     /// The router's LoRA key (its path inside the block).
     pub router_key: &'static str,
+    /// The experts' gate activation.
     pub activation: ExpertActivation,
 }
 
 /// A sparse MoE block: router (`gate`) and experts (`switch_mlp`).
 #[derive(Clone)]
 pub struct SparseMoe {
+    /// The router: expert logits `[.., experts]` from the hidden states.
     pub gate: Linear,
+    /// The stacked experts.
     pub switch_mlp: SwitchGlu,
+    /// Experts per token (`num_experts_per_tok`).
     pub top_k: i32,
+    /// How the router's scores become the chosen experts and their weights.
     pub routing: Routing,
     /// The router's path inside the block (`mlp.gate`, `block_sparse_moe.gate`),
     /// the name its adapter gets.
@@ -389,6 +411,8 @@ impl SparseMoe {
         Ok((inds, &weights * &scale))
     }
 
+    /// The block's output `[.., hidden]` for `x` `[.., hidden]`: the routed
+    /// experts' outputs summed by their weights, plus any shared experts.
     pub fn forward(&self, x: &Array) -> Result<Array> {
         let logits = self.gate.forward(x)?;
         let experts = logits.shape()[logits.ndim() - 1];

@@ -246,8 +246,11 @@ pub(crate) fn shared_config(raw: serde_json::Value) -> serde_json::Value {
 /// One `-` layer: `h + down_proj(relu(up_proj(norm(h)))²)`.
 #[derive(Clone)]
 pub struct ReluSquaredMlp {
+    /// The RMS norm before the MLP.
     pub norm: RmsNorm,
+    /// Projects to the MLP's hidden width.
     pub up_proj: Linear,
+    /// Projects the squared ReLU back to the hidden size.
     pub down_proj: Linear,
 }
 
@@ -261,6 +264,7 @@ impl ReluSquaredMlp {
         })
     }
 
+    /// The layer's output: `h` plus the MLP of its norm.
     pub fn forward(&self, h: &Array) -> Result<Array> {
         let up = self.up_proj.forward(&self.norm.forward(h)?)?;
         let zero = Array::from_f32(0.0).as_dtype(up.dtype())?;
@@ -275,11 +279,15 @@ impl ReluSquaredMlp {
 /// layers that follow it up to the next mixer.
 #[derive(Clone)]
 pub struct MlpStack {
+    /// The MLP layers before the mixer (first block only).
     pub before: Vec<ReluSquaredMlp>,
+    /// The MLP layers after the mixer, up to the next one.
     pub after: Vec<ReluSquaredMlp>,
 }
 
 impl MlpStack {
+    /// The block's output: `before`, the mixer of `block` (updating `cache`) as
+    /// a residual layer, then `after`.
     pub fn forward(&self, block: &Block, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let mut h = x.clone();
         for mlp in &self.before {
@@ -353,6 +361,9 @@ struct Part {
     stack: MlpStack,
 }
 
+/// Loads a Nemotron-H decoder (Mamba-2, attention and ReLU² MLP layers as
+/// `hybrid_override_pattern` lists them) from the checkpoint's tensors `w`,
+/// the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: NemotronHArgs = family_args(raw)?;
     let kinds = extra.layers()?;

@@ -20,6 +20,7 @@ pub(crate) struct Olmo3Args {
     pub sliding_window: usize,
 }
 
+/// Loads an OLMo 3 decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Olmo3Args = family_args(raw)?;
     let n = args.num_hidden_layers as usize;

@@ -174,6 +174,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
     })
 }
 
+/// Loads a Phi-3 decoder (fused projections split, su/longrope RoPE) from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Phi3Args = family_args(raw)?;
     let rope = extra.rope(args.hidden_size / args.num_attention_heads, args)?;

@@ -4,6 +4,8 @@
 use super::config::ModelArgs;
 use super::decoder::DecoderOptions;
 
+/// The decoder options of Qwen2 / Qwen2.5: plain LLaMA layers with full
+/// attention everywhere.
 pub fn options(_args: &ModelArgs) -> DecoderOptions {
     DecoderOptions::default()
 }

@@ -16,6 +16,7 @@ use super::decoder::Decoder;
 use super::qwen3_next::{load_hybrid, Hybrid};
 use super::weights::Weights;
 
+/// Loads a Qwen3.5 or Qwen3.5-MoE decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let family = Hybrid {
         root: "language_model.",

@@ -37,6 +37,7 @@ impl Qwen3MoeArgs {
     }
 }
 
+/// Loads a Qwen3-MoE decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Qwen3MoeArgs = family_args(raw)?;
     let options = DecoderOptions {

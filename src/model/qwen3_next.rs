@@ -274,6 +274,8 @@ pub(crate) fn load_hybrid(
     Ok(decoder)
 }
 
+/// Loads a Qwen3-Next decoder (gated DeltaNet and gated attention layers,
+/// sparse MoE feed-forwards) from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let family = Hybrid {
         root: "",

@@ -9,6 +9,7 @@ use super::config::ModelArgs;
 use super::decoder::{Decoder, DecoderOptions};
 use super::weights::Weights;
 
+/// Loads a Seed-OSS decoder from the checkpoint's tensors `w` and its config `args`.
 pub fn load(w: &mut Weights, args: &ModelArgs) -> Result<Decoder> {
     if args.tie_word_embeddings {
         for part in ["weight", "scales", "biases"] {

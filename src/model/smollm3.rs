@@ -42,6 +42,8 @@ impl SmolLm3Args {
     }
 }
 
+/// Loads a SmolLM3 decoder (RoPE off in its NoPE layers)
+/// from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: SmolLm3Args = family_args(raw)?;
     let uses_rope = extra.uses_rope(args.num_hidden_layers as usize)?;

@@ -14,6 +14,9 @@ use crate::quant::{QuantMode, QuantSpec, Quantization};
 /// The safetensors format caps its JSON header at 100 MB.
 const MAX_HEADER_BYTES: u64 = 100 << 20;
 
+/// A checkpoint's tensors by name, cast to the compute dtype, that the
+/// architectures take from as they build their layers (with the
+/// `quantization` block saying which layers are quantized and how).
 pub struct Weights {
     tensors: HashMap<String, Array>,
     quantization: Option<Quantization>,
@@ -75,14 +78,17 @@ impl Weights {
         self.init_draws
     }
 
+    /// Bytes of the tensors not yet taken.
     pub fn total_bytes(&self) -> usize {
         self.tensors.values().map(|t| t.nbytes()).sum()
     }
 
+    /// Whether tensor `name` is present (and not yet taken).
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)
     }
 
+    /// Removes and returns tensor `name`; errs when it is missing.
     pub fn take(&mut self, name: &str) -> Result<Array> {
         self.tensors
             .remove(name)
@@ -463,9 +469,13 @@ fn header_len(prefix: [u8; 8], file_len: u64) -> Result<u64> {
 /// One tensor entry of a safetensors header.
 #[derive(Debug, PartialEq)]
 pub struct TensorEntry {
+    /// The tensor's name.
     pub name: String,
+    /// Its dtype as the header spells it (`F32`, `BF16`, `U32`, ...).
     pub dtype: String,
+    /// Its shape.
     pub shape: Vec<u64>,
+    /// Its bytes, as offsets into the data after the header.
     pub data: std::ops::Range<u64>,
 }
 
