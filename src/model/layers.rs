@@ -54,7 +54,7 @@ pub enum LinearWeight {
         weight: Array,
         /// One scale per group of `spec.group_size` inputs.
         scales: Array,
-        /// One bias per group (affine mode); `None` in the float-scale modes.
+        /// One bias per group (affine mode); `None` in the `mxfp4`, `nvfp4` and `mxfp8` modes.
         biases: Option<Array>,
         /// Bits, group size and mode of the quantization.
         spec: QuantSpec,
