@@ -15,15 +15,20 @@ use crate::tokenizer::Tokenizer;
 /// One supervised sequence; positions before `offset` are not supervised.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SftExample {
+    /// The prompt and completion tokens.
     pub tokens: Vec<u32>,
+    /// Number of leading tokens (the prompt) excluded from the loss.
     pub offset: usize,
 }
 
 /// One preference pair sharing a prompt.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PreferenceExample {
+    /// The tokens of the shared prompt.
     pub prompt: Vec<u32>,
+    /// The tokens of the preferred completion.
     pub chosen: Vec<u32>,
+    /// The tokens of the rejected completion.
     pub rejected: Vec<u32>,
 }
 

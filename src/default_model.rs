@@ -11,6 +11,7 @@ use mlx_rs::Dtype;
 
 use crate::convert::{self, ConvertOptions};
 
+/// The name of the default model (a Q4_1 GGUF of SmolLM2-135M-Instruct, converted to MLX).
 pub const NAME: &str = "SmolLM2-135M-Instruct";
 /// Points at a local copy of the GGUF, skipping the download.
 pub(crate) const GGUF_ENV: &str = "MLX_BUN_DEFAULT_GGUF";
@@ -39,7 +40,12 @@ pub fn ensure() -> Result<PathBuf> {
 /// What [`ensure_with`] reports while it prepares the model the first time.
 pub enum Progress<'a> {
     /// A one-time download and conversion into `dir` starts.
-    Preparing { name: &'a str, dir: &'a Path },
+    Preparing {
+        /// The model's name.
+        name: &'a str,
+        /// The directory it is placed in.
+        dir: &'a Path,
+    },
     /// The conversion's progress.
     Convert(crate::convert::hf::Event<'a>),
 }

@@ -78,6 +78,7 @@ pub fn default_path() -> PathBuf {
     crate::settings::get().eval_db.clone()
 }
 
+/// An open eval database.
 pub struct EvalDb {
     conn: Connection,
     path: PathBuf,
@@ -86,12 +87,19 @@ pub struct EvalDb {
 /// One training step as stored.
 #[derive(Clone, Debug)]
 pub struct StepRow {
+    /// The training iteration (1-based).
     pub iter: i64,
+    /// The training loss of the step.
     pub loss: f64,
+    /// Tokens in the step's batch.
     pub tokens: i64,
+    /// Seconds the step took (0 where not measured).
     pub seconds: f64,
+    /// Tokens per second over the step.
     pub tokens_per_sec: f64,
+    /// The learning rate the step used.
     pub learning_rate: f64,
+    /// Peak memory in bytes so far in the run.
     pub peak_memory_bytes: i64,
     /// Every reported field as JSON (method components included).
     pub metrics: Value,
@@ -100,8 +108,11 @@ pub struct StepRow {
 /// Where a run happened: filled by [`RunMeta::detect`].
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct RunMeta {
+    /// The machine's host name.
     pub host: Option<String>,
+    /// The git commit the binary was built from, if built in a checkout.
     pub git_commit: Option<String>,
+    /// The fingerprint of the model's files ([`model_fingerprint`]).
     pub model_fingerprint: Option<String>,
 }
 
@@ -192,32 +203,48 @@ fn now() -> f64 {
 /// A run as listed.
 #[derive(Clone, Debug, Serialize)]
 pub struct RunRow {
+    /// The run's id.
     pub id: i64,
+    /// What was run: `bench`, `train`, `perplexity`, `evaluate`, ...
     pub kind: String,
+    /// A label telling runs of one kind apart (a bench cell, a dataset).
     pub label: Option<String>,
+    /// The model, as given.
     pub model: String,
+    /// `running`, `done` or `failed`.
     pub status: String,
+    /// Start time in seconds since the Unix epoch.
     pub started_at: f64,
+    /// End time in seconds since the Unix epoch, once finished.
     pub finished_at: Option<f64>,
+    /// The machine's host name.
     pub host: Option<String>,
+    /// The git commit the binary was built from.
     pub git_commit: Option<String>,
+    /// The fingerprint of the model's files.
     pub model_fingerprint: Option<String>,
+    /// The run's flags, as JSON.
     pub flags: Value,
+    /// The run's summary, as JSON (null until finished).
     pub summary: Value,
 }
 
 /// All samples of one named metric of a run.
 #[derive(Clone, Debug, Serialize)]
 pub struct MetricSeries {
+    /// The metric's name.
     pub name: String,
+    /// Its unit (such as `tok/s` or `bytes`).
     pub unit: String,
     /// `Some(true)` for speeds, `Some(false)` for latencies and losses,
     /// `None` when neither direction is a regression (counts, sizes).
     pub higher_is_better: Option<bool>,
+    /// The recorded values, in order.
     pub samples: Vec<f64>,
 }
 
 impl MetricSeries {
+    /// The mean of the samples (0 when there are none).
     pub fn mean(&self) -> f64 {
         self.samples.iter().sum::<f64>() / self.samples.len().max(1) as f64
     }
@@ -236,9 +263,13 @@ impl MetricSeries {
 /// One metric to record.
 #[derive(Clone, Debug)]
 pub struct Metric<'a> {
+    /// The metric's name.
     pub name: &'a str,
+    /// The measured value.
     pub value: f64,
+    /// Its unit.
     pub unit: &'a str,
+    /// `Some(true)` if higher is better, `Some(false)` if lower is, `None` if neither.
     pub higher_is_better: Option<bool>,
 }
 
@@ -339,6 +370,7 @@ impl EvalDb {
         })
     }
 
+    /// The database file.
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -398,6 +430,7 @@ impl EvalDb {
         Ok(())
     }
 
+    /// Records one training step of `run` (replacing an earlier row for the same iteration).
     pub fn record_step(&self, run: i64, step: &StepRow) -> Result<()> {
         self.conn
             .execute(
@@ -420,6 +453,7 @@ impl EvalDb {
         Ok(())
     }
 
+    /// Records a validation or test loss of `run` at `iter` on `split`, with its extra metrics.
     pub fn record_eval(
         &self,
         run: i64,
@@ -623,12 +657,15 @@ impl Default for CompareRule {
     }
 }
 
+/// How a metric changed from the baseline run to the other.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Within noise or threshold.
     Same,
+    /// Improved beyond noise and threshold.
     Better,
+    /// Got worse beyond noise and threshold.
     Regression,
     /// Changed beyond the rule, but the metric has no better direction.
     Changed,
@@ -636,20 +673,30 @@ pub enum Verdict {
     Missing,
 }
 
+/// One metric of two runs side by side.
 #[derive(Clone, Debug, Serialize)]
 pub struct MetricComparison {
+    /// The metric's name.
     pub name: String,
+    /// Its unit.
     pub unit: String,
+    /// Mean in the baseline run `a`, if it has the metric.
     pub a_mean: Option<f64>,
+    /// Mean in run `b`, if it has the metric.
     pub b_mean: Option<f64>,
+    /// Sample standard deviation in `a`.
     pub a_std: f64,
+    /// Sample standard deviation in `b`.
     pub b_std: f64,
+    /// Samples in `a`.
     pub a_n: usize,
+    /// Samples in `b`.
     pub b_n: usize,
     /// (b - a) / |a|.
     pub relative_change: Option<f64>,
     /// |b - a| in pooled standard deviations, when both sides have ≥ 2 samples.
     pub sigmas: Option<f64>,
+    /// The verdict under the comparison rule.
     pub verdict: Verdict,
 }
 

@@ -29,19 +29,29 @@ const DENSE_ROWS: usize = 16;
 /// What the arithmetic needs to know about one model.
 #[derive(Clone, Debug, Serialize)]
 pub struct Footprint {
+    /// The model's directory, as given.
     pub dir: String,
     /// Bytes of the weights in memory (floats in the compute dtype).
     pub weight_bytes: u64,
     /// Bytes of the weight files on disk.
     pub file_bytes: u64,
+    /// Decoder layers (`num_hidden_layers`).
     pub layers: usize,
+    /// Attention (query) heads.
     pub heads: usize,
+    /// Key/value heads.
     pub kv_heads: usize,
+    /// Dimension of one head.
     pub head_dim: usize,
+    /// Hidden size (width of the residual stream).
     pub hidden: usize,
+    /// Intermediate size of the MLP.
     pub intermediate: usize,
+    /// Vocabulary size (width of the logits).
     pub vocab: usize,
+    /// `max_position_embeddings` of `config.json`, if given.
     pub max_context: Option<usize>,
+    /// `sliding_window` of `config.json`, if given.
     pub sliding_window: Option<usize>,
     /// Bytes per float in the compute dtype.
     pub dtype_bytes: u64,
@@ -49,6 +59,7 @@ pub struct Footprint {
     /// layer): the transient of the dense path, which a forward pass over 16
     /// or more rows holds for a whole layer at once.
     pub dense_layer_bytes: u64,
+    /// A quantized LM head dequantized: the dense path's transient when 16 or more rows get logits.
     pub lm_head_dense_bytes: u64,
 }
 
@@ -276,24 +287,32 @@ fn quant_bits(args: &ModelArgs) -> Option<u64> {
 /// The arrays alive at once in one forward pass, beside weights and KV.
 #[derive(Clone, Debug, Serialize)]
 pub struct ActivationPeak {
+    /// Rows (tokens across the batch) processed in the pass.
     pub rows: usize,
     /// Positions in the cache at the end of the pass.
     pub end: usize,
+    /// The attention scores of one layer.
     pub attention_scores_bytes: u64,
     /// The MLP's gate, up and product (reuses the scores' memory: the larger counts).
     pub mlp_bytes: u64,
+    /// The logits (and, in a decode step, the sampler's copies).
     pub logits_bytes: u64,
     /// Residual stream, q/k/v and the dense path's dequantized weight.
     pub other_bytes: u64,
+    /// All of the pass's transients together.
     pub total_bytes: u64,
 }
 
 /// One question: this model (and draft) at this context and batch.
 #[derive(Clone, Debug, Serialize)]
 pub struct FitRequest {
+    /// Context length in tokens (prompt and generation).
     pub context: usize,
+    /// Sequences decoded together.
     pub batch: usize,
+    /// Bits of a quantized KV cache (`--kv-bits`); None: full-precision cache.
     pub kv_bits: Option<u8>,
+    /// Tokens per prefill chunk (`--prefill-step-size`).
     pub prefill_step: usize,
     /// Tokens a draft proposes per step (the verify pass has this many + 1 rows).
     pub num_draft_tokens: usize,
@@ -303,24 +322,35 @@ pub struct FitRequest {
     pub reserved_bytes: u64,
 }
 
+/// The answer to a [`FitRequest`]: the memory it needs at its peak, and what would fit.
 #[derive(Clone, Debug, Serialize)]
 pub struct FitReport {
+    /// The question asked.
     pub request: FitRequest,
+    /// The model's footprint.
     pub model: Footprint,
+    /// The draft model's footprint, when speculative decoding is asked for.
     pub draft: Option<Footprint>,
+    /// Bytes of the model's weights in memory.
     pub weight_bytes: u64,
+    /// KV cache bytes per position, over the whole batch.
     pub kv_bytes_per_token: f64,
+    /// KV cache bytes of the model at the full context and batch.
     pub kv_bytes: u64,
     /// Weights plus KV of the draft model.
     pub draft_bytes: u64,
+    /// The model's largest activation peak over the prefill chunks.
     pub prefill: ActivationPeak,
+    /// The model's activation peak in a decode (or verify) step.
     pub decode: ActivationPeak,
     /// Transient bytes at the peak.
     pub activation_bytes: u64,
     /// The peak: weights (model and draft) + KV and transients at the
     /// worst moment + reserved.
     pub total_bytes: u64,
+    /// When the peak happens and what it holds.
     pub peak: Peak,
+    /// Whether the peak is within the memory available.
     pub fits: bool,
     /// The largest context that fits at the requested batch (0 if none).
     pub max_context: usize,
@@ -393,7 +423,9 @@ pub struct Peak {
     pub phase: &'static str,
     /// KV bytes (model and draft) held at the peak.
     pub kv_bytes: u64,
+    /// The transients of the pass at the peak.
     pub activation: ActivationPeak,
+    /// Bytes at the peak: weights, KV, transients and reserved memory.
     pub total_bytes: u64,
 }
 

@@ -171,14 +171,19 @@ pub(crate) fn hub_cache_dir() -> PathBuf {
 /// One repository in the Hub cache.
 #[derive(Debug)]
 pub struct CachedRepo {
+    /// The repository id, such as `HuggingFaceTB/SmolLM2-135M-Instruct`.
     pub repo_id: String,
+    /// `model`, `dataset` or `space`.
     pub repo_type: &'static str,
+    /// Its directory in the cache.
     pub path: PathBuf,
     /// Bytes of its blobs.
     pub size: u64,
     /// Files across its snapshots.
     pub files: usize,
+    /// The latest modification time among its files.
     pub last_modified: Option<std::time::SystemTime>,
+    /// The latest access time among its files.
     pub last_accessed: Option<std::time::SystemTime>,
 }
 

@@ -28,10 +28,13 @@ use crate::model::Model;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoraParameters {
+    /// Rank of the low-rank matrices (default 8).
     #[serde(default = "default_rank")]
     pub rank: usize,
+    /// Multiplier of the adapter's output (default 20.0).
     #[serde(default = "default_scale")]
     pub scale: f32,
+    /// Dropout probability in the adapter during training (default 0).
     #[serde(default)]
     pub dropout: f32,
     /// Module paths inside a block, e.g. `self_attn.q_proj`; absent means every
@@ -136,8 +139,11 @@ pub enum SiteKind {
 /// One adapted module.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Site {
+    /// Index of the transformer block.
     pub layer: usize,
+    /// Module path inside the block, e.g. `self_attn.q_proj`.
     pub key: String,
+    /// What kind of module it is.
     pub kind: SiteKind,
 }
 
@@ -244,9 +250,13 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
 /// The adapters of a model: their sites, rank and scale.
 #[derive(Clone, Debug)]
 pub struct AdapterLayout {
+    /// The adapted modules, in model order.
     pub sites: Vec<Site>,
+    /// Rank of the low-rank matrices.
     pub rank: usize,
+    /// Multiplier of the adapters' output.
     pub scale: f32,
+    /// Dropout probability during training.
     pub dropout: f32,
 }
 

@@ -26,17 +26,34 @@ const ATTEMPTS: u32 = 5;
 /// What the uploader reports; the CLI draws it.
 pub enum UploadEvent<'a> {
     /// Hashing done: this many bytes in this many files will be sent.
-    Start { files: usize, bytes: u64 },
+    Start {
+        /// Files to send.
+        files: usize,
+        /// Their total size in bytes.
+        bytes: u64,
+    },
     /// Bytes of `path` went out (or were already on the Hub).
-    Sent { path: &'a str, bytes: u64 },
+    Sent {
+        /// The file's path in the repository.
+        path: &'a str,
+        /// Bytes sent (or found on the Hub) in this step.
+        bytes: u64,
+    },
     /// A request failed and is tried again.
-    Retry { what: &'a str, error: String },
+    Retry {
+        /// The request that failed.
+        what: &'a str,
+        /// Why it failed.
+        error: String,
+    },
 }
 
 /// Where and as whom.
 #[derive(Clone, Debug)]
 pub struct Hub {
+    /// The Hub's base URL (`HF_ENDPOINT`, default `https://huggingface.co`).
     pub endpoint: String,
+    /// The access token sent as a bearer token.
     pub token: String,
 }
 
@@ -68,12 +85,17 @@ struct LocalFile {
 /// What an upload did.
 #[derive(Debug)]
 pub struct UploadSummary {
+    /// The repository's URL on the Hub.
     pub repo_url: String,
+    /// Files in the commit.
     pub files: usize,
+    /// Files stored through LFS.
     pub lfs_files: usize,
     /// LFS objects the Hub already had (skipped).
     pub lfs_skipped: usize,
+    /// Bytes of LFS objects uploaded.
     pub bytes_sent: u64,
+    /// The commit's id, when the Hub returned one.
     pub commit: Option<String>,
 }
 

@@ -13,7 +13,9 @@ use crate::model::decoder::{Block, Decoder};
 /// Keys and values per layer (`[B, kv_heads, P, head_dim]`) of processed positions.
 pub(crate) type PrefixState = Vec<(Array, Array)>;
 
+/// The model's forward pass for training, with gradient checkpointing of the adapted layers.
 pub struct TrainForward<'a> {
+    /// The decoder whose (adapted) layers are run.
     pub decoder: &'a Decoder,
     /// Checkpoint every layer from this index on (the adapted layers).
     pub checkpoint_from: Option<usize>,

@@ -41,9 +41,13 @@ use crate::tokenizer::Tokenizer;
 /// Options, with `mlx_lm.dynamic_quant`'s defaults.
 #[derive(Clone, Debug)]
 pub struct DynamicOptions {
+    /// The directory the quantized model is written to (`--mlx-path`, default `mlx_model`).
     pub output: PathBuf,
+    /// The bits per weight to aim for (`--target-bpw`, default 5.0).
     pub target_bpw: f64,
+    /// The quantization of the less sensitive layers (`--low-bits`/`--low-group-size`, default 4 bits, group 64).
     pub low: QuantSpec,
+    /// The quantization of the most sensitive layers (`--high-bits`/`--high-group-size`, default 5 bits, group 64).
     pub high: QuantSpec,
     /// Calibration text: a file, folder or dataset id (`eval::data`); None:
     /// mlx-lm's own calibration file when it is in `~/.cache/mlx-lm`.
@@ -52,7 +56,9 @@ pub struct DynamicOptions {
     pub sequence_length: usize,
     /// Use this many rows (after the seeded shuffle); None: all.
     pub num_samples: Option<usize>,
+    /// Rows per batch when estimating sensitivities and perplexity (`--batch-size`, default 4).
     pub batch_size: usize,
+    /// Seed of the row shuffle (`--seed`, default 123).
     pub seed: u64,
     /// Read the sensitivities from this JSON file instead of estimating them.
     pub sensitivities: Option<PathBuf>,
@@ -91,9 +97,17 @@ impl Default for DynamicOptions {
 pub enum Event<'a> {
     /// A phase starts: `sensitivities`, `perplexity (original)`,
     /// `perplexity (quantized)`; `total` batches.
-    Phase { name: &'a str, total: usize },
+    Phase {
+        /// The phase's name.
+        name: &'a str,
+        /// Batches it will process.
+        total: usize,
+    },
     /// One batch of the current phase is done.
-    Progress { done: usize },
+    Progress {
+        /// Batches of the phase done so far.
+        done: usize,
+    },
     /// The output is being written.
     Convert(hf::Event<'a>),
 }
@@ -115,30 +129,42 @@ pub struct Sensitivities {
 /// What a run produced.
 #[derive(Debug, serde::Serialize)]
 pub struct DynamicSummary {
+    /// The directory the model was written to.
     pub output: PathBuf,
+    /// The bits per weight asked for.
     pub target_bpw: f64,
     /// Bits per weight of the written model (mlx-lm's `compute_bits_per_weight`).
     pub bits_per_weight: f64,
+    /// Layers with a sensitivity above this are kept at the high bit width.
     pub threshold: f64,
     /// mlx-lm's threshold would have exceeded the target; it was raised to
     /// the next sensitivity that meets it.
     pub threshold_raised: bool,
     /// Layers at the high and at the low bit width.
     pub high_layers: Vec<String>,
+    /// Number of layers at the low bit width.
     pub low_layers: usize,
+    /// Calibration rows used.
     pub rows: usize,
+    /// Tokens per row.
     pub sequence_length: usize,
+    /// Perplexity of the original model on the rows.
     pub original_perplexity: f64,
     /// First-order prediction; None when the sensitivities were read from a file.
     pub predicted_perplexity: Option<f64>,
+    /// Measured perplexity of the written model on the rows.
     pub quantized_perplexity: f64,
+    /// Seconds spent estimating (or reading) the sensitivities.
     pub sensitivity_seconds: f64,
+    /// Seconds the whole run took.
     pub seconds: f64,
+    /// What the conversion wrote.
     #[serde(skip)]
     pub convert: HfSummary,
 }
 
 impl DynamicOptions {
+    /// Checks the bit widths, group sizes, target and batch settings; errors name the flag at fault.
     pub fn validate(&self) -> Result<()> {
         for (what, spec) in [("--low", self.low), ("--high", self.high)] {
             super::quantize::validate_spec(spec)
@@ -490,6 +516,7 @@ pub struct Inventory {
     pub layers: Vec<(String, (u64, u64), u64)>,
     /// Bytes and parameters of every other tensor.
     pub other_bytes: u64,
+    /// Parameters of every other tensor.
     pub other_params: u64,
 }
 

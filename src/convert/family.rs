@@ -53,6 +53,7 @@ const FAMILIES: &[Family] = &[
     },
 ];
 
+/// The `model_type`s that convert supports.
 pub fn supported() -> Vec<&'static str> {
     FAMILIES.iter().map(|f| f.model_type).collect()
 }

@@ -18,10 +18,15 @@ const DEFAULT_ALIGNMENT: u64 = 32;
 /// One metadata value.
 #[derive(Clone, Debug, PartialEq)]
 pub enum MetaValue {
+    /// Any of GGUF's integer types, widened.
     Int(i64),
+    /// A `float32` or `float64`.
     Float(f64),
+    /// A boolean.
     Bool(bool),
+    /// A UTF-8 string.
     Str(String),
+    /// An array of values.
     Array(Vec<MetaValue>),
 }
 
@@ -34,6 +39,7 @@ impl MetaValue {
         }
     }
 
+    /// The value as a float (integers converted); None for other kinds.
     pub fn as_f64(&self) -> Option<f64> {
         match self {
             MetaValue::Float(v) => Some(*v),
@@ -42,6 +48,7 @@ impl MetaValue {
         }
     }
 
+    /// The value as a boolean (integers: nonzero is true); None for other kinds.
     pub fn as_bool(&self) -> Option<bool> {
         match self {
             MetaValue::Bool(b) => Some(*b),
@@ -50,6 +57,7 @@ impl MetaValue {
         }
     }
 
+    /// The string, if the value is one.
     pub fn as_str(&self) -> Option<&str> {
         match self {
             MetaValue::Str(s) => Some(s),
@@ -57,6 +65,7 @@ impl MetaValue {
         }
     }
 
+    /// The elements, if the value is an array.
     pub fn as_array(&self) -> Option<&[MetaValue]> {
         match self {
             MetaValue::Array(a) => Some(a),
@@ -70,12 +79,18 @@ impl MetaValue {
 pub struct GgmlType(pub u32);
 
 impl GgmlType {
+    /// 32-bit float.
     pub const F32: Self = Self(0);
+    /// 16-bit float.
     pub const F16: Self = Self(1);
+    /// 4-bit blocks of 32 with a float16 scale.
     pub const Q4_0: Self = Self(2);
+    /// 4-bit blocks of 32 with a float16 scale and minimum.
     pub const Q4_1: Self = Self(3);
+    /// 8-bit blocks of 32 with a float16 scale.
     pub const Q8_0: Self = Self(8);
 
+    /// ggml's name of the type (`Q4_K`, `BF16`, ...), or `type N` for unknown numbers.
     pub fn name(self) -> String {
         const NAMES: [&str; 31] = [
             "F32", "F16", "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "Q2_K",
@@ -93,8 +108,11 @@ impl GgmlType {
 /// Name, shape (outermost first, as MLX loads it) and type of one tensor.
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
+    /// The tensor's name in the GGUF file (such as `blk.0.attn_q.weight`).
     pub name: String,
+    /// Its shape, outermost dimension first.
     pub shape: Vec<u64>,
+    /// Its element type.
     pub ggml_type: GgmlType,
     /// Start of its data, relative to `GgufHeader::data_offset`.
     pub offset: u64,
@@ -126,8 +144,11 @@ impl TensorInfo {
 /// Everything before the tensor data.
 #[derive(Debug)]
 pub struct GgufHeader {
+    /// The GGUF format version (2 or 3).
     pub version: u32,
+    /// The key/value metadata, by key.
     pub metadata: BTreeMap<String, MetaValue>,
+    /// The tensors, in file order.
     pub tensors: Vec<TensorInfo>,
     /// Where the tensor data begins in the file (aligned).
     pub data_offset: u64,
@@ -248,10 +269,12 @@ impl GgufHeader {
         })
     }
 
+    /// The metadata value under `key`.
     pub fn get(&self, key: &str) -> Option<&MetaValue> {
         self.metadata.get(key)
     }
 
+    /// The metadata string under `key`.
     pub fn string(&self, key: &str) -> Option<&str> {
         self.get(key).and_then(MetaValue::as_str)
     }
@@ -260,6 +283,7 @@ impl GgufHeader {
         self.get(key).and_then(MetaValue::as_i64)
     }
 
+    /// The metadata number under `key`, as a float.
     pub fn float(&self, key: &str) -> Option<f64> {
         self.get(key).and_then(MetaValue::as_f64)
     }

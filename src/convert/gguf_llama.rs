@@ -14,11 +14,14 @@ pub(crate) const ARCH: &str = "llama";
 /// Attention head counts, needed to un-permute Q and K.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
+    /// Query heads (`llama.attention.head_count`).
     pub n_head: i32,
+    /// Key/value heads (`llama.attention.head_count_kv`, defaulting to the query heads).
     pub n_kv_head: i32,
 }
 
 impl Heads {
+    /// Reads the head counts from the GGUF metadata; fails if either is not positive.
     pub fn read(h: &GgufHeader) -> Result<Self> {
         let n_head = h.require_int("llama.attention.head_count")? as i32;
         let n_kv_head = h

@@ -12,12 +12,19 @@ const TOKEN_USER_DEFINED: i64 = 4;
 
 /// The files of the tokenizer and the special ids the model config repeats.
 pub struct TokenizerFiles {
+    /// The contents of `tokenizer.json`.
     pub tokenizer_json: Value,
+    /// The contents of `tokenizer_config.json`.
     pub tokenizer_config: Value,
+    /// The contents of `special_tokens_map.json`.
     pub special_tokens_map: Value,
+    /// Beginning-of-sequence token id (`tokenizer.ggml.bos_token_id`).
     pub bos_id: Option<i64>,
+    /// End-of-sequence token id (`tokenizer.ggml.eos_token_id`).
     pub eos_id: Option<i64>,
+    /// Padding token id (`tokenizer.ggml.padding_token_id`).
     pub pad_id: Option<i64>,
+    /// Number of tokens in the vocabulary.
     pub vocab_size: usize,
 }
 

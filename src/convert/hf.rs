@@ -26,13 +26,18 @@ use crate::quant::{QuantMode, Quantization};
 /// Q*_K_M choices: `(low bits, high bits)`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MixedRecipe {
+    /// `mixed_2_6`: 2 bits, 6 bits for the sensitive layers.
     Mixed2_6,
+    /// `mixed_3_4`: 3 bits, 4 bits for the sensitive layers.
     Mixed3_4,
+    /// `mixed_3_6`: 3 bits, 6 bits for the sensitive layers.
     Mixed3_6,
+    /// `mixed_4_6`: 4 bits, 6 bits for the sensitive layers.
     Mixed4_6,
 }
 
 impl MixedRecipe {
+    /// The recipe named by `--quant-predicate` (`mixed_2_6` etc.).
     pub fn parse(name: &str) -> Result<Self> {
         Ok(match name {
             "mixed_2_6" => Self::Mixed2_6,
@@ -59,9 +64,13 @@ impl MixedRecipe {
 /// `--quant-predicate`). None values take the mode's defaults.
 #[derive(Clone, Copy, Debug)]
 pub struct QuantRecipe {
+    /// The quantization mode (`--q-mode`, default affine).
     pub mode: QuantMode,
+    /// Weights per scale (`--q-group-size`); None: the mode's default.
     pub group_size: Option<i32>,
+    /// Bits per weight (`--q-bits`); None: the mode's default.
     pub bits: Option<i32>,
+    /// A mixed-bit recipe (`--quant-predicate`), affine only.
     pub mixed: Option<MixedRecipe>,
 }
 
@@ -71,6 +80,7 @@ impl QuantRecipe {
         (self.group_size.unwrap_or(g), self.bits.unwrap_or(b))
     }
 
+    /// Checks the group size and bits against the mode, and that a mixed recipe is affine.
     pub fn validate(&self) -> Result<()> {
         let (g, b) = self.resolved();
         self.mode.validate(g, b)?;
@@ -84,10 +94,13 @@ impl QuantRecipe {
 /// What to write.
 #[derive(Clone, Debug, Default)]
 pub struct HfOptions {
+    /// The directory the model is written to (`--mlx-path`).
     pub output: PathBuf,
     /// The dtype of floating tensors; None: `torch_dtype` of config.json.
     pub dtype: Option<Dtype>,
+    /// Quantize the model this way (`-q`).
     pub quantize: Option<QuantRecipe>,
+    /// Store quantized layers as dense floating weights (`--dequantize`).
     pub dequantize: bool,
     /// The Hub repo the model came from (the card's `base_model`).
     pub base_model: Option<String>,
@@ -96,22 +109,39 @@ pub struct HfOptions {
 /// What the engine reports while it works; the CLI draws it.
 pub enum Event<'a> {
     /// The plan is made: this many tensors and bytes will be written.
-    Start { tensors: usize, bytes: u64 },
+    Start {
+        /// Tensors to write.
+        tensors: usize,
+        /// Bytes of tensor data to write.
+        bytes: u64,
+    },
     /// One tensor was written.
-    Wrote { name: &'a str, bytes: u64 },
+    Wrote {
+        /// The tensor's name.
+        name: &'a str,
+        /// Its size in bytes.
+        bytes: u64,
+    },
 }
 
 /// What a conversion wrote.
 #[derive(Debug)]
 pub struct HfSummary {
+    /// The directory the model was written to.
     pub output: PathBuf,
+    /// Tensors written.
     pub tensors: usize,
+    /// Bytes of tensor data written.
     pub bytes: u64,
+    /// Safetensors shards written (at most 5 GiB each).
     pub shards: usize,
+    /// Parameters of the model (quantized weights counted unpacked).
     pub parameters: u64,
     /// Bits per weight over the whole model (mlx-lm's `compute_bits_per_weight`).
     pub bits_per_weight: f64,
+    /// The `quantization` entry written to `config.json`, if the model is quantized.
     pub quantization: Option<Value>,
+    /// `AlreadyThere` when a concurrent conversion placed the output first.
     pub commit: Commit,
 }
 

@@ -29,6 +29,7 @@ use quantize::TensorSet;
 /// What to produce.
 #[derive(Clone, Debug)]
 pub struct ConvertOptions {
+    /// The directory the converted model is written to (`--mlx-path`).
     pub output: PathBuf,
     /// The dtype of every floating tensor written (norms, scales, biases, dense weights).
     pub dtype: Dtype,
@@ -41,9 +42,13 @@ pub struct ConvertOptions {
 /// What a conversion wrote.
 #[derive(Debug)]
 pub struct Summary {
+    /// The directory the model was written to.
     pub output: PathBuf,
+    /// Tensors written.
     pub tensors: usize,
+    /// Bytes of tensor data written.
     pub bytes: usize,
+    /// The `quantization` entry written to `config.json`, if the model is quantized.
     pub quantization: Option<Value>,
     /// `AlreadyThere` when a concurrent conversion placed the output first.
     pub commit: Commit,

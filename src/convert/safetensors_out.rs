@@ -16,12 +16,16 @@ pub(crate) const MAX_SHARD_BYTES: u64 = 5 << 30;
 /// What a tensor will be, before it is computed.
 #[derive(Clone, Debug)]
 pub struct TensorInfo {
+    /// The tensor's name in the safetensors file.
     pub name: String,
+    /// Its element type.
     pub dtype: Dtype,
+    /// Its shape.
     pub shape: Vec<i32>,
 }
 
 impl TensorInfo {
+    /// The name, dtype and shape of `a`, without evaluating it.
     pub fn of(name: &str, a: &Array) -> Self {
         Self {
             name: name.to_string(),
@@ -30,6 +34,7 @@ impl TensorInfo {
         }
     }
 
+    /// The size of its data in bytes.
     pub fn nbytes(&self) -> u64 {
         let n: u64 = self.shape.iter().map(|&d| d as u64).product();
         n * dtype_size(self.dtype)

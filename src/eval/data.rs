@@ -14,7 +14,9 @@ use serde_json::Value;
 /// `FILE row N`, or the file for a whole plain-text document).
 #[derive(Clone, Debug)]
 pub struct Record {
+    /// The row.
     pub value: Value,
+    /// Where it was read, for error messages.
     pub at: String,
 }
 

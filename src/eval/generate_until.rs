@@ -28,7 +28,9 @@ pub const DEFAULT_MAX_GEN_TOKENS: usize = 256;
 /// answer as the dataset writes it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct GenItem {
+    /// The prompt, few-shot examples included.
     pub context: String,
+    /// The reference answer, as the dataset writes it.
     pub target: String,
 }
 
@@ -211,7 +213,9 @@ fn gsm8k_normalize(s: &str) -> String {
 /// Scores of one generation task, per filter.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct GenResult {
+    /// The task's name (such as `gsm8k`).
     pub task: String,
+    /// Questions scored.
     pub items: usize,
     /// `(filter name, exact_match, its standard error)`.
     pub exact_match: Vec<(String, f64, f64)>,

@@ -24,6 +24,7 @@ use crate::tokenizer::Tokenizer;
 /// How rows are cut from the documents.
 #[derive(Clone, Debug)]
 pub struct RowOptions {
+    /// Tokens per row (`--sequence-length`).
     pub sequence_length: usize,
     /// Rows to keep; `None` keeps every complete row.
     pub num_samples: Option<usize>,
@@ -36,12 +37,16 @@ pub struct RowOptions {
 /// else `text`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowFormat {
+    /// Rows with `prompt` and `completion`.
     Completions,
+    /// Rows with `messages`, rendered through the chat template.
     Chat,
+    /// Rows with `text`.
     Text,
 }
 
 impl RowFormat {
+    /// The format of a dataset whose first row is `first`; an error if it has none of the keys.
     pub fn of(first: &Record) -> Result<Self> {
         let has = |k: &str| first.value.get(k).is_some();
         if has("prompt") && has("completion") {
@@ -157,11 +162,15 @@ pub fn token_rows(tok: &Tokenizer, records: &[Record], opts: &RowOptions) -> Res
 /// The result of scoring token rows.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Perplexity {
+    /// `exp(mean_loss)`.
     pub perplexity: f64,
     /// Standard error of the perplexity (delta method, as mlx-lm).
     pub standard_error: f64,
+    /// Mean next-token cross-entropy over the scored tokens, in nats.
     pub mean_loss: f64,
+    /// Rows scored.
     pub rows: usize,
+    /// Tokens per row.
     pub sequence_length: usize,
     /// Scored (predicted) tokens: rows × (sequence_length − 1).
     pub tokens: usize,

@@ -204,7 +204,9 @@ pub fn loglikelihood_rolling(
 /// Scores of one rolling task.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct RollingResult {
+    /// The task's name (such as `wikitext`).
     pub task: String,
+    /// Documents scored.
     pub docs: usize,
     /// `exp(-Σ loglikelihood / Σ words)`.
     pub word_perplexity: f64,
@@ -214,7 +216,9 @@ pub struct RollingResult {
     pub bits_per_byte: f64,
     /// Each document's log-likelihood, words and UTF-8 bytes.
     pub loglikelihoods: Vec<f64>,
+    /// Each document's words.
     pub words: Vec<usize>,
+    /// Each document's UTF-8 bytes.
     pub bytes: Vec<usize>,
 }
 

@@ -23,8 +23,11 @@ pub const TASKS: [&str; 5] = ["arc_easy", "arc_challenge", "hellaswag", "piqa", 
 /// choices as written (without the delimiter), and the gold index.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Item {
+    /// The prompt, few-shot examples included.
     pub context: String,
+    /// The choices as written, without the target delimiter.
     pub choices: Vec<String>,
+    /// Index of the correct choice.
     pub gold: usize,
     /// The few-shot examples in `context`: their 0-based rows in the file.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -384,13 +387,18 @@ fn prefill(model: &Model, prefix: &[u32]) -> Result<(Array, Vec<Box<dyn KvCache>
 /// Scores of one task.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TaskResult {
+    /// The task's name (one of [`TASKS`]).
     pub task: String,
+    /// Items scored.
     pub items: usize,
+    /// Accuracy: the share of items whose most likely choice is the gold one.
     pub acc: f64,
+    /// Standard error of `acc`.
     pub acc_stderr: f64,
     /// Accuracy with each choice's log-likelihood divided by its length
     /// in characters (the harness's `acc_norm`).
     pub acc_norm: f64,
+    /// Standard error of `acc_norm`.
     pub acc_norm_stderr: f64,
     /// Log-likelihood of every choice of every item.
     pub loglikelihoods: Vec<Vec<f64>>,

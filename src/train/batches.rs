@@ -10,8 +10,11 @@ use crate::dataset_rows::SftExample;
 /// A padded SFT batch, row-major `[rows, width]`, padded with token 0.
 #[derive(Clone, Debug)]
 pub struct SftBatch {
+    /// The token ids, `rows * width` of them.
     pub tokens: Vec<i32>,
+    /// Sequences in the batch.
     pub rows: usize,
+    /// Length of the longest (truncated) sequence; every row is padded to it.
     pub width: usize,
     /// `(offset, length)` of each row after truncation.
     pub spans: Vec<(usize, usize)>,

@@ -33,12 +33,16 @@ pub enum SftScope {
     Response,
 }
 
+/// The optimizer (`optimizer`, `--optimizer`; default `adam`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OptimizerKind {
+    /// Adam.
     #[default]
     Adam,
+    /// AdamW: Adam with decoupled weight decay.
     Adamw,
+    /// Stochastic gradient descent, with optional momentum.
     Sgd,
 }
 
@@ -46,14 +50,19 @@ pub enum OptimizerKind {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OptimizerSettings {
+    /// Adam's `[β1, β2]` (default `[0.9, 0.999]`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub betas: Option<[f32; 2]>,
+    /// Adam's ε (default 1e-8).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub eps: Option<f32>,
+    /// Weight decay (default 0.01 for AdamW, else 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_decay: Option<f32>,
+    /// SGD momentum (default 0).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub momentum: Option<f32>,
+    /// Adam's bias correction (default false, as MLX).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bias_correction: Option<bool>,
 }
@@ -66,74 +75,102 @@ pub struct LrScheduleConfig {
     /// `cosine_decay` (arguments: init, decay_steps, [end]), `linear_schedule`
     /// (init, end, steps) or `constant` (init).
     pub name: String,
+    /// The schedule's arguments, in the order `name` takes them.
     pub arguments: Vec<f64>,
+    /// Linear warmup steps before the schedule (default 0).
     #[serde(default)]
     pub warmup: usize,
+    /// The learning rate the warmup starts from (default 0).
     #[serde(default)]
     pub warmup_init: f64,
 }
 
+/// The options of a LoRA training run, as mlx-lm's `lora` YAML names them.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TrainConfig {
+    /// The model to adapt: a directory or Hub id (`--model`).
     #[serde(default)]
     pub model: Option<String>,
+    /// The directory with `train.jsonl`, `valid.jsonl`, `test.jsonl` (`--data`).
     #[serde(default)]
     pub data: Option<PathBuf>,
+    /// The training objective (default `sft`).
     #[serde(default)]
     pub method: Method,
+    /// Only `lora` is supported (the default).
     #[serde(default = "default_fine_tune_type")]
     pub fine_tune_type: String,
+    /// The optimizer (default `adam`).
     #[serde(default)]
     pub optimizer: OptimizerKind,
+    /// Settings per optimizer name (`adam`, `adamw`, `sgd`).
     #[serde(default)]
     pub optimizer_config: BTreeMap<String, OptimizerSettings>,
+    /// Seed of the batch order and the adapters' initialization (default 0).
     #[serde(default)]
     pub seed: u64,
     /// Adapted blocks, counted from the last; -1 (or 0, as in mlx-lm) adapts all.
     #[serde(default = "default_num_layers")]
     pub num_layers: i64,
+    /// Examples per batch (`--batch-size`, default 4).
     #[serde(default = "default_batch_size")]
     pub batch_size: usize,
+    /// Training iterations (`--iters`, default 1000).
     #[serde(default = "default_iters")]
     pub iters: usize,
     /// -1 uses the whole validation set.
     #[serde(default = "default_val_batches")]
     pub val_batches: i64,
+    /// The learning rate, or a schedule's base (`--learning-rate`, default 1e-5).
     #[serde(default = "default_learning_rate")]
     pub learning_rate: f64,
+    /// Iterations between loss reports (default 10; YAML only).
     #[serde(default = "default_steps_per_report")]
     pub steps_per_report: usize,
+    /// Iterations between validations (`--steps-per-eval`, default 200).
     #[serde(default = "default_steps_per_eval")]
     pub steps_per_eval: usize,
+    /// Start from the adapter weights in this file (`--resume-adapter-file`).
     #[serde(default)]
     pub resume_adapter_file: Option<PathBuf>,
+    /// Where the adapters and their config are saved (`--adapter-path`, default `adapters`).
     #[serde(default = "default_adapter_path")]
     pub adapter_path: PathBuf,
+    /// Iterations between adapter checkpoints (`--save-every`, default 100).
     #[serde(default = "default_save_every")]
     pub save_every: usize,
+    /// Evaluate on `test.jsonl` after training (`--test`).
     #[serde(default)]
     pub test: bool,
+    /// Test batches; -1 uses the whole test set (`--test-batches`, default 500).
     #[serde(default = "default_test_batches")]
     pub test_batches: i64,
+    /// Longer sequences are truncated to this many tokens (`--max-seq-length`, default 2048).
     #[serde(default = "default_max_seq_length")]
     pub max_seq_length: usize,
+    /// Recompute the adapted layers' activations in the backward pass to save memory (`--grad-checkpoint`).
     #[serde(default)]
     pub grad_checkpoint: bool,
+    /// Batches whose gradients are summed before each update (`--grad-accumulation-steps`, default 1).
     #[serde(default = "default_one")]
     pub grad_accumulation_steps: usize,
     /// Clip the global gradient norm to this value.
     #[serde(default)]
     pub grad_clip: Option<f32>,
+    /// A learning-rate schedule; None: constant `learning_rate`.
     #[serde(default)]
     pub lr_schedule: Option<LrScheduleConfig>,
+    /// Rank, scale, dropout and target modules of the adapters.
     #[serde(default)]
     pub lora_parameters: LoraParameters,
+    /// Leave the prompt out of the SFT loss (`--mask-prompt`).
     #[serde(default)]
     pub mask_prompt: bool,
     /// Weight of the odds-ratio term in the ORPO loss.
     #[serde(default = "default_orpo_lambda")]
     pub orpo_lambda: f64,
+    /// Which positions ORPO's NLL term covers (default `full`).
     #[serde(default)]
     pub sft_scope: SftScope,
     /// Token rows per output-head chunk in the loss (bounds the logits memory).
@@ -145,14 +182,19 @@ pub struct TrainConfig {
     /// mlx-lm options accepted for compatibility and not used.
     #[serde(default, skip_serializing)]
     pub train: Option<serde_yaml::Value>,
+    /// Accepted for compatibility with mlx-lm; not used.
     #[serde(default, skip_serializing)]
     pub report_to: Option<serde_yaml::Value>,
+    /// Accepted for compatibility with mlx-lm; not used.
     #[serde(default, skip_serializing)]
     pub project_name: Option<serde_yaml::Value>,
+    /// Accepted for compatibility with mlx-lm; not used.
     #[serde(default, skip_serializing)]
     pub clear_cache_threshold: Option<serde_yaml::Value>,
+    /// Accepted for compatibility with mlx-lm; not used.
     #[serde(default, skip_serializing)]
     pub trust_remote_code: Option<serde_yaml::Value>,
+    /// Accepted for compatibility with mlx-lm; not used.
     #[serde(default, skip_serializing)]
     pub config: Option<serde_yaml::Value>,
 }
@@ -237,6 +279,7 @@ impl TrainConfig {
         Ok(cfg)
     }
 
+    /// Checks the values mlx-bun cannot run (zero sizes, an unsupported `fine_tune_type`, bad rates, `mask_prompt` with ORPO).
     pub fn validate(&self) -> Result<()> {
         if self.fine_tune_type != "lora" {
             bail!(

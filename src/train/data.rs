@@ -13,11 +13,14 @@ use crate::tokenizer::Tokenizer;
 /// The examples of one split file.
 #[derive(Clone, Debug)]
 pub enum Examples {
+    /// Supervised fine-tuning rows (`text`, `prompt`/`completion` or `messages`).
     Sft(Vec<SftExample>),
+    /// Preference rows (`prompt`, `chosen`, `rejected`), for ORPO.
     Preference(Vec<PreferenceExample>),
 }
 
 impl Examples {
+    /// Number of examples.
     pub fn len(&self) -> usize {
         match self {
             Examples::Sft(v) => v.len(),
@@ -25,6 +28,7 @@ impl Examples {
         }
     }
 
+    /// Whether there are no examples.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -33,13 +37,22 @@ impl Examples {
 /// What kind of rows the training method needs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowKind {
-    Sft { mask_prompt: bool },
+    /// Supervised fine-tuning rows.
+    Sft {
+        /// Leave the prompt out of the loss (`--mask-prompt`).
+        mask_prompt: bool,
+    },
+    /// Preference pairs (ORPO).
     Preference,
 }
 
+/// The tokenized splits of a data directory.
 pub struct Splits {
+    /// `train.jsonl`.
     pub train: Examples,
+    /// `valid.jsonl`, if present.
     pub valid: Option<Examples>,
+    /// `test.jsonl`, if present.
     pub test: Option<Examples>,
 }
 

@@ -39,18 +39,27 @@ pub struct DwqOptions {
     pub teacher: PathBuf,
     /// An already quantized student; else the teacher quantized with `spec`.
     pub quantized_model: Option<PathBuf>,
+    /// The student's quantization (`--bits`, `--group-size`; default 4 bits, group 64).
     pub spec: QuantSpec,
     /// Text documents (a file, folder or dataset id; see `eval::data`).
     pub data: String,
     /// Where the student model folder is written.
     pub mlx_path: PathBuf,
+    /// Training documents to use (`--num-samples`, default 2048).
     pub num_samples: usize,
+    /// Held-out documents for validation (`--num-valid-samples`, default 32).
     pub num_valid_samples: usize,
+    /// Documents are cut to this many tokens (`--max-seq-length`, default 1025).
     pub max_seq_length: usize,
+    /// Seed of the document shuffle (`--seed`, default 123).
     pub seed: u64,
+    /// Adam's learning rate (`--learning-rate`, default 1e-6).
     pub learning_rate: f64,
+    /// Rows per batch (`--batch-size`, default 4).
     pub batch_size: usize,
+    /// Temperature of the distillation KL (`--temperature`, default 2).
     pub temperature: f32,
+    /// Teacher logits kept per position (`--top-k`, default 1024).
     pub top_k: usize,
     /// Teacher targets; computed there when missing. `None`: a temporary
     /// folder beside `mlx_path`, removed at the end.
@@ -87,17 +96,33 @@ impl Default for DwqOptions {
 /// What the run reports as it goes.
 pub enum Event<'a> {
     /// A phase starts: `targets-valid`, `targets-train`, `validate`, `train`.
-    Phase { name: &'a str, total: usize },
+    Phase {
+        /// The phase's name.
+        name: &'a str,
+        /// Batches it will process.
+        total: usize,
+    },
     /// One batch of the current phase is done.
-    Progress { done: usize },
+    Progress {
+        /// Batches of the phase done so far.
+        done: usize,
+    },
+    /// A training step is done.
     Step {
+        /// The step's number (1-based).
         iter: usize,
+        /// The step's distillation loss (KL per token).
         loss: f32,
+        /// Tokens in the step's batch.
         tokens: usize,
     },
+    /// The student was validated after `iter` steps.
     Validation {
+        /// Training steps done.
         iter: usize,
+        /// KL to the teacher per held-out token.
         kl: f64,
+        /// Perplexity of the held-out rows.
         perplexity: f64,
     },
 }
@@ -112,16 +137,24 @@ pub struct Quality {
     pub perplexity: f64,
 }
 
+/// What a DWQ run did.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct DwqSummary {
+    /// Held-out quality of the student before training.
     pub before: Quality,
+    /// Held-out quality of the student after training.
     pub after: Quality,
     /// The final validation loss is above the initial one.
     pub got_worse: bool,
+    /// Training steps taken (one per batch).
     pub iters: usize,
+    /// Tokens trained on.
     pub tokens: usize,
+    /// Trained parameters (the scales and biases of the quantized layers).
     pub trainable_params: usize,
+    /// Seconds the whole run took.
     pub seconds: f64,
+    /// The student model's directory.
     pub output: PathBuf,
 }
 
@@ -158,13 +191,18 @@ pub type Rows = Vec<Vec<i32>>;
 /// One padded batch `[rows, width]` (token 0 past each row's end).
 #[derive(Clone, Debug)]
 pub struct DwqBatch {
+    /// The token ids, `rows * width` of them.
     pub tokens: Vec<i32>,
+    /// Rows in the batch.
     pub rows: usize,
+    /// Length of the longest row.
     pub width: usize,
+    /// Each row's length before padding.
     pub lengths: Vec<usize>,
 }
 
 impl DwqBatch {
+    /// Pads `rows` with token 0 to the longest.
     pub fn new(rows: &[&Vec<i32>]) -> Self {
         let width = rows.iter().map(|r| r.len()).max().unwrap_or(0);
         let mut tokens = vec![0i32; rows.len() * width];

@@ -20,10 +20,14 @@ use crate::model::weights::layer_quant_spec;
 use crate::model::Model;
 use crate::quant::{dequantize, Quantization};
 
+/// What [`fuse`] did.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct FuseReport {
+    /// Adapted modules folded into their base weights.
     pub fused_layers: usize,
+    /// Whether every quantized layer was written dequantized (`--dequantize`).
     pub dequantized: bool,
+    /// The directory of the fused model.
     pub output: std::path::PathBuf,
 }
 

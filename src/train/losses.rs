@@ -22,6 +22,7 @@ pub struct Head {
 }
 
 impl Head {
+    /// The output projection of `decoder` (its LM head, or the tied embedding).
     pub fn of(decoder: &Decoder) -> Self {
         Self {
             lm_head: decoder.lm_head.clone(),
@@ -30,6 +31,7 @@ impl Head {
         }
     }
 
+    /// Logits `[..., vocab]` of final-norm hidden states `[..., hidden]`.
     pub fn logits(&self, hidden: &Array) -> Result<Array> {
         let logits = match &self.lm_head {
             Some(head) => head.forward(hidden)?,

@@ -11,29 +11,40 @@ use super::config::{LrScheduleConfig, OptimizerKind, OptimizerSettings};
 /// A learning rate as a function of the update count (0-based).
 #[derive(Clone, Debug)]
 pub enum Schedule {
+    /// The same rate at every step.
     Constant(f64),
     /// `end + (init - end) * (1 + cos(pi * min(step, steps) / steps)) / 2`
     Cosine {
+        /// The rate at step 0.
         init: f64,
+        /// Steps of the decay.
         steps: usize,
+        /// The rate from `steps` on.
         end: f64,
     },
     /// Linear from `init` to `end` over `steps`, then `end`.
     Linear {
+        /// The rate at step 0.
         init: f64,
+        /// The rate from `steps` on.
         end: f64,
+        /// Steps of the ramp.
         steps: usize,
     },
     /// `warmup` linear steps from `from` to the start of `then`, then `then`
     /// (counted from the end of the warmup), as mlx-lm joins them.
     Warmup {
+        /// The rate at step 0 of the warmup.
         from: f64,
+        /// Warmup steps.
         steps: usize,
+        /// The schedule after the warmup.
         then: Box<Schedule>,
     },
 }
 
 impl Schedule {
+    /// The learning rate of update `step` (0-based).
     pub fn at(&self, step: usize) -> f64 {
         match self {
             Schedule::Constant(lr) => *lr,
@@ -133,6 +144,7 @@ pub struct Optimizer {
 }
 
 impl Optimizer {
+    /// An optimizer of `kind` with `settings` (unset ones take MLX's defaults; AdamW's weight decay 0.01) and the learning-rate `schedule`.
     pub fn new(kind: OptimizerKind, settings: &OptimizerSettings, schedule: Schedule) -> Self {
         Self {
             kind,
@@ -155,6 +167,7 @@ impl Optimizer {
         self.schedule.at(self.step)
     }
 
+    /// Updates applied so far.
     pub fn steps(&self) -> usize {
         self.step
     }

@@ -22,11 +22,17 @@ use crate::dataset_rows::PreferenceExample;
 /// The scalar terms of an ORPO loss (each a 0-d array).
 #[derive(Clone)]
 pub struct OrpoTerms {
+    /// The loss minimized: `nll + λ·or`.
     pub loss: Array,
+    /// The negative log-likelihood term (SFT loss on the chosen response, or prompt and chosen with `SftScope::Full`).
     pub nll: Array,
+    /// The odds-ratio term `-log σ(log_odds)`, averaged over pairs.
     pub or: Array,
+    /// The log odds ratio of chosen to rejected, averaged over pairs.
     pub log_odds: Array,
+    /// Mean per-token log-probability of the chosen responses, averaged over pairs.
     pub chosen_logp: Array,
+    /// Mean per-token log-probability of the rejected responses, averaged over pairs.
     pub rejected_logp: Array,
 }
 
@@ -42,6 +48,7 @@ impl OrpoTerms {
         ]
     }
 
+    /// The terms from the loss values in the order the trainer evaluates them.
     pub fn from_slice(v: &[Array]) -> Self {
         Self {
             loss: v[0].clone(),

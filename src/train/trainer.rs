@@ -25,11 +25,17 @@ use crate::model::Model;
 /// The ORPO components of a loss, as numbers.
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct OrpoValues {
+    /// The negative log-likelihood term.
     pub nll: f32,
+    /// The odds-ratio term `-log σ(log_odds)`.
     pub or: f32,
+    /// The log odds ratio of chosen to rejected.
     pub log_odds: f32,
+    /// Mean per-token log-probability of the chosen responses.
     pub chosen_logp: f32,
+    /// Mean per-token log-probability of the rejected responses.
     pub rejected_logp: f32,
+    /// The weight λ of the odds-ratio term (`orpo_lambda`).
     pub lambda: f64,
 }
 
@@ -55,53 +61,86 @@ impl OrpoValues {
     }
 }
 
+/// One training step, as reported.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct StepReport {
+    /// The iteration (1-based).
     pub iter: usize,
+    /// The step's training loss.
     pub loss: f32,
+    /// The ORPO components, with `--method orpo`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub orpo: Option<OrpoValues>,
+    /// Tokens in the step's batch.
     pub tokens: usize,
+    /// Tokens per second over the step.
     pub tokens_per_sec: f64,
+    /// Seconds the step took.
     pub step_seconds: f64,
+    /// The learning rate the step used.
     pub learning_rate: f64,
+    /// MLX's peak memory in bytes since training started.
     pub peak_memory_bytes: usize,
     /// Set on steps that applied an update with clipping enabled.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grad_norm: Option<f32>,
 }
 
+/// One validation or test evaluation, as reported.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct EvalReport {
+    /// Training iterations done before it.
     pub iter: usize,
+    /// `valid` or `test`.
     pub split: &'static str,
+    /// The loss over the evaluated batches.
     pub loss: f32,
+    /// The ORPO components, with `--method orpo`.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub orpo: Option<OrpoValues>,
+    /// Batches evaluated.
     pub batches: usize,
+    /// Seconds the evaluation took.
     pub seconds: f64,
 }
 
+/// What the training loop reports as it goes.
 pub enum Event<'a> {
+    /// Training starts.
     Start {
+        /// Trainable (adapter) parameters.
         trainable_params: usize,
+        /// Transformer blocks with adapters.
         adapted_layers: usize,
+        /// Examples in `train.jsonl`.
         train_examples: usize,
     },
+    /// A training step is done.
     Step(&'a StepReport),
+    /// A validation or test evaluation is done.
     Eval(&'a EvalReport),
+    /// Adapters were saved to this file.
     Saved(&'a Path),
 }
 
+/// What a training run did.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct TrainSummary {
+    /// Iterations run.
     pub iters: usize,
+    /// The last training loss.
     pub final_loss: Option<f32>,
+    /// The last validation loss.
     pub final_val_loss: Option<f32>,
+    /// The test loss, with `--test`.
     pub test_loss: Option<f32>,
+    /// Tokens trained on.
     pub tokens: usize,
+    /// Seconds the run took.
     pub seconds: f64,
+    /// MLX's peak memory in bytes over the run.
     pub peak_memory_bytes: usize,
+    /// The final adapter file (`adapters.safetensors` in the adapter path).
     pub adapter_file: PathBuf,
 }
 
@@ -113,8 +152,11 @@ enum Batch {
 
 /// Model with adapters and everything needed to compute losses.
 pub struct Trainer {
+    /// The model, with the adapters attached.
     pub model: Model,
+    /// Where the adapters sit and their rank and scale.
     pub layout: AdapterLayout,
+    /// The adapter arrays being trained, in the layout's order.
     pub params: Vec<Array>,
     cfg: TrainConfig,
     checkpoint_from: Option<usize>,
