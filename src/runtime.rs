@@ -100,7 +100,7 @@ pub enum Draft {
 pub struct Runtime {
     /// The model that generates.
     pub model: Model,
-    /// Its tokenizer, shared with the server and the grammar engine.
+    /// The model's tokenizer.
     pub tokenizer: Arc<Tokenizer>,
     /// The drafter for speculative decoding, when one was asked for.
     pub draft: Option<Draft>,

@@ -45,7 +45,7 @@ pub trait DraftSource {
     fn rewind(&mut self, drafted: usize, accepted: usize) -> Result<()>;
     /// Device bytes held (weights and cache), for memory admission.
     fn resident_bytes(&self) -> usize;
-    /// A short label of the drafter for logs (`model:<path>` or `ngram`).
+    /// A short label of the drafter: `model:<path>` or `ngram`.
     fn name(&self) -> String;
 }
 
