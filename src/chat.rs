@@ -22,6 +22,7 @@ use crate::tokenizer::Tokenizer;
 /// Makes empty caches (on start and reset).
 pub(crate) type CacheFactory<'m> = Box<dyn Fn() -> Result<Vec<Box<dyn KvCache>>> + 'm>;
 
+/// A multi-turn conversation over one model that keeps its KV cache between turns.
 pub struct ChatSession<'m> {
     model: &'m Model,
     tokenizer: &'m Tokenizer,

@@ -18,13 +18,18 @@ use serde::{Deserialize, Serialize};
 /// as JSON objects, as mlx-lm does) and a tool turn its `tool_call_id`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct Message {
+    /// `role`: `system`, `user`, `assistant` or `tool`.
     pub role: String,
+    /// `content`, as text.
     #[serde(deserialize_with = "content_text", default)]
     pub content: String,
+    /// An assistant turn's `tool_calls`, OpenAI's objects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<serde_json::Value>>,
+    /// A tool turn's `tool_call_id`: the call it answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// `name`: the speaker's name, or the function a tool turn answers for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
     /// An earlier turn's reasoning, for templates that render it.
@@ -33,6 +38,7 @@ pub struct Message {
 }
 
 impl Message {
+    /// A message of `role` with text `content` and nothing else.
     pub fn new(role: &str, content: &str) -> Self {
         Self {
             role: role.into(),
@@ -126,6 +132,7 @@ pub(crate) fn validate_messages(messages: &[Message]) -> Result<()> {
 /// message, so this allows conversations far beyond any context length.
 const TEMPLATE_FUEL: u64 = 20_000_000;
 
+/// A model's Hugging Face chat template, compiled, with its `bos_token` and `eos_token`.
 pub struct ChatTemplate {
     env: Environment<'static>,
     source: String,
@@ -582,6 +589,8 @@ fn merge_system(messages: &[Message]) -> Option<Vec<Message>> {
 }
 
 impl ChatTemplate {
+    /// Compiles template `source`; `bos_token` and `eos_token` are the variables
+    /// templates read.
     pub fn new(
         source: String,
         bos_token: Option<String>,

@@ -5,6 +5,8 @@
 use anyhow::{bail, Result};
 use mlx_rs::Array;
 
+/// Restricts which tokens may come next in one sequence (e.g. a compiled grammar);
+/// it advances only on emitted tokens.
 pub trait TokenConstraint: Send {
     /// The allowed-token mask for the next position, as a `[vocab]` bool
     /// array; `None` when every token is allowed.

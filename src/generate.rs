@@ -18,15 +18,24 @@ use crate::sampling::SamplingParams;
 use crate::stop::{StopMatcher, StopOutcome};
 use crate::tokenizer::{StreamingDetokenizer, Tokenizer};
 
+/// Prompt tokens run through the model per prefill chunk unless a request says
+/// otherwise (mlx-lm's `prefill_step_size`).
 pub const DEFAULT_PREFILL_STEP: usize = 2048;
 
+/// How to generate one sequence: token limit, sampling, stop strings,
+/// log-probabilities and prefill chunking.
 #[derive(Clone, Debug)]
 pub struct GenerateOptions {
+    /// The most tokens to generate (`max_tokens`).
     pub max_tokens: usize,
+    /// How each next token is drawn from the logits.
     pub sampling: SamplingParams,
+    /// Strings that end generation when they appear in the output (`stop`); the
+    /// output ends before them.
     pub stop: Vec<String>,
     /// `Some(k)`: report the chosen token's log-probability and the top `k`.
     pub logprobs: Option<usize>,
+    /// Prompt tokens per prefill chunk.
     pub prefill_step: usize,
 }
 
@@ -42,15 +51,21 @@ impl Default for GenerateOptions {
     }
 }
 
+/// Why generation ended (the API's `finish_reason`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FinishReason {
+    /// An end-of-sequence token or a stop string ended it, or its constraint was
+    /// complete.
     Stop,
+    /// It reached `max_tokens`.
     Length,
+    /// The caller stopped it (the client went away or the server is stopping).
     Cancelled,
 }
 
 impl FinishReason {
+    /// The reason as the API spells it: `"stop"`, `"length"` or `"cancelled"`.
     pub fn as_str(&self) -> &'static str {
         match self {
             FinishReason::Stop => "stop",
@@ -60,44 +75,73 @@ impl FinishReason {
     }
 }
 
+/// A generated token's log-probability and, when asked for, the most likely
+/// alternatives at its position.
 #[derive(Clone, Debug, Serialize)]
 pub struct TokenLogprob {
+    /// The token id.
     pub token: u32,
+    /// Its natural-log probability: the log-softmax of the logits after penalties,
+    /// bias and any grammar mask, before temperature.
     pub logprob: f32,
+    /// The most likely tokens at this position as `(token id, log-probability)`,
+    /// most likely first; empty unless top-`k` was asked for.
     pub top: Vec<(u32, f32)>,
 }
 
 /// One emitted token and the text it made final.
 pub struct TokenEvent<'a> {
+    /// The token id; `u32::MAX` for text released at the end that belongs to no new
+    /// token.
     pub token: u32,
+    /// The text this token made final (may be empty while the detokenizer or a stop
+    /// string holds text back).
     pub text: &'a str,
+    /// Its log-probability, when the request asked for them.
     pub logprob: Option<&'a TokenLogprob>,
 }
 
+/// How speculative decoding went: tokens drafted, kept, and target-model passes.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SpeculationStats {
+    /// Tokens the drafter proposed.
     pub drafted: usize,
+    /// Proposed tokens the target model accepted and that reached the output.
     pub accepted: usize,
+    /// Forward passes of the target model that verified drafts.
     pub target_calls: usize,
 }
 
+/// One finished generation: its text and tokens, counts, speeds and why it ended.
 #[derive(Clone, Debug, Serialize)]
 pub struct GenerationResult {
+    /// The generated text, stop strings excluded.
     pub text: String,
+    /// The generated token ids.
     pub token_ids: Vec<u32>,
+    /// Tokens in the prompt, cached ones included.
     pub prompt_tokens: usize,
+    /// Leading prompt tokens whose keys/values came from the prompt cache.
     pub cached_tokens: usize,
+    /// Tokens generated.
     pub generation_tokens: usize,
+    /// Prompt tokens processed per second (uncached tokens over the time to first token).
     pub prompt_tps: f64,
+    /// Tokens generated per second after the first.
     pub generation_tps: f64,
+    /// Seconds from the start to the first generated token.
     pub ttft_s: f64,
+    /// MLX's peak memory use, in bytes, when generation ended.
     pub peak_memory_bytes: usize,
+    /// Why generation ended.
     pub finish_reason: FinishReason,
+    /// Drafting counts, when the sequence was decoded speculatively.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub speculation: Option<SpeculationStats>,
     /// Tokens whose keys/values are in the cache after generation, in order.
     #[serde(skip)]
     pub cache_tokens: Vec<u32>,
+    /// Each generated token's log-probability, when the request asked for them.
     #[serde(skip)]
     pub logprobs: Vec<TokenLogprob>,
 }
@@ -320,7 +364,9 @@ pub(crate) fn token_logprob(logprobs: &Array, token: u32, k: usize) -> Result<To
 /// whose tokens is cached.
 #[derive(Clone, Copy, Debug)]
 pub struct Prompt<'a> {
+    /// The prompt's token ids.
     pub tokens: &'a [u32],
+    /// How many of the first `tokens` the caches already hold.
     pub cached: usize,
 }
 

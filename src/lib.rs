@@ -40,6 +40,7 @@ pub mod tool_calls;
 pub mod train;
 pub mod upload;
 
+/// The crate's version (`CARGO_PKG_VERSION`).
 pub fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }

@@ -6,11 +6,16 @@ use anyhow::{bail, Result};
 use crate::chat_template::{validate_messages, Message};
 use crate::tokenizer::Tokenizer;
 
+/// A prompt as the user gives it: text, messages, a chat with tools, or token ids.
 pub enum PromptInput {
     /// Plain text; wrapped as one user message when a chat template is used.
     Text {
+        /// The text.
         text: String,
+        /// A system message put before it when the chat template is used.
         system: Option<String>,
+        /// Whether to render it through the model's chat template (else it is
+        /// encoded as is).
         use_chat_template: bool,
     },
     /// A whole conversation.
@@ -25,8 +30,11 @@ pub enum PromptInput {
 /// objects) and variables for the template (`enable_thinking`, …).
 #[derive(Clone, Debug, Default)]
 pub struct ChatInput {
+    /// The conversation.
     pub messages: Vec<Message>,
+    /// OpenAI tool objects offered to the model.
     pub tools: Vec<serde_json::Value>,
+    /// Extra template variables (`chat_template_kwargs`).
     pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 

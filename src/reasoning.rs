@@ -12,7 +12,9 @@ use crate::tokenizer::Tokenizer;
 /// The text that opens and closes a reasoning block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReasoningMarkers {
+    /// The text that opens a block, e.g. `<think>`.
     pub start: String,
+    /// The text that closes it, e.g. `</think>`.
     pub end: String,
 }
 
@@ -31,6 +33,7 @@ const SINGLE_TOKEN: [(&str, &str); 3] = [
 ];
 
 impl ReasoningMarkers {
+    /// The markers `start` and `end`.
     pub fn new(start: &str, end: &str) -> Self {
         Self {
             start: start.into(),

@@ -87,7 +87,9 @@ pub enum Draft {
     /// A draft model, with what the tokenizer check warned about (a
     /// vocabulary size that differs from the target's).
     Model {
+        /// The draft model, loaded.
         model: Box<Model>,
+        /// What the tokenizer check warned about, if anything.
         warning: Option<String>,
     },
     /// Prompt lookup.
@@ -96,8 +98,11 @@ pub enum Draft {
 
 /// What [`Runtime::assemble`] puts together.
 pub struct Runtime {
+    /// The model that generates.
     pub model: Model,
+    /// The model's tokenizer.
     pub tokenizer: Arc<Tokenizer>,
+    /// The drafter for speculative decoding, when one was asked for.
     pub draft: Option<Draft>,
     /// Tokens a drafter proposes per verification step.
     pub num_draft_tokens: usize,

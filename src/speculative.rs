@@ -22,6 +22,8 @@ use crate::model::Model;
 use crate::sampling::{log_softmax, Sampler, SamplingParams};
 use crate::tokenizer::Tokenizer;
 
+/// Tokens a drafter proposes per verification step unless set otherwise (mlx-lm's
+/// `num_draft_tokens`).
 pub const DEFAULT_NUM_DRAFT_TOKENS: usize = 3;
 
 /// Anything that can propose continuations for the verify loop.
@@ -43,6 +45,7 @@ pub trait DraftSource {
     fn rewind(&mut self, drafted: usize, accepted: usize) -> Result<()>;
     /// Device bytes held (weights and cache), for memory admission.
     fn resident_bytes(&self) -> usize;
+    /// A short label of the drafter: `model:<path>` or `ngram`.
     fn name(&self) -> String;
 }
 
@@ -86,6 +89,8 @@ pub struct ModelDrafter<'m> {
 }
 
 impl<'m> ModelDrafter<'m> {
+    /// A drafter over draft `model`, sampling with the request's temperature,
+    /// top-p, top-k and min-p (its seed plus one).
     pub fn new(model: &'m Model, sampling: &SamplingParams) -> Result<Self> {
         let params = SamplingParams {
             temperature: sampling.temperature,
@@ -182,7 +187,9 @@ impl DraftSource for ModelDrafter<'_> {
 /// history's last `k` tokens (longest `k` first) and proposes what followed.
 /// Needs no model; pays on extraction, summarization and code edits.
 pub struct NgramDrafter {
+    /// The longest n-gram matched, in tokens.
     pub max_ngram: usize,
+    /// The shortest n-gram matched, in tokens.
     pub min_ngram: usize,
 }
 

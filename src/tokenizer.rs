@@ -9,11 +9,17 @@ use anyhow::{anyhow, Context, Result};
 
 use crate::chat_template::ChatTemplate;
 
+/// A model's tokenizer: encoding and decoding, end-of-sequence ids, special tokens
+/// and chat template.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// Token ids that end generation: the `eos_token` and the config's `eos_token_id`s.
     pub eos_ids: BTreeSet<u32>,
+    /// `bos_token` from `tokenizer_config.json`.
     pub bos_token: Option<String>,
+    /// `eos_token` from `tokenizer_config.json`.
     pub eos_token: Option<String>,
+    /// The chat template, from `chat_template.jinja` or `tokenizer_config.json`.
     pub chat_template: Option<ChatTemplate>,
     /// `tool_parser_type` from `tokenizer_config.json`: the tool-call
     /// format the model names for itself, before any inference.
@@ -43,6 +49,8 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
 }
 
 impl Tokenizer {
+    /// Reads the tokenizer of model folder `dir`: `tokenizer.json` (required),
+    /// `tokenizer_config.json` and `chat_template.jinja`.
     pub fn load(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         let json = std::fs::read_to_string(&path).with_context(|| {
@@ -121,16 +129,19 @@ impl Tokenizer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// The text of `ids`, special tokens included.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
         self.inner
             .decode(ids, false)
             .map_err(|e| anyhow!("detokenizing: {e}"))
     }
 
+    /// The id of `token`, when the vocabulary has it.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
 
+    /// Vocabulary size, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

@@ -19,8 +19,11 @@ use crate::model::Model;
 /// A row that left the batch: its result and its cache (which holds
 /// `result.cache_tokens`), for the prompt cache.
 pub struct Finished {
+    /// The id the row was inserted with.
     pub id: u64,
+    /// The row's generation result.
     pub result: GenerationResult,
+    /// The row's own cache per layer, cut from the batch cache.
     pub caches: Vec<Box<dyn KvCache>>,
 }
 
@@ -33,6 +36,8 @@ struct Member<'a> {
     logprobs: Option<Array>,
 }
 
+/// Rows decoding together, one token per row per forward pass, over one batch cache
+/// (mlx-lm's `GenerationBatch`).
 pub struct DecodeBatch<'a> {
     model: &'a Model,
     members: Vec<Member<'a>>,
@@ -42,6 +47,7 @@ pub struct DecodeBatch<'a> {
 }
 
 impl<'a> DecodeBatch<'a> {
+    /// An empty batch for `model`.
     pub fn new(model: &'a Model) -> Self {
         Self {
             model,
@@ -51,14 +57,17 @@ impl<'a> DecodeBatch<'a> {
         }
     }
 
+    /// Rows in the batch.
     pub fn len(&self) -> usize {
         self.members.len()
     }
 
+    /// Whether the batch has no rows.
     pub fn is_empty(&self) -> bool {
         self.members.is_empty()
     }
 
+    /// The ids of the rows in the batch, in row order.
     pub fn ids(&self) -> impl Iterator<Item = u64> + '_ {
         self.members.iter().map(|m| m.id)
     }

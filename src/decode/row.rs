@@ -22,7 +22,9 @@ use crate::tokenizer::Tokenizer;
 /// A row's grammar constraint: borrowed from the caller (one call decodes
 /// one sequence) or owned (a row that lives in a batch).
 pub enum ConstraintSlot<'a> {
+    /// The caller's constraint, borrowed for one call.
     Borrowed(&'a mut (dyn TokenConstraint + 'static)),
+    /// A constraint the row owns.
     Owned(Box<dyn TokenConstraint>),
 }
 
@@ -61,6 +63,8 @@ struct Drafting<'a> {
     stats: SpeculationStats,
 }
 
+/// One sequence being decoded: its prompt, sampler, constraint, output and timings,
+/// whichever decoder (serial, speculative or batch) runs it.
 pub struct Row<'a> {
     prompt: Vec<u32>,
     cached: usize,
@@ -81,6 +85,9 @@ pub struct Row<'a> {
 }
 
 impl<'a> Row<'a> {
+    /// A row for `prompt`, whose first `cached` tokens the caches already hold,
+    /// decoded with `opts`; `on_token` sees every emitted token and returning false
+    /// cancels the row.
     pub fn new(
         model: &Model,
         tokenizer: &'a Tokenizer,
@@ -244,14 +251,17 @@ impl<'a> Row<'a> {
         self
     }
 
+    /// The prompt's token ids.
     pub fn prompt(&self) -> &[u32] {
         &self.prompt
     }
 
+    /// How many leading prompt tokens came from the prompt cache.
     pub fn cached(&self) -> usize {
         self.cached
     }
 
+    /// The most tokens the row may generate.
     pub fn max_tokens(&self) -> usize {
         self.max_tokens
     }
@@ -261,6 +271,7 @@ impl<'a> Row<'a> {
         self.sink.tokens.len()
     }
 
+    /// Whether the row has ended (a finish reason is set).
     pub fn is_finished(&self) -> bool {
         self.sink.finish.is_some()
     }

@@ -17,6 +17,7 @@ use crate::generate::{prefill, FinishReason, GenerateOptions, GenerationResult, 
 use crate::model::Model;
 use crate::tokenizer::Tokenizer;
 
+/// How much a [`BatchScheduler`] runs at once and how it chunks prefill.
 #[derive(Clone, Copy, Debug)]
 pub struct BatchLimits {
     /// Rows decoding at once.
@@ -56,6 +57,8 @@ struct Prefilling<'a> {
     done: usize,
 }
 
+/// Continuous batching (mlx-lm's `BatchGenerator`): queues rows, prefills them in
+/// chunks between decode steps, and runs the decoding ones as one [`DecodeBatch`].
 pub struct BatchScheduler<'a> {
     model: &'a Model,
     limits: BatchLimits,
@@ -74,6 +77,7 @@ pub struct BatchScheduler<'a> {
 pub type Checkpoint = (Vec<u32>, Vec<Box<dyn KvCache>>);
 
 impl<'a> BatchScheduler<'a> {
+    /// A scheduler for `model` under `limits` (each limit at least 1).
     pub fn new(model: &'a Model, limits: BatchLimits) -> Self {
         Self {
             model,
@@ -133,6 +137,7 @@ impl<'a> BatchScheduler<'a> {
         self.waiting.len() + self.prefilling.len()
     }
 
+    /// Whether no row is decoding, prefilling or waiting.
     pub fn is_idle(&self) -> bool {
         self.batch.is_empty() && self.pending() == 0
     }
@@ -272,8 +277,11 @@ fn close(p: Prefilling<'_>, reason: FinishReason) -> Result<Finished> {
 
 /// One prompt of an offline batch.
 pub struct BatchItem<'a> {
+    /// The prompt's token ids.
     pub prompt: Vec<u32>,
+    /// Token limit, sampling, stop strings and log-probabilities.
     pub options: GenerateOptions,
+    /// A grammar the output must follow.
     pub constraint: Option<Box<dyn TokenConstraint>>,
     /// Sees every token the row emits; false cancels the row.
     pub on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,

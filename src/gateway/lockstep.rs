@@ -39,7 +39,9 @@ use crate::sampling::SamplingParams;
 /// How this process's model is split: set once by `serve` under `launch`.
 #[derive(Clone, Debug)]
 pub struct Sharding {
+    /// The ranks the model is split across.
     pub group: Group,
+    /// Tensor or pipeline parallelism.
     pub parallelism: Parallelism,
 }
 

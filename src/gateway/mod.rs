@@ -53,6 +53,8 @@ use job::{Client, InFlight, Job, Reporter};
 use stats::Counters;
 use worker::{Shared, WorkerPlan};
 
+/// How a gateway serves: queue size, prompt cache, drafting, batching, KV budget
+/// and warm-up (the server's flags).
 #[derive(Clone)]
 pub struct GatewayConfig {
     /// Requests that may wait for the worker; more are refused.
@@ -127,6 +129,7 @@ impl std::str::FromStr for Warmup {
 pub enum Health {
     /// Loading or warming up.
     Starting,
+    /// Warmed up and serving.
     Ready,
     /// It cannot serve: the warm-up failed, or the worker stopped.
     Failed(String),
@@ -134,7 +137,9 @@ pub enum Health {
 
 /// The models the worker serves: the target and an optional draft.
 pub struct LoadedModels {
+    /// The model that generates.
     pub model: Model,
+    /// A smaller model that drafts tokens for speculative decoding (`--draft-model`).
     pub draft: Option<Model>,
 }
 
@@ -155,12 +160,15 @@ impl From<crate::runtime::Runtime> for LoadedModels {
 
 /// One generation request, already tokenized and validated.
 pub struct GatewayRequest {
+    /// The prompt's token ids, chat template applied.
     pub prompt: Vec<u32>,
+    /// Token limit, sampling, stop strings and log-probabilities.
     pub options: GenerateOptions,
     /// Structured-output constraint, compiled by the worker.
     pub constraint: Option<ConstraintSpec>,
 }
 
+/// Why an admitted request failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum GatewayError {
     /// The request cannot run as asked (e.g. its grammar does not compile).
@@ -187,41 +195,59 @@ impl std::fmt::Display for GatewayError {
 /// of `Token`s, then `Done` or `Failed` (which may also come first).
 #[derive(Debug)]
 pub enum GatewayEvent {
+    /// The request was admitted and its prompt is about to run.
     Started {
+        /// Tokens in the prompt.
         prompt_tokens: usize,
+        /// Leading prompt tokens found in the prompt cache.
         cached_tokens: usize,
     },
+    /// Newly final output text.
     Token {
         /// `None` for text released at the end that belongs to no new token.
         token: Option<u32>,
+        /// The text this token made final (may be empty).
         text: String,
+        /// The token's log-probability, when the request asked for them.
         logprob: Option<TokenLogprob>,
     },
+    /// Generation ended; the full result.
     Done(Box<GenerationResult>),
+    /// Generation failed or could not start.
     Failed(GatewayError),
 }
 
+/// Why [`Gateway::submit`] refused a request.
 #[derive(Debug, PartialEq, Eq)]
 pub enum SubmitError {
+    /// The queue holds `max_queue` requests already (HTTP 429).
     QueueFull {
+        /// A guess, in seconds, at when a slot frees up: the median recent service
+        /// time (`Retry-After`).
         retry_after_secs: u64,
     },
     /// The request alone needs more KV memory than the budget.
     TooLarge {
+        /// Prompt tokens plus `max_tokens`.
         tokens: usize,
+        /// KV bytes that many tokens take.
         needed_bytes: usize,
+        /// The gateway's KV budget, in bytes.
         budget_bytes: usize,
     },
+    /// The gateway no longer accepts requests.
     ShuttingDown,
 }
 
 /// A submitted request: its events, and cancellation when dropped.
 pub struct Ticket {
+    /// The request's events, in the order [`GatewayEvent`] describes.
     pub events: UnboundedReceiver<GatewayEvent>,
     cancel: Arc<AtomicBool>,
 }
 
 impl Ticket {
+    /// Asks the worker to stop the request; it ends with `Cancelled`.
     pub fn cancel(&self) {
         self.cancel.store(true, Ordering::Relaxed);
     }
@@ -239,6 +265,8 @@ pub(crate) struct Readiness {
     pub changed: Condvar,
 }
 
+/// The front of the generation worker: queues requests, reports health and stats,
+/// and shuts the worker down.
 pub struct Gateway {
     queue: Mutex<Option<SyncSender<Job>>>,
     accepting: AtomicBool,
@@ -532,6 +560,7 @@ impl Gateway {
         (quantile(&v, 0.5).ceil() as u64).clamp(1, 60)
     }
 
+    /// A snapshot of the counters, the KV memory and the latency percentiles.
     pub fn stats(&self) -> GatewayStats {
         let c = &self.counters;
         let samples = c.samples.lock().unwrap();

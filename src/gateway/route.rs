@@ -3,9 +3,11 @@
 /// What the request looks like, as far as routing cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RequestShape {
+    /// The request has a structured-output constraint.
     pub has_grammar: bool,
     /// The server drafts (a draft model, or prompt lookup).
     pub has_draft: bool,
+    /// The request asks for log-probabilities.
     pub wants_logprobs: bool,
     /// The server batches: decode concurrency above one, and caches (of
     /// the model's layers, with the server's `--kv-bits`/`--max-kv-size`)
@@ -16,6 +18,7 @@ pub struct RequestShape {
     pub batch_speculates: bool,
 }
 
+/// Where a request runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Lane {
     /// One request at a time on the worker, with the prompt cache.

@@ -175,7 +175,9 @@ fn compile(
 /// How a matcher came to be: compiled now or taken from the cache.
 #[derive(Clone, Copy, Debug)]
 pub struct CompileInfo {
+    /// How long compiling (or taking it from the cache) took.
     pub elapsed: Duration,
+    /// Whether the grammar came from the compiled-grammar cache.
     pub cached: bool,
 }
 

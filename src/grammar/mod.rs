@@ -27,10 +27,16 @@ use token_env::{token_environment, TokenEnvironment};
 /// What the output must conform to.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ConstraintSpec {
+    /// A JSON schema the output must match (`response_format: json_schema`,
+    /// `guided_json`).
     JsonSchema(serde_json::Value),
+    /// Any JSON object (`response_format: json_object`).
     JsonObject,
+    /// A regular expression the whole output must match (`guided_regex`).
     Regex(String),
+    /// Exactly one of these strings (`guided_choice`).
     Choice(Vec<String>),
+    /// A grammar in llguidance's Lark syntax (`guided_grammar`).
     Lark(String),
 }
 
@@ -42,6 +48,8 @@ pub struct GrammarEngine {
 }
 
 impl GrammarEngine {
+    /// An engine for `tokenizer`'s vocabulary; its token environment is built once
+    /// per tokenizer and shared.
     pub fn new(tokenizer: &Tokenizer) -> Result<Self> {
         Ok(Self {
             env: token_environment(tokenizer)?,

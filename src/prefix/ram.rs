@@ -42,11 +42,13 @@ pub(crate) type Evicted = (Vec<u32>, Vec<Box<dyn KvCache>>);
 /// Counters of the RAM tier, for `/stats` and `/metrics`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PromptCacheStats {
-    /// Lookups that found a usable prefix, and lookups that found none.
+    /// Lookups that found a usable prefix.
     pub hits: u64,
+    /// Lookups that found none.
     pub misses: u64,
-    /// Entries held and the bytes of their caches.
+    /// Entries held.
     pub entries: usize,
+    /// Bytes of the entries' caches.
     pub bytes: usize,
     /// The byte cap (`--prompt-cache`); 0: the tier is off.
     pub max_bytes: usize,

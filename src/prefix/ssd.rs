@@ -104,21 +104,27 @@ impl SsdConfig {
 /// Counters for `/stats` and `/metrics`.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SsdStats {
-    /// Lookups restored from disk, and lookups that found nothing in RAM or on disk.
+    /// Lookups restored from disk.
     pub hits: u64,
+    /// Lookups that found nothing in RAM or on disk.
     pub misses: u64,
-    /// Entries on disk, their bytes, and the cap (`--ssd-cache-max`).
+    /// Entries on disk.
     pub entries: usize,
+    /// Bytes of the entries on disk.
     pub bytes: u64,
+    /// The byte cap (`--ssd-cache-max`).
     pub max_bytes: u64,
-    /// Files committed, writes that failed, snapshots dropped because the
-    /// writer was behind, and files quarantined.
+    /// Files written and committed.
     pub writes: u64,
+    /// Writes that failed.
     pub write_errors: u64,
+    /// Snapshots dropped because the writer was behind.
     pub dropped_writes: u64,
+    /// Files found unreadable or written for another setting, moved to `quarantine/`.
     pub quarantined: u64,
-    /// Seconds spent restoring entries, in all and the last time.
+    /// Seconds spent restoring entries, in all.
     pub restore_seconds_total: f64,
+    /// Seconds the last restore took.
     pub last_restore_s: f64,
 }
 

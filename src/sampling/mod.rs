@@ -34,16 +34,21 @@ fn one_token() -> usize {
     1
 }
 
+/// How the next token is drawn: temperature, top-p/top-k/min-p/XTC filters,
+/// penalties, logit bias and seed (mlx-lm's sampler and logits processors).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct SamplingParams {
     /// 0 means greedy.
     #[serde(default)]
     pub temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens whose probabilities sum to
+    /// `top_p`; 1 disables.
     #[serde(default = "one")]
     pub top_p: f32,
     /// 0 disables.
     #[serde(default)]
     pub top_k: usize,
+    /// Min-p: drop tokens less likely than `min_p` times the top token; 0 disables.
     #[serde(default)]
     pub min_p: f32,
     /// With min-p: tokens that always survive the filter.
@@ -59,20 +64,24 @@ pub struct SamplingParams {
     /// `repetition_context_size` tokens (prompt included); 1 or None disables.
     #[serde(default)]
     pub repetition_penalty: Option<f32>,
+    /// Tokens the repetition penalty looks back over.
     #[serde(default = "twenty")]
     pub repetition_context_size: usize,
     /// Subtracted once from each distinct token of the last
     /// `presence_context_size` tokens (prompt included).
     #[serde(default)]
     pub presence_penalty: f32,
+    /// Tokens the presence penalty looks back over.
     #[serde(default = "twenty")]
     pub presence_context_size: usize,
     /// Subtracted once per occurrence in the last `frequency_context_size`
     /// tokens (prompt included).
     #[serde(default)]
     pub frequency_penalty: f32,
+    /// Tokens the frequency penalty looks back over.
     #[serde(default = "twenty")]
     pub frequency_context_size: usize,
+    /// Added to the logits of the given token ids (`logit_bias`).
     #[serde(default)]
     pub logit_bias: HashMap<u32, f32>,
     /// Seeds the request's own key stream (`mx.random.seed`); none draws
@@ -111,6 +120,7 @@ impl Default for SamplingParams {
 }
 
 impl SamplingParams {
+    /// Greedy decoding (argmax), no processors: the default.
     pub fn greedy() -> Self {
         Self::default()
     }

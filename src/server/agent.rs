@@ -33,8 +33,11 @@ pub struct AgentConfig {
 pub struct AgentRequest {
     /// OpenAI tool objects, as the template gets them.
     pub tools: Vec<Value>,
+    /// The tools' names and parameter schemas.
     pub functions: Vec<Function>,
+    /// `tool_choice`.
     pub choice: ToolChoice,
+    /// `parallel_tool_calls`: more than one call may be made.
     pub parallel: bool,
 }
 
@@ -156,6 +159,7 @@ pub(crate) fn parse_template_kwargs(f: &Fields) -> Result<Map<String, Value>, Ap
 pub struct AnswerPlan {
     /// The format calls are parsed in; `None`: no tools, or `tool_choice: none`.
     pub tools: Option<ToolFormat>,
+    /// The reasoning block's markers; `None`: no reasoning split.
     pub reasoning: Option<ReasoningMarkers>,
     /// The prompt opened a reasoning block: the answer begins inside it.
     pub opens: bool,
@@ -463,12 +467,16 @@ impl AnswerStream {
 /// A whole answer, split.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Answer {
+    /// The reasoning text (`reasoning_content`), markers removed.
     pub reasoning: String,
+    /// The answer's text (`content`), calls removed.
     pub content: String,
+    /// The tool calls it made.
     pub calls: Vec<ToolCall>,
 }
 
 impl Answer {
+    /// Splits a whole generated `text` by `plan`.
     pub fn of(plan: &AnswerPlan, text: &str) -> Self {
         let mut stream = AnswerStream::new(plan.clone());
         let mut deltas: Vec<Delta> = stream.push(text);

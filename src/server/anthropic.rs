@@ -475,14 +475,14 @@ async fn count(
     Ok(Json(json!({"input_tokens": ids.len()})).into_response())
 }
 
-pub async fn count_tokens(
+pub(crate) async fn count_tokens(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     count(app, body).await.unwrap_or_else(error_response)
 }
 
-pub async fn messages(
+pub(crate) async fn messages(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {

@@ -16,6 +16,8 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Checks an `Authorization` header value against the `expected` key: `Ok` for
+/// `Bearer <expected>`, else 401.
 pub fn authorized(expected: &str, header: Option<&str>) -> Result<(), ApiError> {
     let Some(value) = header else {
         return Err(ApiError::unauthorized(

@@ -17,7 +17,9 @@ use super::AppState;
 pub enum AllowedOrigins {
     /// `http(s)://localhost`, `127.0.0.1` and `[::1]`, any port.
     Loopback,
+    /// Every origin (`*`).
     Any,
+    /// Exactly these origins, e.g. `https://example.com:8080`.
     List(Vec<String>),
 }
 
@@ -36,6 +38,7 @@ impl AllowedOrigins {
         }
     }
 
+    /// Whether a page from `origin` (the `Origin` header's value) may call the API.
     pub fn allows(&self, origin: &str) -> bool {
         match self {
             AllowedOrigins::Any => true,
@@ -71,7 +74,11 @@ fn allow(response: &mut Response, origin: &HeaderValue) {
     headers.insert(header::VARY, HeaderValue::from_static("Origin"));
 }
 
-pub async fn cors(State(app): State<Arc<AppState>>, request: Request, next: Next) -> Response {
+pub(crate) async fn cors(
+    State(app): State<Arc<AppState>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let origin = request.headers().get(header::ORIGIN).cloned();
     let allowed = origin
         .as_ref()

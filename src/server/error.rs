@@ -6,13 +6,20 @@ use serde_json::json;
 
 use crate::gateway::{GatewayError, SubmitError};
 
+/// An API error: an HTTP status and OpenAI's `{"error": {...}}` body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
+    /// The HTTP status.
     pub status: StatusCode,
+    /// `error.message`: what went wrong.
     pub message: String,
+    /// `error.type`, e.g. `invalid_request_error`, `server_error`.
     pub kind: &'static str,
+    /// `error.param`: the request field at fault.
     pub param: Option<String>,
+    /// `error.code`, e.g. `invalid_api_key`.
     pub code: Option<&'static str>,
+    /// Sent as the `Retry-After` header, in seconds.
     pub retry_after_secs: Option<u64>,
 }
 
@@ -38,6 +45,7 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
     }
 
+    /// 401 for a missing or wrong API key.
     pub fn unauthorized(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "authentication_error", message)
             .with_code("invalid_api_key")
@@ -83,6 +91,7 @@ impl ApiError {
         self
     }
 
+    /// The JSON body: `{"error": {"message", "type", "param", "code"}}`.
     pub fn body(&self) -> serde_json::Value {
         json!({
             "error": {

@@ -266,7 +266,7 @@ pub(crate) async fn chat_completions(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-pub async fn completions(
+pub(crate) async fn completions(
     State(app): State<Arc<AppState>>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -323,7 +323,7 @@ pub(crate) async fn chat_page() -> Response {
         .into_response()
 }
 
-pub async fn health(State(app): State<Arc<AppState>>) -> Response {
+pub(crate) async fn health(State(app): State<Arc<AppState>>) -> Response {
     match app.models.health() {
         Health::Ready => Json(json!({"status": "ok"})).into_response(),
         Health::Starting => (
@@ -339,7 +339,7 @@ pub async fn health(State(app): State<Arc<AppState>>) -> Response {
     }
 }
 
-pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Value> {
+pub(crate) async fn stats(State(app): State<Arc<AppState>>) -> Json<Value> {
     let mut stats = stats_json(
         app.models.default_id(),
         app.models.is_ready(),
@@ -350,7 +350,7 @@ pub async fn stats(State(app): State<Arc<AppState>>) -> Json<Value> {
     Json(stats)
 }
 
-pub async fn metrics(State(app): State<Arc<AppState>>) -> Response {
+pub(crate) async fn metrics(State(app): State<Arc<AppState>>) -> Response {
     (
         [(
             header::CONTENT_TYPE,

@@ -26,6 +26,7 @@ impl Default for HttpMetrics {
 }
 
 impl HttpMetrics {
+    /// Counts one response to `route` with HTTP `status`.
     pub fn record(&self, route: &str, status: u16) {
         *self
             .responses

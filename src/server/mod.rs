@@ -29,11 +29,16 @@ use axum::{Extension, Router};
 use metrics::HttpMetrics;
 use models::ModelPool;
 
+/// The HTTP server's settings (`mlx-bun serve` flags).
 pub struct ServerConfig {
+    /// `--api-key`: requests must carry it as a bearer token or `x-api-key`; `None`
+    /// lets all in.
     pub api_key: Option<String>,
+    /// The largest request body accepted, in bytes.
     pub max_body_bytes: usize,
     /// `max_tokens` when a request gives none (cut to fit the context).
     pub max_tokens_default: usize,
+    /// `system_fingerprint` in responses.
     pub fingerprint: String,
     /// Sampling for fields a request leaves out (`--temp`, `--top-p`, …).
     pub default_sampling: crate::sampling::SamplingParams,
@@ -43,10 +48,13 @@ pub struct ServerConfig {
     pub agent: agent::AgentConfig,
 }
 
+/// What every handler shares: settings, models and metrics.
 pub struct AppState {
+    /// The server's settings.
     pub config: ServerConfig,
     /// The models requests may name, loaded on demand.
     pub models: Arc<ModelPool>,
+    /// Responses counted by route and status, for `/metrics`.
     pub metrics: HttpMetrics,
 }
 
@@ -70,6 +78,8 @@ async fn observe(State(app): State<Arc<AppState>>, request: Request, next: Next)
     response
 }
 
+/// The API's routes (OpenAI, Anthropic `/v1/messages`, `/v1/responses`, `/health`,
+/// `/stats`, `/metrics`) with authentication, CORS, logging and the body limit.
 pub fn router(app: Arc<AppState>) -> Router {
     let limit = app.config.max_body_bytes;
     Router::new()

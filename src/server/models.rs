@@ -50,13 +50,18 @@ impl Allowed {
     }
 }
 
+/// What the model pool may serve and how: the default model, the allowed others,
+/// the memory budget and each gateway's settings.
 pub struct PoolConfig {
     /// The id of `--model`, served when a request names no model.
     pub default_id: String,
+    /// The default model's folder.
     pub default_dir: PathBuf,
-    /// `--adapter-path` and `--draft-model`, for requests that give none.
+    /// `--adapter-path`, for requests that give no `adapters`.
     pub default_adapter: Option<PathBuf>,
+    /// `--draft-model`, for requests that give no `draft_model`.
     pub default_draft: Option<PathBuf>,
+    /// Where other models may come from (`--allowed-models`).
     pub allowed: Vec<Allowed>,
     /// Any local model folder or cached Hub id may be served.
     pub allow_any: bool,
@@ -89,8 +94,12 @@ struct Key {
 pub struct Served {
     /// The id responses carry.
     pub id: String,
+    /// The model's gateway: its queue and worker.
     pub gateway: Arc<Gateway>,
+    /// The model's tokenizer and chat template.
     pub tokenizer: Arc<Tokenizer>,
+    /// Token ids below this are valid in prompts and `logit_bias` (the tokenizer's
+    /// vocabulary, added tokens included).
     pub vocab_size: usize,
     /// The model's `max_position_embeddings`, when known.
     pub context_length: Option<usize>,
@@ -148,10 +157,14 @@ impl Drop for Lease {
 
 /// One entry of `/v1/models`.
 pub struct Listed {
+    /// The model id.
     pub id: String,
+    /// Whether the model is loaded now.
     pub loaded: bool,
 }
 
+/// The models a server may serve, loaded on demand and evicted least-recently-used
+/// under a weight-memory budget.
 pub struct ModelPool {
     config: PoolConfig,
     slots: Mutex<Vec<Arc<Slot>>>,
@@ -183,6 +196,8 @@ fn weight_bytes(key: &Key, compute: ComputeDtype) -> Result<u64> {
 }
 
 impl ModelPool {
+    /// An empty pool; nothing loads until a request (or
+    /// [`ModelPool::start_default`]) asks.
     pub fn new(config: PoolConfig) -> Arc<Self> {
         Arc::new(Self {
             config,
@@ -208,6 +223,7 @@ impl ModelPool {
         }
     }
 
+    /// The id of the default model (`--model`).
     pub fn default_id(&self) -> &str {
         &self.config.default_id
     }

@@ -13,9 +13,12 @@ use crate::grammar::ConstraintSpec;
 use crate::prompt::{ChatInput, PromptInput};
 use crate::sampling::SamplingParams;
 
+/// Which OpenAI endpoint a request came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
+    /// `/v1/chat/completions`: a list of `messages`.
     Chat,
+    /// `/v1/completions`: a raw `prompt`.
     Completions,
 }
 
@@ -37,21 +40,30 @@ const MAX_COMPLETION_LOGPROBS: i64 = 20;
 const MAX_N: i64 = 16;
 const MAX_CHOICES: usize = 64;
 
+/// An OpenAI request body, validated and read into what the engine needs.
 pub struct ParsedRequest {
+    /// The endpoint the body came to.
     pub endpoint: Endpoint,
     /// One prompt, or (completions) a list of them; each gets `n` choices.
     pub inputs: Vec<PromptInput>,
+    /// `n`: choices per prompt.
     pub n: usize,
     /// As asked; `None` means the server's default.
     pub max_tokens: Option<usize>,
+    /// Sampling fields (`temperature`, `top_p`, penalties, `logit_bias`, `seed`, …)
+    /// over the server's defaults.
     pub sampling: SamplingParams,
+    /// `stop`: strings that end a choice.
     pub stop: Vec<String>,
     /// `Some(k)`: report each token's log-probability and the top `k`.
     pub logprobs: Option<usize>,
+    /// `stream`: answer with server-sent events.
     pub stream: bool,
+    /// `stream_options.include_usage`.
     pub include_usage: bool,
     /// Extension: also return the prompt's and the completion's token ids.
     pub return_token_ids: bool,
+    /// Structured output from `response_format` or a `guided_*` field.
     pub constraint: Option<ConstraintSpec>,
     /// The field the constraint came from, for errors about it.
     pub constraint_param: Option<&'static str>,

@@ -12,14 +12,23 @@ use crate::tokenizer::Tokenizer;
 
 /// What every body of one response shares.
 pub struct Reply {
+    /// Which API the response answers.
     pub endpoint: Endpoint,
+    /// The response `id` (`chatcmpl-…` or `cmpl-…`).
     pub id: String,
+    /// `created`: Unix time in seconds.
     pub created: u64,
+    /// The `model` id responses carry.
     pub model: String,
+    /// `system_fingerprint`.
     pub fingerprint: String,
+    /// Decodes token ids for logprobs entries.
     pub tokenizer: Arc<Tokenizer>,
+    /// `stream_options.include_usage`: streams end with a usage chunk.
     pub include_usage: bool,
+    /// Extension: bodies carry the prompt's and the completion's token ids.
     pub return_token_ids: bool,
+    /// Choices carry `logprobs`.
     pub logprobs: bool,
     /// Each choice's prompt ids (choices of one prompt repeat it).
     pub prompts: Vec<Vec<u32>>,
@@ -44,6 +53,7 @@ pub(crate) fn new_id(endpoint: Endpoint) -> String {
     }
 }
 
+/// Seconds since the Unix epoch (0 if the clock is before it).
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -60,6 +70,7 @@ fn finite(x: f32) -> f64 {
     }
 }
 
+/// `finish_reason` as OpenAI spells it; a cancelled generation reads `"stop"`.
 pub fn finish_reason(reason: FinishReason) -> &'static str {
     match reason {
         FinishReason::Length => "length",

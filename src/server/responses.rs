@@ -56,6 +56,7 @@ struct Entries {
 }
 
 impl ResponseStore {
+    /// A store holding at most `capacity` responses.
     pub fn new(capacity: usize) -> Self {
         Self {
             capacity,
@@ -955,7 +956,7 @@ async fn run(
     Ok(Json(response).into_response())
 }
 
-pub async fn create(
+pub(crate) async fn create(
     State(app): State<Arc<AppState>>,
     Extension(store): Extension<Arc<ResponseStore>>,
     body: Result<Bytes, BytesRejection>,
@@ -979,7 +980,7 @@ async fn count(
     Ok(Json(json!({"object": "response.input_tokens", "input_tokens": ids.len()})).into_response())
 }
 
-pub async fn input_tokens(
+pub(crate) async fn input_tokens(
     State(app): State<Arc<AppState>>,
     Extension(store): Extension<Arc<ResponseStore>>,
     body: Result<Bytes, BytesRejection>,
@@ -999,7 +1000,7 @@ pub(crate) async fn retrieve(
     }
 }
 
-pub async fn delete(
+pub(crate) async fn delete(
     Extension(store): Extension<Arc<ResponseStore>>,
     Path(id): Path<String>,
 ) -> Response {

@@ -34,14 +34,18 @@ impl ToolChoice {
 /// One function offered to the model: its name and its parameters' schema.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Function {
+    /// The function's `name`.
     pub name: String,
+    /// Its `parameters`: a JSON schema of the arguments object.
     pub parameters: Value,
 }
 
 /// The reasoning the model may write before the call.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ReasoningPrefix {
+    /// The marker that opens the reasoning block.
     pub start: String,
+    /// The marker that closes it.
     pub end: String,
     /// The prompt already opened the block: the output begins inside it.
     pub open: bool,

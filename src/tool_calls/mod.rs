@@ -40,7 +40,9 @@ pub(crate) use stream::{CallEvent, CallStream};
 pub struct ToolCall {
     /// The model's own id, when its format carries one (Mistral may).
     pub id: Option<String>,
+    /// The function's name.
     pub name: String,
+    /// The arguments, a JSON object.
     pub arguments: Value,
 }
 
@@ -144,6 +146,7 @@ impl ToolFormat {
         })
     }
 
+    /// The format's `--tool-call-parser` name.
     pub fn name(self) -> &'static str {
         match self {
             Self::JsonTools => "json_tools",
