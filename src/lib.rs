@@ -1,6 +1,8 @@
 //! mlx-bun: the engine. Models, caches, sampling, generation, grammar
 //! constraints, speculation and model conversion, free of CLI and HTTP concerns.
 
+#![warn(missing_docs)]
+
 pub mod adapters;
 pub mod autodiff;
 pub mod cache;
