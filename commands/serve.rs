@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use mlx_bun::gateway::{GatewayConfig, Warmup};
+use mlx_bun::gateway::{GatewayConfig, Sharding, ShardingSlot, Warmup};
 use mlx_bun::reasoning::ReasoningMarkers;
 use mlx_bun::runtime::{Runtime, RuntimeSpec};
 use mlx_bun::server::agent::AgentConfig;
@@ -237,8 +237,8 @@ async fn shutdown_signal() {
 }
 
 /// Under `mlx-bun launch`: refuses what a sharded server cannot run, and
-/// makes the gateway shard its model. `Some(rank)` for a rank other than 0.
-fn join_ranks(args: &Args) -> Result<Option<usize>> {
+/// gives the sharding its gateway splits the model by, and this rank.
+fn join_ranks(args: &Args) -> Result<Option<(Sharding, usize)>> {
     let Some(group) = crate::launch::join_group()? else {
         return Ok(None);
     };
@@ -258,13 +258,12 @@ fn join_ranks(args: &Args) -> Result<Option<usize>> {
     } else {
         mlx_bun::distributed::Parallelism::Tensor
     };
-    mlx_bun::gateway::shard_serving(mlx_bun::gateway::Sharding { group, parallelism })?;
-    Ok((rank != 0).then_some(rank))
+    Ok(Some((Sharding { group, parallelism }, rank)))
 }
 
 /// A rank other than 0 of a sharded server: no HTTP; its gateway runs every
 /// batch step rank 0 runs, in the same order, and ends when rank 0 shuts down.
-fn follow(args: &Args, rank: usize) -> Result<()> {
+fn follow(args: &Args, rank: usize, sharding: ShardingSlot) -> Result<()> {
     // The launcher passes SIGINT/SIGTERM to every rank: this one stops when
     // rank 0 broadcasts its shutdown (or is killed when rank 0 is gone).
     // SAFETY: installs the default "ignore" disposition; no handler runs.
@@ -284,7 +283,7 @@ fn follow(args: &Args, rank: usize) -> Result<()> {
     let gateway = mlx_bun::gateway::Gateway::start(
         load,
         tokenizer,
-        gateway_config(args, Default::default(), None),
+        gateway_config(args, Default::default(), None, sharding),
     )?;
     gateway.wait_ready()?;
     tracing::info!("rank {rank}: following rank 0");
@@ -296,6 +295,7 @@ fn gateway_config(
     args: &Args,
     kv: mlx_bun::cache::KvSettings,
     ssd: Option<mlx_bun::gateway::SsdConfig>,
+    sharding: ShardingSlot,
 ) -> GatewayConfig {
     let gib = |g: f64| (g * (1u64 << 30) as f64) as usize;
     GatewayConfig {
@@ -313,14 +313,19 @@ fn gateway_config(
         } else {
             args.warmup
         },
+        sharding,
     }
 }
 
 pub fn run(args: Args) -> Result<()> {
     check(&args)?;
-    if let Some(rank) = join_ranks(&args)? {
-        return follow(&args, rank);
-    }
+    let sharding = match join_ranks(&args)? {
+        Some((sharding, rank)) if rank != 0 => {
+            return follow(&args, rank, ShardingSlot::new(sharding))
+        }
+        Some((sharding, _)) => ShardingSlot::new(sharding),
+        None => ShardingSlot::default(),
+    };
 
     let dir = crate::model_arg::resolve(args.model.as_deref())?;
     // An unreadable or unsupported config is refused before anything starts.
@@ -383,7 +388,7 @@ pub fn run(args: Args) -> Result<()> {
         chat_template,
         compute: args.compute.dtype,
         fit_check: crate::model_arg::fit_check_enabled(),
-        gateway: gateway_config(&args, kv, ssd),
+        gateway: gateway_config(&args, kv, ssd, sharding),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -24,6 +24,7 @@ fn config(warmup: Warmup) -> GatewayConfig {
         kv: Default::default(),
         ssd: None,
         warmup,
+        sharding: Default::default(),
     }
 }
 

@@ -17,9 +17,9 @@
 //! prompt cache (its hits would depend on each rank's memory). Rank 0 alone
 //! decides admission (queue order and KV budget).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
@@ -45,31 +45,34 @@ pub struct Sharding {
     pub parallelism: Parallelism,
 }
 
-static SHARDING: OnceLock<Sharding> = OnceLock::new();
-static CLAIMED: AtomicBool = AtomicBool::new(false);
+/// A sharded server's sharding, handed to the one gateway that claims it:
+/// every gateway of a server gets a clone of its config, and only the first
+/// (the model the server started with) may shard, as the other ranks follow
+/// only it. The default holds none: the server is not sharded.
+#[derive(Clone, Debug, Default)]
+pub struct ShardingSlot(Option<Arc<Mutex<Option<Sharding>>>>);
 
-/// Makes the gateway this process starts shard its model across `sharding`'s
-/// ranks and run in lockstep with them.
-pub fn shard_serving(sharding: Sharding) -> Result<()> {
-    SHARDING
-        .set(sharding)
-        .map_err(|_| anyhow::anyhow!("sharded serving was already set up"))
-}
-
-/// The sharding for the one gateway that may use it; a second gateway (a
-/// request naming other adapters or a draft model) is refused, as the other
-/// ranks only follow the first.
-pub(crate) fn claim() -> Result<Option<Sharding>> {
-    let Some(sharding) = SHARDING.get() else {
-        return Ok(None);
-    };
-    if CLAIMED.swap(true, Ordering::SeqCst) {
-        bail!(
-            "a sharded server serves only the model it started with (no other models, \
-             adapters or draft models per request; see docs/distributed.md)"
-        );
+impl ShardingSlot {
+    /// A slot holding `sharding` for the first gateway to claim.
+    pub fn new(sharding: Sharding) -> Self {
+        Self(Some(Arc::new(Mutex::new(Some(sharding)))))
     }
-    Ok(Some(sharding.clone()))
+
+    /// The sharding, for the first gateway; `None` when the server is not
+    /// sharded; an error for a second gateway (a request naming other
+    /// adapters or a draft model).
+    pub(crate) fn claim(&self) -> Result<Option<Sharding>> {
+        let Some(slot) = &self.0 else {
+            return Ok(None);
+        };
+        match slot.lock().unwrap().take() {
+            Some(sharding) => Ok(Some(sharding)),
+            None => bail!(
+                "a sharded server serves only the model it started with (no other models, \
+                 adapters or draft models per request; see docs/distributed.md)"
+            ),
+        }
+    }
 }
 
 /// What rank 0 applies in one iteration, in this order.

@@ -24,7 +24,7 @@ mod stats;
 mod worker;
 
 pub use crate::prefix::{SsdConfig, SsdStats};
-pub use lockstep::{shard_serving, Sharding};
+pub use lockstep::{Sharding, ShardingSlot};
 pub use route::{route, Lane, RequestShape};
 pub use stats::{quantile, GatewayStats};
 
@@ -77,6 +77,8 @@ pub struct GatewayConfig {
     pub ssd: Option<SsdConfig>,
     /// What runs before the gateway reports ready.
     pub warmup: Warmup,
+    /// The ranks a sharded server (started by `launch`) splits its model across.
+    pub sharding: ShardingSlot,
 }
 
 /// The warm-up before a gateway reports ready (`--warmup`).
@@ -316,7 +318,7 @@ impl Gateway {
         let mut prefixes = PrefixStore::open(config.prompt_cache_bytes, config.ssd.as_ref())?;
         *counters.prefixes.lock().unwrap() = prefixes.stats_handle();
         let default_kv = config.kv.is_default();
-        let sharding = lockstep::claim()?;
+        let sharding = config.sharding.claim()?;
         if sharding.is_some() && (!default_kv || prefixes.has_disk()) {
             bail!("a sharded server runs with dense KV caches and no --ssd-cache");
         }

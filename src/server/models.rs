@@ -724,6 +724,7 @@ mod tests {
                 kv: Default::default(),
                 ssd: None,
                 warmup: Default::default(),
+                sharding: Default::default(),
             },
         })
     }
