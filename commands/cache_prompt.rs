@@ -6,7 +6,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressStyle};
 use mlx_bun::cache::KvSettings;
 use mlx_bun::chat_template::Message;
 use mlx_bun::generate::DEFAULT_PREFILL_STEP;
@@ -90,11 +89,10 @@ pub fn run(args: Args) -> Result<()> {
     }
     let mut caches = runtime.make_caches()?;
 
-    let bar = ProgressBar::new(tokens.len() as u64);
-    bar.set_style(
-        ProgressStyle::with_template("Processed {pos}/{len} tokens [{bar:30}] {per_sec} {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
+    let bar = crate::progress::bar(
+        "Processed {pos}/{len} tokens [{bar:30}] {per_sec} {msg}",
+        tokens.len() as u64,
+        true,
     );
     let start = Instant::now();
     mlx_bun::mlx_ext::reset_peak_memory();

@@ -342,12 +342,11 @@ fn run_dynamic(args: &Args, spec: &str, dtype: Option<mlx_rs::Dtype>) -> Result<
 
 /// A counting bar for one phase of dynamic quantization.
 fn phase_bar(name: &str, total: usize) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::new(total as u64);
-    if let Ok(style) =
-        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} ({elapsed})")
-    {
-        bar.set_style(style.progress_chars("=> "));
-    }
+    let bar = crate::progress::bar(
+        "{prefix} [{bar:30}] {pos}/{len} ({elapsed})",
+        total as u64,
+        true,
+    );
     bar.set_prefix(name.to_string());
     bar
 }

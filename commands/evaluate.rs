@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_bun::eval::{generate_until, rolling, tasks};
 use mlx_bun::evaldb::{EvalDb, Metric};
 use mlx_bun::model::Model;
@@ -206,21 +205,15 @@ pub fn run(a: Args) -> Result<()> {
     };
     let (mut results, mut briefs) = (Vec::new(), Vec::new());
     for (name, task) in &loaded {
-        let bar = ProgressBar::new(0);
-        if a.json {
-            bar.set_draw_target(ProgressDrawTarget::hidden());
-        }
         let unit = match task {
             Loaded::Choice(_) => "contexts",
             Loaded::Rolling(_) => "documents",
             Loaded::Generate(_) => "answers",
         };
-        bar.set_style(
-            ProgressStyle::with_template(&format!(
-                "{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{elapsed}}"
-            ))
-            .expect("a valid template")
-            .progress_chars("=> "),
+        let bar = crate::progress::bar(
+            &format!("{{prefix}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{elapsed}}"),
+            0,
+            !a.json,
         );
         bar.set_prefix(name.clone());
         let r = score(name, task, model, tok, &a, &mut |done, total| {

@@ -4,7 +4,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_bun::eval::perplexity::{perplexity, token_rows, RowOptions};
 use mlx_bun::evaldb::{EvalDb, Metric};
 use mlx_bun::runtime::{Runtime, RuntimeSpec};
@@ -87,14 +86,10 @@ pub fn run(a: Args) -> Result<()> {
         None => None,
     };
 
-    let bar = ProgressBar::new(rows.len().div_ceil(a.batch_size) as u64);
-    if a.json {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    bar.set_style(
-        ProgressStyle::with_template("perplexity [{bar:30}] {pos}/{len} batches {elapsed}")
-            .expect("a valid template")
-            .progress_chars("=> "),
+    let bar = crate::progress::bar(
+        "perplexity [{bar:30}] {pos}/{len} batches {elapsed}",
+        rows.len().div_ceil(a.batch_size) as u64,
+        !a.json,
     );
     let started = std::time::Instant::now();
     let result = perplexity(&model, &rows, a.batch_size, &mut |done, _| {

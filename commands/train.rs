@@ -8,7 +8,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_bun::evaldb::{EvalDb, StepRow};
 use mlx_bun::model::Model;
 use mlx_bun::tokenizer::Tokenizer;
@@ -358,14 +357,10 @@ fn run_training(a: TrainArgs) -> Result<()> {
         None => None,
     };
 
-    let bar = ProgressBar::new(cfg.iters as u64);
-    if a.json {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    bar.set_style(
-        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
+    let bar = crate::progress::bar(
+        "{prefix} [{bar:30}] {pos}/{len} {msg}",
+        cfg.iters as u64,
+        !a.json,
     );
     bar.set_prefix(method_name);
     let mut stdout = std::io::stdout();

@@ -5,7 +5,6 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Result;
-use indicatif::{ProgressBar, ProgressStyle};
 use mlx_bun::upload::{self, Hub, UploadEvent};
 
 #[derive(clap::Args)]
@@ -33,12 +32,11 @@ pub fn upload_with_progress(dir: &Path, repo: &str, private: bool) -> Result<()>
         anyhow::bail!("{} is not a directory", dir.display());
     }
     upload::fill_model_card(dir, repo, &hub.endpoint)?;
-    let bar = ProgressBar::new(0);
-    if let Ok(style) = ProgressStyle::with_template(
+    let bar = crate::progress::bar(
         "uploading [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}) {msg}",
-    ) {
-        bar.set_style(style.progress_chars("=> "));
-    }
+        0,
+        true,
+    );
     let summary = upload::upload_folder(&hub, dir, repo, private, &mut |event| match event {
         UploadEvent::Start { bytes, .. } => bar.set_length(bytes),
         UploadEvent::Sent { path, bytes } => {

@@ -900,11 +900,10 @@ pub fn run(args: Args) -> Result<()> {
         validator: &validator,
     };
 
-    let bar = indicatif::ProgressBar::new((cells.len() * args.rounds) as u64);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template("feature-matrix [{bar:20}] {pos}/{len} {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
+    let bar = crate::progress::bar(
+        "feature-matrix [{bar:20}] {pos}/{len} {msg}",
+        (cells.len() * args.rounds) as u64,
+        true,
     );
     let mut results: Vec<CellResult> = Vec::new();
     let runs: Vec<(usize, &Cell)> = (0..args.rounds)

@@ -4,7 +4,6 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use mlx_bun::evaldb::{EvalDb, Metric, StepRow};
 use mlx_bun::quant::QuantSpec;
 use mlx_bun::train::dwq::{run as run_dwq, DwqOptions, Event};
@@ -111,15 +110,7 @@ pub(super) fn run(a: TrainArgs) -> Result<()> {
         None => None,
     };
 
-    let bar = ProgressBar::new(0);
-    if a.json {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    bar.set_style(
-        ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
-            .expect("a valid template")
-            .progress_chars("=> "),
-    );
+    let bar = crate::progress::bar("{prefix} [{bar:30}] {pos}/{len} {msg}", 0, !a.json);
     let mut stdout = std::io::stdout();
     let json = a.json;
     let mut on_event = |event: Event| -> Result<()> {
