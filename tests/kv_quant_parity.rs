@@ -426,8 +426,9 @@ fn agreed(a: &Agreement, oracle: &OracleRun) -> String {
 /// 2. Every cell that diverges is run again with our CPU kernels and dense
 ///    prefill path off (`MLX_BUN_CPU_KERNEL=0 MLX_BUN_DENSE_ROWS=0`: only
 ///    MLX's own ops, as mlx-lm calls them) against the oracle run on the
-///    BLAS and threading the binary uses (OpenBLAS, one thread): there it
-///    must be token-identical. `MLX_BUN_KV_QUANT_ALL=1` runs every cell so.
+///    BLAS and threading the binary uses (OpenBLAS, one thread, its kernels
+///    pinned to one core type on both sides): there it must be
+///    token-identical. `MLX_BUN_KV_QUANT_ALL=1` runs every cell so.
 #[test]
 fn greedy_tokens_match_mlx_lm() {
     let goldens = read_goldens();
@@ -576,6 +577,10 @@ fn matched_runs(cells: &[(usize, i32, i32)]) -> HashMap<(usize, i32, i32), (Vec<
         ])
         .env("MLX_BUN_CPU_KERNEL", "0")
         .env("MLX_BUN_DENSE_ROWS", "0")
+        // The goldens' matched run pinned OpenBLAS's kernels to this core
+        // type; picked by CPU, they round differently from one machine to
+        // the next.
+        .env("OPENBLAS_CORETYPE", "Haswell")
         .env(CELLS_VAR, spec.join(","))
         .output()
         .unwrap();

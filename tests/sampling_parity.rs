@@ -24,8 +24,9 @@ use common::server::Server;
 /// Log-probabilities may differ from mlx-lm's by this much, plus one float32
 /// ulp of the values compared (a log-probability of -8 is only resolved to
 /// 1e-6): the same MLX kernels, but the binary's BLAS sums the attention
-/// products in another order (docs/parity.md).
-const LOGPROB_TOL: f32 = 1e-4;
+/// products in another order (docs/parity.md), and OpenBLAS picks its
+/// kernels by CPU (up to 1.01e-4 seen on an AMD EPYC, below 1e-4 elsewhere).
+const LOGPROB_TOL: f32 = 2e-4;
 
 /// How far `ours` is beyond the tolerance from `theirs` (<= 0 within it).
 fn excess(ours: f32, theirs: f32) -> f32 {

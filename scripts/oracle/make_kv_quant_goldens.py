@@ -20,15 +20,20 @@ Two oracle configurations, both the pinned mlx-lm on the pinned MLX:
   (1 + 1e-6 * N(0, 1)) before quantization; `perturbed_gap_shift[t]` is how
   far that moves the log-probability gap between step t's top two tokens.
 - "matched": a child process with OpenBLAS preloaded and one BLAS thread,
-  the BLAS and threading the mlx-bun binary runs with. mlx-bun with its own
-  CPU kernels off (`MLX_BUN_CPU_KERNEL=0`) then runs exactly MLX's ops, so
-  its tokens must equal these.
+  the BLAS and threading the mlx-bun binary runs with, its kernels pinned to
+  one core type (`OPENBLAS_CORETYPE=Haswell`: OpenBLAS otherwise picks them
+  by CPU, and their sums round differently on another machine). mlx-bun with
+  its own CPU kernels off (`MLX_BUN_CPU_KERNEL=0`) and the same core type
+  then runs exactly MLX's ops, so its tokens must equal these.
 
 Writes goldens/kv_quant.json with the oracle's versions, both BLAS lists and
 the model's fingerprint (as make_goldens.py). About 11 minutes on 2 cores.
 
 Usage: python make_kv_quant_goldens.py --model DIR [--out goldens/kv_quant.json]
-       [--openblas /usr/lib/x86_64-linux-gnu/libopenblas.so.0]
+       [--openblas /usr/lib/x86_64-linux-gnu/libopenblas.so.0] [--matched-only]
+
+`--matched-only` reruns only the matched configuration and rewrites it into
+the existing --out file (about half the time).
 """
 
 import argparse
@@ -208,24 +213,33 @@ def main():
     ap.add_argument("--model", required=True, type=Path)
     ap.add_argument("--out", type=Path, default=Path("goldens/kv_quant.json"))
     ap.add_argument("--openblas", default="/usr/lib/x86_64-linux-gnu/libopenblas.so.0")
+    ap.add_argument("--matched-only", action="store_true")
     ap.add_argument("--matched-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     mx.set_default_device(mx.cpu)
     if args.matched_child:
         return matched_child(args.model)
 
-    env = {**os.environ, "LD_PRELOAD": args.openblas, "OPENBLAS_NUM_THREADS": "1"}
+    matched_env = {
+        "LD_PRELOAD": args.openblas,
+        "OPENBLAS_NUM_THREADS": "1",
+        "OPENBLAS_CORETYPE": "Haswell",
+    }
     child = subprocess.Popen(
         [sys.executable, __file__, "--model", str(args.model), "--matched-child"],
-        env=env,
+        env={**os.environ, **matched_env},
         stdout=subprocess.PIPE,
     )
-    model, tokenizer = load(str(args.model))
-    cases = []
-    for p, prompt in enumerate(PROMPTS):
-        ids = prompt_ids(tokenizer, prompt)
-        cells = greedy_cells(model, tokenizer, p, ids, noise=True)
-        cases.append({"prompt": prompt, "prompt_ids": ids, "cells": cells})
+    if args.matched_only:
+        doc = json.loads(args.out.read_text())
+        cases = doc["cases"]
+    else:
+        model, tokenizer = load(str(args.model))
+        cases = []
+        for p, prompt in enumerate(PROMPTS):
+            ids = prompt_ids(tokenizer, prompt)
+            cells = greedy_cells(model, tokenizer, p, ids, noise=True)
+            cases.append({"prompt": prompt, "prompt_ids": ids, "cells": cells})
     out, _ = child.communicate()
     assert child.returncode == 0, "the matched (OpenBLAS) run failed"
     matched = json.loads(out)
@@ -234,12 +248,17 @@ def main():
         for cell, m in zip(case["cells"], mcells):
             assert (cell["bits"], cell["group_size"]) == (m["bits"], m["group_size"])
             cell["matched"] = {k: m[k] for k in ("token_ids", "finish_reason", "top")}
+    if args.matched_only:
+        doc["meta"]["matched_blas"] = matched["blas"]
+        doc["meta"]["matched_env"] = matched_env
+        args.out.write_text(dumps(doc) + "\n")
+        return
     doc = {
         "meta": {
             **meta(args.model),
             "generator": "scripts/oracle/make_kv_quant_goldens.py",
             "matched_blas": matched["blas"],
-            "matched_env": {"LD_PRELOAD": args.openblas, "OPENBLAS_NUM_THREADS": "1"},
+            "matched_env": matched_env,
             "max_tokens": MAX_TOKENS,
             "quantized_kv_start": 0,
             "noise_relative": NOISE,
