@@ -58,6 +58,20 @@ pub(crate) fn stored_float_dtype(dtypes: impl IntoIterator<Item = Dtype>) -> Dty
         .map_or(Dtype::Float32, |(d, _)| d)
 }
 
+/// Waits until the work queued on this thread's stream has run. A decoder
+/// queues the next forward pass before it knows the sequence has ended; a
+/// process that exited with that pass still running tore OpenBLAS's
+/// buffers down under it (a segmentation fault on exit).
+pub fn synchronize() -> anyhow::Result<()> {
+    let stream = mlx_rs::Stream::thread_local_or_default();
+    // SAFETY: a plain call on a valid stream handle that outlives it.
+    let rc = unsafe { mlx_sys::mlx_synchronize(stream.as_ptr()) };
+    if rc != 0 {
+        anyhow::bail!("MLX could not finish the queued work");
+    }
+    Ok(())
+}
+
 /// True when MLX has a GPU (the CUDA or Metal build on a machine with one).
 pub fn on_gpu() -> bool {
     static ON_GPU: std::sync::OnceLock<bool> = std::sync::OnceLock::new();

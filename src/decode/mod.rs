@@ -73,7 +73,7 @@ pub fn run(
     crate::mlx_ext::reset_peak_memory();
     let (&last, rest) = prompt[cached..].split_last().expect("a token is left");
     prefill(model, caches, rest, prefill_step)?;
-    if row.drafts() {
+    let result = if row.drafts() {
         let mut decoder = SpeculativeDecoder::start(model, caches, row, last)?;
         while decoder.step()? {}
         decoder.into_result()
@@ -81,5 +81,8 @@ pub fn run(
         let mut decoder = SerialDecoder::start(model, caches, row, last)?;
         while decoder.step()? {}
         decoder.into_result()
-    }
+    };
+    // The pass queued for a token that never came is still running.
+    crate::mlx_ext::synchronize()?;
+    result
 }

@@ -411,7 +411,12 @@ impl Gateway {
                     sharding,
                     warmup: config.warmup,
                 };
-                worker::run(models, shared, plan, rx, &ready)
+                worker::run(models, shared, plan, rx, &ready);
+                // Queued passes of rows that ended must finish before the
+                // process may exit.
+                if let Err(e) = crate::mlx_ext::synchronize() {
+                    tracing::warn!("{e:#}");
+                }
             })
             .context("starting the generation worker")?;
         let loaded = match loaded_rx.recv() {
