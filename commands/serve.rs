@@ -66,6 +66,11 @@ pub struct Args {
     /// Prompts prefilled at once while the batch keeps decoding.
     #[arg(long, default_value_t = 4)]
     prompt_concurrency: usize,
+    /// Prefill prompts in chunks of exactly this many tokens, as
+    /// mlx_lm.server (default: chunks sized to take about half a second, so
+    /// running rows keep streaming while a long prompt comes in).
+    #[arg(long, value_parser = crate::validate::at_least_one)]
+    prefill_step_size: Option<usize>,
     /// KV cache budget in GiB for admitted requests (default: half the memory
     /// available after loading). Requests wait while the batch would exceed
     /// it; one that can never fit gets a 400.
@@ -314,6 +319,7 @@ fn gateway_config(
             args.warmup
         },
         sharding,
+        fixed_prefill_step: args.prefill_step_size,
     }
 }
 

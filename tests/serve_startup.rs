@@ -25,6 +25,7 @@ fn config(warmup: Warmup) -> GatewayConfig {
         ssd: None,
         warmup,
         sharding: Default::default(),
+        fixed_prefill_step: None,
     }
 }
 

@@ -79,6 +79,10 @@ pub struct GatewayConfig {
     pub warmup: Warmup,
     /// The ranks a sharded server (started by `launch`) splits its model across.
     pub sharding: ShardingSlot,
+    /// `Some(n)`: prefill in chunks of exactly `n` tokens, as mlx-lm's server
+    /// (`--prefill-step-size`); `None`: chunks sized to take about half a
+    /// second, so running rows keep streaming while a long prompt comes in.
+    pub fixed_prefill_step: Option<usize>,
 }
 
 /// The warm-up before a gateway reports ready (`--warmup`).
@@ -398,14 +402,18 @@ impl Gateway {
                     num_draft_tokens: config.num_draft_tokens,
                     ngram_draft: config.ngram_draft,
                     kv: config.kv,
+                    fixed_prefill_step: config.fixed_prefill_step,
                 };
                 let plan = WorkerPlan {
                     limits: BatchLimits {
                         decode_concurrency,
                         prompt_concurrency: config.prompt_concurrency.max(1),
+                        prefill_step: config
+                            .fixed_prefill_step
+                            .unwrap_or(crate::generate::DEFAULT_PREFILL_STEP),
                         // Timed chunks would differ between ranks.
-                        prefill_target: sharding.is_none().then_some(BATCH_PREFILL_TARGET),
-                        ..BatchLimits::default()
+                        prefill_target: (sharding.is_none() && config.fixed_prefill_step.is_none())
+                            .then_some(BATCH_PREFILL_TARGET),
                     },
                     budget,
                     sharding,

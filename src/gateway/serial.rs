@@ -135,7 +135,8 @@ fn prefill_cancellable(
     let prompt = &job.request.prompt;
     let target = prompt.len() - 1;
     let max_step = job.request.options.prefill_step.max(1);
-    let mut step = PREFILL_FIRST_STEP.min(max_step);
+    let fixed = shared.fixed_prefill_step;
+    let mut step = fixed.unwrap_or(PREFILL_FIRST_STEP.min(max_step)).max(1);
     let mut done = cached;
     while done < target {
         if should_stop(shared, &job.client) {
@@ -150,9 +151,9 @@ fn prefill_cancellable(
         let started = Instant::now();
         prefill(&models.model, caches, &prompt[done..end], step)?;
         let took = started.elapsed();
-        if took < PREFILL_STEP_TARGET / 4 {
+        if fixed.is_none() && took < PREFILL_STEP_TARGET / 4 {
             step = (step * 2).min(max_step);
-        } else if took > PREFILL_STEP_TARGET * 2 {
+        } else if fixed.is_none() && took > PREFILL_STEP_TARGET * 2 {
             step = (step / 2).max(PREFILL_MIN_STEP.min(max_step));
         }
         done = end;

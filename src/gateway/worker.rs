@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     /// Prompt-lookup drafting when no draft model is loaded.
     pub ngram_draft: bool,
     pub kv: KvSettings,
+    /// Prefill in chunks of exactly this many tokens (`--prefill-step-size`).
+    pub fixed_prefill_step: Option<usize>,
 }
 
 impl Shared {

@@ -725,6 +725,7 @@ mod tests {
                 ssd: None,
                 warmup: Default::default(),
                 sharding: Default::default(),
+                fixed_prefill_step: None,
             },
         })
     }
