@@ -1646,7 +1646,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__serve)
-            opts="-m -h --model --compute-dtype --pipeline --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --kv-budget --warmup --no-warmup --temp --top-p --top-k --min-p --min-tokens-to-keep --xtc-probability --xtc-threshold --allowed-origins --tool-call-parser --reasoning-parser --chat-template --chat-template-args --allowed-models --allow-any-model --model-memory --shutdown-grace --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --ssd-cache --ssd-cache-max --help"
+            opts="-m -h --model --compute-dtype --pipeline --host --port --api-key --max-tokens-default --prompt-cache --max-queue --max-body-bytes --log-level --adapter-path --draft-model --num-draft-tokens --decode-concurrency --prompt-concurrency --prefill-step-size --kv-budget --warmup --no-warmup --temp --top-p --top-k --min-p --min-tokens-to-keep --xtc-probability --xtc-threshold --allowed-origins --tool-call-parser --reasoning-parser --chat-template --chat-template-args --allowed-models --allow-any-model --model-memory --shutdown-grace --max-kv-size --kv-bits --kv-group-size --quantized-kv-start --ssd-cache --ssd-cache-max --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1713,6 +1713,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 --prompt-concurrency)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefill-step-size)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

@@ -130,6 +130,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l draft-model -d
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l num-draft-tokens -d 'Tokens the drafter proposes per step' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l decode-concurrency -d 'Rows decoded together in one batch (continuous batching); 1 turns batching off. Drafting rows verify inside the batch' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l prompt-concurrency -d 'Prompts prefilled at once while the batch keeps decoding' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l prefill-step-size -d 'Prefill prompts in chunks of exactly this many tokens, as mlx_lm.server (default: chunks sized to take about half a second, so running rows keep streaming while a long prompt comes in)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l kv-budget -d 'KV cache budget in GiB for admitted requests (default: half the memory available after loading). Requests wait while the batch would exceed it; one that can never fit gets a 400' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l warmup -d 'What runs before /health reports ready: auto (full on a GPU, where MLX compiles kernels on first use; basic on the CPU), basic (one forward pass), full (every prefill size class, batch size and sampling path) or off' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand serve" -l temp -d 'Sampling temperature; 0 is greedy (serve: for requests that give none)' -r
