@@ -139,22 +139,16 @@ pub struct RopeParams<'a> {
 /// MLX 0.32 expands it into about 20 ops; for float32 rotate-half RoPE this is
 /// one primitive computing the same formula.
 pub fn rope(x: &Array, params: &RopeParams, offset: i32) -> Result<Array> {
-    let &RopeParams {
-        dims,
-        traditional,
-        base,
-        scale,
-        freqs,
-    } = params;
     if !rope_applies(x, params) {
+        let p = params;
         return Ok(mlx_rs::fast::rope(
             x,
-            dims,
-            traditional,
-            base,
-            scale,
+            p.dims,
+            p.traditional,
+            p.base,
+            p.scale,
             offset,
-            freqs,
+            p.freqs,
         )?);
     }
     cpu_rope(x, params, offset, None)
@@ -165,26 +159,20 @@ pub fn rope(x: &Array, params: &RopeParams, offset: i32) -> Result<Array> {
 /// offset). Each row's numbers equal those [`rope`] gives the row alone, so
 /// a row decodes the same in a batch as by itself.
 pub fn rope_per_row(x: &Array, params: &RopeParams, offsets: &Array) -> Result<Array> {
-    let &RopeParams {
-        dims,
-        traditional,
-        base,
-        scale,
-        freqs,
-    } = params;
     let per_row = x.ndim() >= 3
         && offsets.dtype() == Dtype::Int32
         && offsets.ndim() == 1
         && offsets.shape()[0] == x.shape()[0];
     if !per_row || !rope_applies(x, params) {
+        let p = params;
         return Ok(mlx_rs::fast::rope_dynamic(
             x,
-            dims,
-            traditional,
-            base,
-            scale,
+            p.dims,
+            p.traditional,
+            p.base,
+            p.scale,
             offsets,
-            freqs,
+            p.freqs,
         )?);
     }
     cpu_rope(x, params, 0, Some(offsets))
