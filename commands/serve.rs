@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use mlx_bun::gateway::{GatewayConfig, Sharding, ShardingSlot, Warmup};
 use mlx_bun::reasoning::ReasoningMarkers;
-use mlx_bun::runtime::{Runtime, RuntimeSpec};
+use mlx_bun::runtime::{DraftSpec, Runtime, RuntimeSpec};
 use mlx_bun::server::agent::AgentConfig;
 use mlx_bun::server::models::{Allowed, ModelPool, PoolConfig};
 use mlx_bun::server::{AppState, ServerConfig};
@@ -283,13 +283,8 @@ fn follow(args: &Args, rank: usize, sharding: ShardingSlot) -> Result<()> {
         materialize: false,
         ..RuntimeSpec::new(dir, args.compute.dtype)
     };
-    let shared = tokenizer.clone();
-    let load = move || Ok(Runtime::assemble(&spec, shared)?.into());
-    let gateway = mlx_bun::gateway::Gateway::start(
-        load,
-        tokenizer,
-        gateway_config(args, Default::default(), None, sharding),
-    )?;
+    let load = move || Runtime::assemble(&spec, tokenizer);
+    let gateway = mlx_bun::gateway::Gateway::start(load, gateway_config(args, None, sharding))?;
     gateway.wait_ready()?;
     tracing::info!("rank {rank}: following rank 0");
     gateway.wait_stopped();
@@ -298,7 +293,6 @@ fn follow(args: &Args, rank: usize, sharding: ShardingSlot) -> Result<()> {
 
 fn gateway_config(
     args: &Args,
-    kv: mlx_bun::cache::KvSettings,
     ssd: Option<mlx_bun::gateway::SsdConfig>,
     sharding: ShardingSlot,
 ) -> GatewayConfig {
@@ -306,12 +300,9 @@ fn gateway_config(
     GatewayConfig {
         max_queue: args.max_queue,
         prompt_cache_bytes: gib(args.prompt_cache),
-        num_draft_tokens: args.num_draft_tokens,
-        ngram_draft: args.draft_model.as_deref() == Some("ngram"),
         decode_concurrency: args.decode_concurrency,
         prompt_concurrency: args.prompt_concurrency,
         kv_budget_bytes: args.kv_budget.map(gib),
-        kv,
         ssd,
         warmup: if args.no_warmup {
             Warmup::Off
@@ -347,9 +338,10 @@ pub fn run(args: Args) -> Result<()> {
         None => None,
     };
     let agent = agent_config(&args)?;
-    let draft_dir = match args.draft_model.as_deref() {
-        Some("ngram") | None => None,
-        Some(spec) => Some(mlx_bun::hub::resolve_model(spec)?),
+    let draft = match args.draft_model.as_deref() {
+        None => None,
+        Some("ngram") => Some(DraftSpec::Ngram),
+        Some(spec) => Some(DraftSpec::Model(mlx_bun::hub::resolve_model(spec)?)),
     };
     let allowed = args
         .allowed_models
@@ -385,7 +377,9 @@ pub fn run(args: Args) -> Result<()> {
         default_id: model_id(&args, &dir),
         default_dir: dir.clone(),
         default_adapter: args.adapter_path.clone(),
-        default_draft: draft_dir,
+        default_draft: draft,
+        num_draft_tokens: args.num_draft_tokens,
+        default_kv: kv,
         allowed,
         allow_any: args.allow_any_model,
         memory_budget_bytes,
@@ -394,7 +388,7 @@ pub fn run(args: Args) -> Result<()> {
         chat_template,
         compute: args.compute.dtype,
         fit_check: crate::model_arg::fit_check_enabled(),
-        gateway: gateway_config(&args, kv, ssd, sharding),
+        gateway: gateway_config(&args, ssd, sharding),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

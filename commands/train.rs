@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use mlx_bun::evaldb::{EvalDb, StepRow};
-use mlx_bun::model::Model;
+use mlx_bun::runtime::{Runtime, RuntimeSpec};
 use mlx_bun::tokenizer::Tokenizer;
 use mlx_bun::train::config::{LrScheduleConfig, Method, TrainConfig};
 use mlx_bun::train::data::{load_splits, RowKind};
@@ -334,7 +334,8 @@ fn run_training(a: TrainArgs) -> Result<()> {
     if !a.json {
         eprintln!("loading {}", model_dir.display());
     }
-    let model = Model::load_as(&model_dir, a.compute.dtype)?;
+    let runtime = Runtime::assemble(&RuntimeSpec::new(model_dir.clone(), a.compute.dtype), tok)?;
+    let model = runtime.model;
     if splits.valid.is_none() && !a.json {
         eprintln!("warning: no valid.jsonl: training without validation");
     }

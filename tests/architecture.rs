@@ -289,9 +289,16 @@ fn g() { crate::decode::step(); }
 
 /// Every `src/**/*.rs`, as (path from the repository root, text).
 fn sources() -> Vec<(String, String)> {
+    let out = rust_files("src");
+    assert!(out.len() > 50, "src/ holds only {} files", out.len());
+    out
+}
+
+/// Every `<folder>/**/*.rs`, as (path from the repository root, text).
+fn rust_files(folder: &str) -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut out = Vec::new();
-    let mut dirs = vec![root.join("src")];
+    let mut dirs = vec![root.join(folder)];
     while let Some(dir) = dirs.pop() {
         for entry in std::fs::read_dir(&dir).unwrap() {
             let path = entry.unwrap().path();
@@ -305,7 +312,6 @@ fn sources() -> Vec<(String, String)> {
         }
     }
     out.sort();
-    assert!(out.len() > 50, "src/ holds only {} files", out.len());
     out
 }
 
@@ -674,6 +680,33 @@ fn the_engine_reads_no_environment_but_its_settings() {
     assert!(
         found.is_empty(),
         "environment reads outside src/settings.rs (add a setting instead):\n{}",
+        found.join("\n")
+    );
+}
+
+/// A command that runs a model gets it from the runtime entry, which applies
+/// every setting (compute dtype, adapters, draft, KV settings, memory check)
+/// in one place; none loads a model folder by itself.
+#[test]
+fn commands_load_models_only_through_the_runtime() {
+    let files = rust_files("commands");
+    assert!(
+        files.len() > 20,
+        "commands/ holds only {} files",
+        files.len()
+    );
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let code = without_test_modules(&code_only(&text));
+        for (i, line) in code.lines().enumerate() {
+            if line.contains("Model::load") {
+                found.push(format!("{path}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "commands that load a model outside runtime::Runtime::assemble:\n{}",
         found.join("\n")
     );
 }

@@ -7,8 +7,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use mlx_bun::gateway::{Gateway, GatewayConfig, Health, LoadedModels, Warmup};
+use mlx_bun::gateway::{Gateway, GatewayConfig, Health, Warmup};
 use mlx_bun::model::Model;
+use mlx_bun::runtime::Runtime;
 use mlx_bun::tokenizer::Tokenizer;
 use mlx_rs::Array;
 
@@ -16,12 +17,9 @@ fn config(warmup: Warmup) -> GatewayConfig {
     GatewayConfig {
         max_queue: 4,
         prompt_cache_bytes: 0,
-        num_draft_tokens: 2,
-        ngram_draft: false,
         decode_concurrency: 2,
         prompt_concurrency: 1,
         kv_budget_bytes: None,
-        kv: Default::default(),
         ssd: None,
         warmup,
         sharding: Default::default(),
@@ -31,19 +29,25 @@ fn config(warmup: Warmup) -> GatewayConfig {
 
 /// The default model with a final norm that no forward pass accepts: it
 /// loads, and fails at its first token.
-fn broken_model() -> Model {
-    let mut model = Model::load(&common::model_dir()).unwrap();
+fn broken_runtime() -> Runtime {
+    let dir = common::model_dir();
+    let mut model = Model::load(&dir).unwrap();
     model.decoder.norm.weight = Array::from_slice(&[1f32; 3], &[3]);
-    model
+    Runtime {
+        model,
+        tokenizer: Arc::new(Tokenizer::load(&dir).unwrap()),
+        draft: None,
+        num_draft_tokens: 2,
+        kv: Default::default(),
+        fit: None,
+    }
 }
 
 #[test]
 fn a_failed_warm_up_is_reported_with_its_reason() {
-    let dir = common::model_dir();
-    let tokenizer = Arc::new(Tokenizer::load(&dir).unwrap());
-    let model = broken_model();
-    let load = move || Ok(LoadedModels { model, draft: None });
-    let gateway = Gateway::start(load, tokenizer, config(Warmup::Basic)).unwrap();
+    let runtime = broken_runtime();
+    let load = move || Ok(runtime);
+    let gateway = Gateway::start(load, config(Warmup::Basic)).unwrap();
     let err = gateway
         .wait_ready()
         .expect_err("a broken model must not become ready");
@@ -57,11 +61,9 @@ fn a_failed_warm_up_is_reported_with_its_reason() {
 
 #[test]
 fn without_a_warm_up_the_gateway_is_ready_at_once() {
-    let dir = common::model_dir();
-    let tokenizer = Arc::new(Tokenizer::load(&dir).unwrap());
-    let model = broken_model();
-    let load = move || Ok(LoadedModels { model, draft: None });
-    let gateway = Gateway::start(load, tokenizer, config(Warmup::Off)).unwrap();
+    let runtime = broken_runtime();
+    let load = move || Ok(runtime);
+    let gateway = Gateway::start(load, config(Warmup::Off)).unwrap();
     gateway.wait_ready().unwrap();
     assert_eq!(gateway.health(), Health::Ready);
 }

@@ -47,7 +47,7 @@ use crate::generate::{GenerateOptions, GenerationResult, TokenLogprob};
 use crate::grammar::ConstraintSpec;
 use crate::model::Model;
 use crate::prefix::PrefixStore;
-use crate::tokenizer::Tokenizer;
+use crate::runtime::Runtime;
 use admission::KvBudget;
 use job::{Client, InFlight, Job, Reporter};
 use stats::Counters;
@@ -61,18 +61,12 @@ pub struct GatewayConfig {
     pub max_queue: usize,
     /// Byte cap of the RAM prompt cache; 0 disables it.
     pub prompt_cache_bytes: usize,
-    /// Tokens the drafter proposes per round.
-    pub num_draft_tokens: usize,
-    /// Draft by prompt lookup (`--draft-model ngram`) when no draft model is loaded.
-    pub ngram_draft: bool,
     /// Rows that decode together; 1 turns batching off.
     pub decode_concurrency: usize,
     /// Prompts that prefill at once in the batch lane.
     pub prompt_concurrency: usize,
     /// KV bytes admitted rows may reach; `None`: a share of free memory.
     pub kv_budget_bytes: Option<usize>,
-    /// Bounded (`--max-kv-size`) or quantized (`--kv-bits`) KV caches.
-    pub kv: KvSettings,
     /// The prompt cache's tier on disk.
     pub ssd: Option<SsdConfig>,
     /// What runs before the gateway reports ready.
@@ -141,25 +135,35 @@ pub enum Health {
     Failed(String),
 }
 
-/// The models the worker serves: the target and an optional draft.
-pub struct LoadedModels {
-    /// The model that generates.
+/// What the worker serves, taken from the runtime it loaded: the target,
+/// the drafter (a draft model or prompt lookup), and the KV settings.
+pub(crate) struct LoadedModels {
     pub model: Model,
-    /// A smaller model that drafts tokens for speculative decoding (`--draft-model`).
     pub draft: Option<Model>,
+    pub ngram_draft: bool,
+    pub num_draft_tokens: usize,
+    pub kv: KvSettings,
+}
+
+impl LoadedModels {
+    fn drafts(&self) -> bool {
+        self.draft.is_some() || self.ngram_draft
+    }
 }
 
 impl From<crate::runtime::Runtime> for LoadedModels {
-    /// The runtime's model and draft model; prompt-lookup drafting is the
-    /// gateway's `ngram_draft`.
     fn from(runtime: crate::runtime::Runtime) -> Self {
-        let draft = match runtime.draft {
-            Some(crate::runtime::Draft::Model { model, .. }) => Some(*model),
-            Some(crate::runtime::Draft::Ngram) | None => None,
+        let (draft, ngram_draft) = match runtime.draft {
+            Some(crate::runtime::Draft::Model { model, .. }) => (Some(*model), false),
+            Some(crate::runtime::Draft::Ngram) => (None, true),
+            None => (None, false),
         };
         Self {
             model: runtime.model,
             draft,
+            ngram_draft,
+            num_draft_tokens: runtime.num_draft_tokens,
+            kv: runtime.kv,
         }
     }
 }
@@ -299,13 +303,14 @@ struct Loaded {
 }
 
 impl Gateway {
-    /// Starts the worker thread, which loads the models with `load` (MLX
-    /// streams belong to the thread that creates the arrays, so the worker
-    /// must be the one to load them), then warms them up before taking
-    /// requests. Returns once the models are loaded.
-    pub fn start<F>(load: F, tokenizer: Arc<Tokenizer>, config: GatewayConfig) -> Result<Self>
+    /// Starts the worker thread, which assembles the runtime it serves with
+    /// `load` (MLX streams belong to the thread that creates the arrays, so
+    /// the worker must be the one to load them), then warms it up before
+    /// taking requests. The runtime's drafter, draft length and KV settings
+    /// are the server's. Returns once the models are loaded.
+    pub fn start<F>(load: F, config: GatewayConfig) -> Result<Self>
     where
-        F: FnOnce() -> Result<LoadedModels> + Send + 'static,
+        F: FnOnce() -> Result<Runtime> + Send + 'static,
     {
         let max_queue = config.max_queue.max(1);
         let (tx, rx) = sync_channel::<Job>(max_queue);
@@ -321,10 +326,9 @@ impl Gateway {
         let decode_concurrency = config.decode_concurrency.max(1);
         let mut prefixes = PrefixStore::open(config.prompt_cache_bytes, config.ssd.as_ref())?;
         *counters.prefixes.lock().unwrap() = prefixes.stats_handle();
-        let default_kv = config.kv.is_default();
         let sharding = config.sharding.claim()?;
-        if sharding.is_some() && (!default_kv || prefixes.has_disk()) {
-            bail!("a sharded server runs with dense KV caches and no --ssd-cache");
+        if sharding.is_some() && prefixes.has_disk() {
+            bail!("a sharded server runs with no --ssd-cache");
         }
         if sharding.is_some() {
             // Its hits would depend on each rank's memory.
@@ -333,16 +337,22 @@ impl Gateway {
         let handle = std::thread::Builder::new()
             .name("mlx-bun-gateway".into())
             .spawn(move || {
-                let models = match load().and_then(|mut m| {
+                let loaded = load().and_then(|runtime| {
+                    let tokenizer = runtime.tokenizer.clone();
+                    let mut m = LoadedModels::from(runtime);
                     if let Some(s) = &sharding {
                         if m.draft.is_some() {
                             bail!("a sharded server has no draft model");
                         }
+                        if !m.kv.is_default() {
+                            bail!("a sharded server runs with dense KV caches");
+                        }
                         crate::distributed::shard_model(&mut m.model, &s.group, s.parallelism)?;
                     }
-                    Ok(m)
-                }) {
-                    Ok(m) => m,
+                    Ok((m, tokenizer))
+                });
+                let (models, tokenizer) = match loaded {
+                    Ok(loaded) => loaded,
                     Err(e) => {
                         let _ = loaded_tx.send(Err(format!("{e:#}")));
                         return;
@@ -357,7 +367,7 @@ impl Gateway {
                 let kv_caches = match models
                     .model
                     .decoder
-                    .make_caches_with(config.kv.max_kv_size, config.kv.quantization)
+                    .make_caches_with(models.kv.max_kv_size, models.kv.quantization)
                 {
                     Ok(c) => c,
                     Err(e) => {
@@ -365,8 +375,7 @@ impl Gateway {
                         return;
                     }
                 };
-                let drafts = models.draft.is_some() || config.ngram_draft;
-                if drafts && !kv_caches.iter().all(|c| c.is_trimmable()) {
+                if models.drafts() && !kv_caches.iter().all(|c| c.is_trimmable()) {
                     let why = "this model keeps a recurrent state that cannot drop drafted \
                                tokens, so it cannot decode speculatively; start the server \
                                without --draft-model";
@@ -389,7 +398,7 @@ impl Gateway {
                     return;
                 }
                 let _ = loaded_tx.send(Ok(Loaded {
-                    has_draft: models.draft.is_some() || config.ngram_draft,
+                    has_draft: models.drafts(),
                     can_batch,
                     batch_speculates,
                     budget,
@@ -399,9 +408,9 @@ impl Gateway {
                     grammar: None,
                     prefixes,
                     reporter,
-                    num_draft_tokens: config.num_draft_tokens,
-                    ngram_draft: config.ngram_draft,
-                    kv: config.kv,
+                    num_draft_tokens: models.num_draft_tokens,
+                    ngram_draft: models.ngram_draft,
+                    kv: models.kv,
                     fixed_prefill_step: config.fixed_prefill_step,
                 };
                 let plan = WorkerPlan {

@@ -20,6 +20,7 @@ use serde_json::Value;
 
 use super::error::ApiError;
 use super::fields::Fields;
+use crate::cache::KvSettings;
 use crate::gateway::{Gateway, GatewayConfig, GatewayStats, Health};
 use crate::model::ComputeDtype;
 use crate::runtime::{DraftSpec, FitCheck, Refusal, Runtime, RuntimeSpec};
@@ -59,8 +60,13 @@ pub struct PoolConfig {
     pub default_dir: PathBuf,
     /// `--adapter-path`, for requests that give no `adapters`.
     pub default_adapter: Option<PathBuf>,
-    /// `--draft-model`, for requests that give no `draft_model`.
-    pub default_draft: Option<PathBuf>,
+    /// `--draft-model` (a draft model or prompt lookup), for requests that
+    /// give no `draft_model`.
+    pub default_draft: Option<DraftSpec>,
+    /// `--num-draft-tokens`, for every drafting model.
+    pub num_draft_tokens: usize,
+    /// `--max-kv-size`, `--kv-bits`, …: the default model's KV settings.
+    pub default_kv: KvSettings,
     /// Where other models may come from (`--allowed-models`).
     pub allowed: Vec<Allowed>,
     /// Any local model folder or cached Hub id may be served.
@@ -77,8 +83,8 @@ pub struct PoolConfig {
     /// (`MLX_BUN_SKIP_FIT_CHECK=1` turns the check off).
     pub fit_check: bool,
     /// Gateway settings of the default model; other models get the same
-    /// without its KV settings (`--kv-bits`, `--max-kv-size`) and SSD tier,
-    /// which are sized for and fingerprinted by the default model.
+    /// without its SSD tier, which is fingerprinted by the default model
+    /// (nor do they get its KV settings, sized for it).
     pub gateway: GatewayConfig,
 }
 
@@ -87,7 +93,7 @@ pub struct PoolConfig {
 struct Key {
     dir: PathBuf,
     adapter: Option<PathBuf>,
-    draft: Option<PathBuf>,
+    draft: Option<DraftSpec>,
 }
 
 /// A loaded model, ready for requests.
@@ -188,7 +194,11 @@ fn gib(bytes: u64) -> f64 {
 /// Weight bytes of a model (and its draft) once loaded on this device.
 fn weight_bytes(key: &Key, compute: ComputeDtype) -> Result<u64> {
     let mut total = 0;
-    for dir in std::iter::once(&key.dir).chain(key.draft.as_ref()) {
+    let draft = match &key.draft {
+        Some(DraftSpec::Model(dir)) => Some(dir),
+        Some(DraftSpec::Ngram) | None => None,
+    };
+    for dir in std::iter::once(&key.dir).chain(draft) {
         let dtype = crate::fit::compute_dtype_bytes(dir, compute)?;
         total += crate::fit::Footprint::read(dir, dtype)?.weight_bytes;
     }
@@ -345,10 +355,11 @@ impl ModelPool {
             None => None,
         };
         let draft = match f.string("draft_model")? {
-            Some(d) => Some(
+            Some("ngram") => Some(DraftSpec::Ngram),
+            Some(d) => Some(DraftSpec::Model(
                 self.resolve(d)
                     .ok_or_else(|| self.unknown("draft_model", d))?,
-            ),
+            )),
             None if is_default => c.default_draft.clone(),
             None => None,
         };
@@ -482,22 +493,22 @@ impl ModelPool {
             .config
             .min_context
             .min(args.max_position_embeddings.unwrap_or(usize::MAX));
-        let c = &if is_default {
-            self.config.gateway.clone()
+        let (c, kv) = if is_default {
+            (self.config.gateway.clone(), self.config.default_kv)
         } else {
-            GatewayConfig {
-                kv: Default::default(),
+            let c = GatewayConfig {
                 ssd: None,
                 ..self.config.gateway.clone()
-            }
+            };
+            (c, KvSettings::default())
         };
         let spec = RuntimeSpec {
             model_dir: key.dir.clone(),
             compute: self.config.compute,
             adapter: key.adapter.clone(),
-            draft: key.draft.clone().map(DraftSpec::Model),
-            num_draft_tokens: c.num_draft_tokens,
-            kv: c.kv,
+            draft: key.draft.clone(),
+            num_draft_tokens: self.config.num_draft_tokens,
+            kv,
             fit: self.config.fit_check.then_some(FitCheck {
                 context: min_context,
                 reserved_bytes: c.prompt_cache_bytes as u64,
@@ -518,8 +529,8 @@ impl ModelPool {
             tracing::warn!("{warning}");
         }
         let tokenizer = prepared.tokenizer.clone();
-        let load = move || Ok(prepared.load()?.into());
-        let gateway = Gateway::start(load, tokenizer.clone(), c.clone()).map_err(failed)?;
+        let load = move || prepared.load();
+        let gateway = Gateway::start(load, c).map_err(failed)?;
         gateway.wait_ready().map_err(failed)?;
         tracing::info!("model {id} ready in {:.1} s", start.elapsed().as_secs_f64());
         Ok(Served {
@@ -706,6 +717,8 @@ mod tests {
             default_dir: PathBuf::from("/nonexistent/main"),
             default_adapter: None,
             default_draft: None,
+            num_draft_tokens: 1,
+            default_kv: Default::default(),
             allowed,
             allow_any,
             memory_budget_bytes: 0,
@@ -716,12 +729,9 @@ mod tests {
             gateway: GatewayConfig {
                 max_queue: 1,
                 prompt_cache_bytes: 0,
-                num_draft_tokens: 1,
-                ngram_draft: false,
                 decode_concurrency: 1,
                 prompt_concurrency: 1,
                 kv_budget_bytes: None,
-                kv: Default::default(),
                 ssd: None,
                 warmup: Default::default(),
                 sharding: Default::default(),
