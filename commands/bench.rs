@@ -2,6 +2,7 @@
 //! serving feature matrix (`feature_matrix`).
 
 mod feature_matrix;
+mod generate;
 mod plot;
 mod qmv;
 
@@ -26,6 +27,8 @@ pub struct Args {
 enum What {
     /// Every serving feature combination against the real `mlx-bun serve`.
     FeatureMatrix(feature_matrix::Args),
+    /// Prompt and generation speed on a random prompt, as `mlx_lm.benchmark`.
+    Generate(generate::Args),
     /// mlx-bun's CUDA quantized matrix-vector kernel against MLX's, on random
     /// weights (GPU).
     Qmv(qmv::Args),
@@ -70,6 +73,7 @@ enum What {
 pub fn run(args: Args) -> Result<()> {
     match args.what {
         What::FeatureMatrix(args) => feature_matrix::run(args),
+        What::Generate(args) => generate::run(args),
         What::Qmv(args) => qmv::run(args),
         What::Forward {
             model,
@@ -141,10 +145,10 @@ fn forward(source: Source, plan: &Plan<'_>) -> Result<()> {
     let (model, label) = match &source {
         Source::Folder(model) => {
             let dir = crate::model_arg::resolve(model.as_deref())?;
-            (
-                Model::load_as(&dir, plan.compute)?,
-                dir.display().to_string(),
-            )
+            let tokenizer = mlx_bun::tokenizer::Tokenizer::load(&dir)?;
+            let spec = mlx_bun::runtime::RuntimeSpec::new(dir.clone(), plan.compute);
+            let runtime = mlx_bun::runtime::Runtime::assemble(&spec, tokenizer)?;
+            (runtime.model, dir.display().to_string())
         }
         Source::Synthetic {
             shape,

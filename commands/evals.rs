@@ -1,4 +1,7 @@
-//! `mlx-bun evals`: list, show and compare the runs in the eval database.
+//! `mlx-bun evals`: list, show and compare the runs in the eval database;
+//! import samples measured by a script; render a run as Markdown tables.
+
+mod report;
 
 use std::path::PathBuf;
 
@@ -49,6 +52,32 @@ enum What {
         #[arg(long)]
         json: bool,
     },
+    /// Record metric samples (JSON lines: name, value, unit, higher_is_better)
+    /// as one run; prints its id.
+    Import {
+        /// The metric rows; a name repeated adds a sample.
+        metrics: PathBuf,
+        /// The run's kind (peers, bench, ...).
+        #[arg(long)]
+        kind: String,
+        #[arg(long)]
+        label: Option<String>,
+        /// The model measured (a folder is fingerprinted).
+        #[arg(long)]
+        model: String,
+        /// The run's flags, as a JSON object.
+        #[arg(long, default_value = "{}")]
+        flags: String,
+        /// A folder of logs kept with the run (the end of each file).
+        #[arg(long)]
+        logs: Option<PathBuf>,
+        /// A text file kept with the run (provenance: date, machine, command).
+        #[arg(long)]
+        note: Option<PathBuf>,
+    },
+    /// One run's metrics as Markdown tables: medians, spread, and
+    /// mlx-bun's ratio to each other program.
+    Report { id: i64 },
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -72,6 +101,40 @@ pub fn run(args: Args) -> Result<()> {
             if check && regressions > 0 {
                 bail!("{regressions} metric(s) regressed from run {a} to run {b}");
             }
+            Ok(())
+        }
+        What::Import {
+            metrics,
+            kind,
+            label,
+            model,
+            flags,
+            logs,
+            note,
+        } => {
+            let flags: serde_json::Value =
+                serde_json::from_str(&flags).context("--flags is not JSON")?;
+            if !flags.is_object() {
+                bail!("--flags must be a JSON object");
+            }
+            let id = report::import(
+                &db,
+                &report::Import {
+                    metrics: &metrics,
+                    kind: &kind,
+                    label: label.as_deref(),
+                    model: &model,
+                    flags,
+                    logs: logs.as_deref(),
+                    note: note.as_deref(),
+                },
+            )?;
+            println!("{id}");
+            Ok(())
+        }
+        What::Report { id } => {
+            let run = get(&db, id)?;
+            print!("{}", report::render(&run, &db.metrics(id)?));
             Ok(())
         }
     }

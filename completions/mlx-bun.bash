@@ -70,6 +70,9 @@ _mlx__bun() {
             mlx__bun__subcmd__bench,forward)
                 cmd="mlx__bun__subcmd__bench__subcmd__forward"
                 ;;
+            mlx__bun__subcmd__bench,generate)
+                cmd="mlx__bun__subcmd__bench__subcmd__generate"
+                ;;
             mlx__bun__subcmd__bench,help)
                 cmd="mlx__bun__subcmd__bench__subcmd__help"
                 ;;
@@ -81,6 +84,9 @@ _mlx__bun() {
                 ;;
             mlx__bun__subcmd__bench__subcmd__help,forward)
                 cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__forward"
+                ;;
+            mlx__bun__subcmd__bench__subcmd__help,generate)
+                cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__generate"
                 ;;
             mlx__bun__subcmd__bench__subcmd__help,help)
                 cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__help"
@@ -94,8 +100,14 @@ _mlx__bun() {
             mlx__bun__subcmd__evals,help)
                 cmd="mlx__bun__subcmd__evals__subcmd__help"
                 ;;
+            mlx__bun__subcmd__evals,import)
+                cmd="mlx__bun__subcmd__evals__subcmd__import"
+                ;;
             mlx__bun__subcmd__evals,list)
                 cmd="mlx__bun__subcmd__evals__subcmd__list"
+                ;;
+            mlx__bun__subcmd__evals,report)
+                cmd="mlx__bun__subcmd__evals__subcmd__report"
                 ;;
             mlx__bun__subcmd__evals,show)
                 cmd="mlx__bun__subcmd__evals__subcmd__show"
@@ -106,8 +118,14 @@ _mlx__bun() {
             mlx__bun__subcmd__evals__subcmd__help,help)
                 cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__help"
                 ;;
+            mlx__bun__subcmd__evals__subcmd__help,import)
+                cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__import"
+                ;;
             mlx__bun__subcmd__evals__subcmd__help,list)
                 cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__list"
+                ;;
+            mlx__bun__subcmd__evals__subcmd__help,report)
+                cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__report"
                 ;;
             mlx__bun__subcmd__evals__subcmd__help,show)
                 cmd="mlx__bun__subcmd__evals__subcmd__help__subcmd__show"
@@ -166,14 +184,23 @@ _mlx__bun() {
             mlx__bun__subcmd__help__subcmd__bench,forward)
                 cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__forward"
                 ;;
+            mlx__bun__subcmd__help__subcmd__bench,generate)
+                cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__generate"
+                ;;
             mlx__bun__subcmd__help__subcmd__bench,qmv)
                 cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__qmv"
                 ;;
             mlx__bun__subcmd__help__subcmd__evals,compare)
                 cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__compare"
                 ;;
+            mlx__bun__subcmd__help__subcmd__evals,import)
+                cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__import"
+                ;;
             mlx__bun__subcmd__help__subcmd__evals,list)
                 cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__list"
+                ;;
+            mlx__bun__subcmd__help__subcmd__evals,report)
+                cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__report"
                 ;;
             mlx__bun__subcmd__help__subcmd__evals,show)
                 cmd="mlx__bun__subcmd__help__subcmd__evals__subcmd__show"
@@ -214,7 +241,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench)
-            opts="-h --help feature-matrix qmv forward help"
+            opts="-h --help feature-matrix generate qmv forward help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -331,8 +358,62 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__bench__subcmd__generate)
+            opts="-m -p -g -n -h --model --compute-dtype --prompt-tokens --generation-tokens --num-trials --prefill-step-size --json --no-db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -m)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --compute-dtype)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prompt-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -p)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --generation-tokens)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -g)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --num-trials)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                -n)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --prefill-step-size)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__help)
-            opts="feature-matrix qmv forward help"
+            opts="feature-matrix generate qmv forward help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -360,6 +441,20 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__help__subcmd__forward)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__bench__subcmd__help__subcmd__generate)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -744,7 +839,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__evals)
-            opts="-h --db --help list show compare help"
+            opts="-h --db --help list show compare import report help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -788,7 +883,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__evals__subcmd__help)
-            opts="list show compare help"
+            opts="list show compare import report help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -829,7 +924,35 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__help__subcmd__import)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__evals__subcmd__help__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__help__subcmd__report)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -857,6 +980,48 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__import)
+            opts="-h --kind --label --model --flags --logs --note --db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --kind)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --label)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --model)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --flags)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --logs)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --note)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__evals__subcmd__list)
             opts="-h --kind --limit --json --db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
@@ -872,6 +1037,24 @@ _mlx__bun() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --db)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__evals__subcmd__report)
+            opts="-h --db --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
                 --db)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -1194,7 +1377,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__bench)
-            opts="feature-matrix qmv forward"
+            opts="feature-matrix generate qmv forward"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1222,6 +1405,20 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__bench__subcmd__forward)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__bench__subcmd__generate)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
@@ -1306,7 +1503,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__evals)
-            opts="list show compare"
+            opts="list show compare import report"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -1333,7 +1530,35 @@ _mlx__bun() {
             COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
             return 0
             ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__evals__subcmd__import)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
         mlx__subcmd__bun__subcmd__help__subcmd__evals__subcmd__list)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__evals__subcmd__report)
             opts=""
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )

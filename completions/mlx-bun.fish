@@ -266,11 +266,12 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix qmv forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "generate" -d 'Prompt and generation speed on a random prompt, as `mlx_lm.benchmark`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l draft-model -d 'Draft model of the spec cells (default: the model itself)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l cells -d 'Only these cells (comma-separated names; default: all)' -r
@@ -282,6 +283,15 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l smoke -d 'A small version for CI: tiny token counts, one or two requests per cell'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l json -d 'Print the results as JSON'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -s m -l model -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -s p -l prompt-tokens -d 'Length of the prompt, in tokens' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -s g -l generation-tokens -d 'Tokens to generate (end-of-sequence does not stop them)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -s n -l num-trials -d 'Timed trials after the warm-up' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -l prefill-step-size -d 'Prompt tokens per prefill chunk' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -l json -d 'Print one JSON object per trial instead of mlx-lm\'s lines'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -l no-db -d 'Do not record the run in the eval database'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l shapes -d 'Layer shapes as OUTxIN (Llama 3 8B\'s q/o, k/v, gate/up and down by default)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l rows -d 'Rows of activations (1 = single-sequence decode)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l bits -r
@@ -308,15 +318,18 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l no-db -d 'Do not record the run in the eval database'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "generate" -d 'Prompt and generation speed on a random prompt, as `mlx_lm.benchmark`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -f -a "list" -d 'The newest runs, one line each'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -f -a "show" -d 'One run: provenance, flags and every metric'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -f -a "compare" -d 'Metric by metric, run B against baseline A; flags regressions'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -f -a "list" -d 'The newest runs, one line each'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -f -a "show" -d 'One run: provenance, flags and every metric'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -f -a "compare" -d 'Metric by metric, run B against baseline A; flags regressions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -f -a "import" -d 'Record metric samples (JSON lines: name, value, unit, higher_is_better) as one run; prints its id'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -f -a "report" -d 'One run\'s metrics as Markdown tables: medians, spread, and mlx-bun\'s ratio to each other program'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from list" -l kind -d 'Only runs of this kind (bench, sft, orpo, perplexity, evaluate, ...)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from list" -l limit -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from list" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
@@ -331,9 +344,21 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -l check -d 'Exit with status 1 when any metric regressed'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -l json
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from compare" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from import" -l kind -d 'The run\'s kind (peers, bench, ...)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from import" -l label -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from import" -l model -d 'The model measured (a folder is fingerprinted)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from import" -l flags -d 'The run\'s flags, as a JSON object' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from import" -l logs -d 'A folder of logs kept with the run (the end of each file)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from import" -l note -d 'A text file kept with the run (provenance: date, machine, command)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from import" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from import" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from report" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from report" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "list" -d 'The newest runs, one line each'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "show" -d 'One run: provenance, flags and every metric'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "compare" -d 'Metric by metric, run B against baseline A; flags regressions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "import" -d 'Record metric samples (JSON lines: name, value, unit, higher_is_better) as one run; prints its id'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "report" -d 'One run\'s metrics as Markdown tables: medians, spread, and mlx-bun\'s ratio to each other program'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand fit" -l draft-model -d 'Draft model for speculative decoding' -r
@@ -403,8 +428,11 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_see
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and not __fish_seen_subcommand_from generate cache-prompt chat serve convert upload manage train bench evals fit evaluate perplexity completions launch help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from train" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "generate" -d 'Prompt and generation speed on a random prompt, as `mlx_lm.benchmark`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "list" -d 'The newest runs, one line each'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "show" -d 'One run: provenance, flags and every metric'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "compare" -d 'Metric by metric, run B against baseline A; flags regressions'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "import" -d 'Record metric samples (JSON lines: name, value, unit, higher_is_better) as one run; prints its id'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "report" -d 'One run\'s metrics as Markdown tables: medians, spread, and mlx-bun\'s ratio to each other program'

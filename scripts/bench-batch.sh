@@ -15,7 +15,6 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 BIN="$ROOT/target/release/mlx-bun"
 CACHE="${MLX_BUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/mlx-bun}"
 ORACLE_PY="${MLX_BUN_ORACLE_PYTHON:-$CACHE/oracle-venv/bin/python}"
-LLAMA_VERSION=0.3.36
 MODEL="" GGUF="$CACHE/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
 CLIENTS=1,2,4,8 MAX_TOKENS=32 ROUNDS=1 LLAMA=1
 
@@ -40,18 +39,8 @@ if [ -z "$MODEL" ]; then
 fi
 
 # llama.cpp's server, from the source vendored in the pinned sdist.
-LLAMA_SERVER="$CACHE/llama.cpp-$LLAMA_VERSION/build/bin/llama-server"
-if [ "$LLAMA" = 1 ] && [ ! -x "$LLAMA_SERVER" ]; then
-  echo "building llama-server from llama-cpp-python==$LLAMA_VERSION's sources (minutes, once)" >&2
-  src="$(mktemp -d)"
-  python3 -m pip download --quiet --no-deps --no-binary :all: "llama-cpp-python==$LLAMA_VERSION" -d "$src"
-  tar -xzf "$src"/llama_cpp_python-*.tar.gz -C "$src"
-  mkdir -p "$CACHE/llama.cpp-$LLAMA_VERSION"
-  cp -r "$src"/llama_cpp_python-*/vendor/llama.cpp/. "$CACHE/llama.cpp-$LLAMA_VERSION/"
-  rm -rf "$src"
-  cmake -S "$CACHE/llama.cpp-$LLAMA_VERSION" -B "$CACHE/llama.cpp-$LLAMA_VERSION/build" \
-    -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DGGML_NATIVE=ON -DLLAMA_BUILD_SERVER=ON >/dev/null
-  cmake --build "$CACHE/llama.cpp-$LLAMA_VERSION/build" --target llama-server -j "$(nproc)" >/dev/null
+if [ "$LLAMA" = 1 ]; then
+  LLAMA_SERVER="$(bash "$ROOT/scripts/llama-cpp.sh")/llama-server"
 fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }

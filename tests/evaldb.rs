@@ -393,3 +393,118 @@ fn runs_record_their_provenance() {
     let err = mlx_bun::evaldb::model_fingerprint(dir.path()).unwrap_err();
     assert!(format!("{err:#}").contains("config.json"));
 }
+
+/// `evals import` keeps every sample and the logs; `evals report` renders
+/// one table per scenario with medians, spread and mlx-bun's ratio to each
+/// peer, from the database alone.
+#[test]
+fn imported_peer_samples_report_medians_spread_and_ratios() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("peers.db");
+    let rows = dir.path().join("metrics.jsonl");
+    let mut text = String::new();
+    for (program, speeds, ttfts) in [
+        ("mlx-bun", [60.0, 70.0, 65.0], [0.10, 0.12, 0.11]),
+        ("llama.cpp", [130.0, 140.0, 120.0], [0.05, 0.06, 0.07]),
+    ] {
+        for (speed, ttft) in speeds.iter().zip(ttfts) {
+            text += &format!(
+                "{{\"name\":\"generate/generation_tps/{program}\",\"value\":{speed},\"unit\":\"tok/s\",\"higher_is_better\":true}}\n"
+            );
+            text += &format!(
+                "{{\"name\":\"serve-c1/ttft_p50/{program}\",\"value\":{ttft},\"unit\":\"s\",\"higher_is_better\":false}}\n"
+            );
+        }
+    }
+    std::fs::write(&rows, text).unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir(&logs).unwrap();
+    std::fs::write(logs.join("generate-llama.cpp-r0.log"), "pp128 | tg128\n").unwrap();
+    let note = dir.path().join("provenance.txt");
+    std::fs::write(&note, "command: scripts/bench-peers.sh --threads 2\n").unwrap();
+    let out = evals(
+        &db,
+        &[
+            "import",
+            rows.to_str().unwrap(),
+            "--kind",
+            "peers",
+            "--label",
+            "cpu",
+            "--model",
+            "smol",
+            "--flags",
+            "{\"threads\":2}",
+            "--logs",
+            logs.to_str().unwrap(),
+            "--note",
+            note.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+
+    let shown = evals_json(&db, &["show", &id, "--json"]);
+    assert_eq!(shown["run"]["kind"], "peers");
+    assert_eq!(shown["run"]["flags"]["threads"], 2);
+    assert_eq!(
+        shown["run"]["summary"]["logs"]["generate-llama.cpp-r0.log"],
+        "pp128 | tg128\n"
+    );
+    let generation = shown["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "generate/generation_tps/llama.cpp")
+        .unwrap();
+    assert_eq!(generation["samples"].as_array().unwrap().len(), 3);
+
+    let out = evals(&db, &["report", &id]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        report.contains("command: scripts/bench-peers.sh --threads 2"),
+        "{report}"
+    );
+    // Medians 65 and 130: ours at 0.50x; TTFT medians 0.11 and 0.06: 0.55x.
+    assert!(
+        report.contains("| mlx-bun | 65.00 (60.00–70.00) |"),
+        "{report}"
+    );
+    assert!(
+        report.contains("| llama.cpp | 130.0 (120.0–140.0) · **0.50x** |"),
+        "{report}"
+    );
+    assert!(
+        report.contains("0.060 (0.050–0.070) · **0.55x**"),
+        "{report}"
+    );
+    assert!(
+        report.find("**generate**").unwrap() < report.find("**serve-c1**").unwrap(),
+        "{report}"
+    );
+
+    std::fs::write(&rows, "{\"name\":\"x\",\"value\":\"fast\"}\n").unwrap();
+    let out = evals(
+        &db,
+        &[
+            "import",
+            rows.to_str().unwrap(),
+            "--kind",
+            "peers",
+            "--model",
+            "m",
+        ],
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("metrics.jsonl:1"), "{err}");
+}
