@@ -364,13 +364,16 @@ pub fn run(args: Args) -> Result<()> {
     };
     let kv = args.kv.settings(args.max_kv_size);
     let ssd = match &args.ssd_cache {
-        Some(folder) => Some(mlx_bun::gateway::SsdConfig::for_model(
-            folder.clone(),
-            (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
-            &dir,
-            args.adapter_path.as_deref(),
-            &kv,
-        )?),
+        Some(folder) => Some(mlx_bun::gateway::SsdConfig {
+            write_delay: mlx_bun::settings::get().ssd_write_delay,
+            ..mlx_bun::gateway::SsdConfig::for_model(
+                folder.clone(),
+                (args.ssd_cache_max * (1u64 << 30) as f64) as u64,
+                &dir,
+                args.adapter_path.as_deref(),
+                &kv,
+            )?
+        }),
         None => None,
     };
     let models = ModelPool::new(PoolConfig {

@@ -226,6 +226,7 @@ mod tests {
             model_fingerprint: "m".into(),
             tokenizer_fingerprint: "t".into(),
             kv_config: "dense".into(),
+            write_delay: std::time::Duration::ZERO,
         };
         let one = crate::cache::total_bytes(&caches(2, false));
         let mut store = PrefixStore::open(one, Some(&cfg)).unwrap();

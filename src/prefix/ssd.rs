@@ -65,6 +65,9 @@ pub struct SsdConfig {
     pub tokenizer_fingerprint: String,
     /// The KV cache settings (quantization, bound) an entry was made with.
     pub kv_config: String,
+    /// A pause between an entry's fsync and its rename (a test hook, so a
+    /// test can kill the process mid-write); zero in use.
+    pub write_delay: std::time::Duration,
 }
 
 impl SsdConfig {
@@ -97,6 +100,7 @@ impl SsdConfig {
             model_fingerprint,
             tokenizer_fingerprint: file::tokenizer_fingerprint(model_dir)?,
             kv_config: kv.describe(),
+            write_delay: std::time::Duration::ZERO,
         })
     }
 }
@@ -729,8 +733,8 @@ fn write_entry(cfg: &SsdConfig, snap: &Snapshot) -> Result<(String, u64)> {
         let f = File::open(&tmp)?;
         f.sync_all()?;
         let len = f.metadata()?.len();
-        if let Some(ms) = test_write_delay() {
-            std::thread::sleep(ms);
+        if !cfg.write_delay.is_zero() {
+            std::thread::sleep(cfg.write_delay);
         }
         std::fs::rename(&tmp, &target)?;
         sync_dir(&cfg.dir);
@@ -743,13 +747,6 @@ fn write_entry(cfg: &SsdConfig, snap: &Snapshot) -> Result<(String, u64)> {
             Err(e).with_context(|| format!("writing {}", target.display()))
         }
     }
-}
-
-/// The settings' test hook: a pause between the fsync and the rename, so
-/// tests can kill the process mid-write.
-fn test_write_delay() -> Option<std::time::Duration> {
-    let delay = crate::settings::get().ssd_write_delay;
-    (!delay.is_zero()).then_some(delay)
 }
 
 fn write_and_commit(cfg: &SsdConfig, state: &Mutex<State>, snap: Snapshot) {
@@ -806,6 +803,7 @@ mod tests {
             model_fingerprint: "m1".into(),
             tokenizer_fingerprint: "t1".into(),
             kv_config: "dense".into(),
+            write_delay: std::time::Duration::ZERO,
         }
     }
 
