@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use mlx_bun::chat_template::Message;
 use mlx_bun::decode::generate;
 use mlx_bun::decode::{BatchLimits, BatchScheduler, ConstraintSlot, Row};
-use mlx_bun::generate::{GenerateOptions, GenerationResult};
+use mlx_bun::generate::{GenerateOptions, GenerationResult, SpeculationStats};
 use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
 use mlx_bun::model::Model;
 use mlx_bun::speculative::{DraftSource, ModelDrafter, NgramDrafter};
@@ -74,20 +74,35 @@ struct Case {
     join_at: usize,
 }
 
-fn run_batch<'a>(
+/// What a batch run decodes with.
+struct Setup<'a> {
     model: &'a Model,
     draft: &'a Model,
+    /// Rows drafting with the model share its forward passes (the batch's
+    /// draft model) instead of each running its own.
+    share: bool,
     tok: &'a Tokenizer,
-    engine: &GrammarEngine,
-    spec: &ConstraintSpec,
-    cases: &[Case],
-    opts: &GenerateOptions,
-) -> Vec<GenerationResult> {
+    engine: &'a GrammarEngine,
+    spec: &'a ConstraintSpec,
+}
+
+fn run_batch(setup: &Setup<'_>, cases: &[Case], opts: &GenerateOptions) -> Vec<GenerationResult> {
+    let Setup {
+        model,
+        draft,
+        share,
+        tok,
+        engine,
+        spec,
+    } = *setup;
     let limits = BatchLimits {
         prompt_concurrency: 2,
         ..BatchLimits::default()
     };
     let mut sched = BatchScheduler::new(model, limits);
+    if share {
+        sched = sched.with_draft_model(draft);
+    }
     let mut results: Vec<Option<GenerationResult>> = cases.iter().map(|_| None).collect();
     let mut inserted = vec![false; cases.len()];
     let mut steps = 0;
@@ -109,7 +124,9 @@ fn run_batch<'a>(
                 Box::new(|_| true),
             )
             .unwrap();
-            if let Some((with_model, k)) = case.draft {
+            if let Some((true, k)) = case.draft.filter(|_| share) {
+                row = row.with_shared_draft_model(&opts.sampling, k).unwrap();
+            } else if let Some((with_model, k)) = case.draft {
                 let drafter: Box<dyn DraftSource> = if with_model {
                     Box::new(ModelDrafter::new(draft, &opts.sampling).unwrap())
                 } else {
@@ -130,13 +147,51 @@ fn run_batch<'a>(
 
 #[test]
 fn drafting_rows_in_a_batch_equal_plain_greedy_alone() {
+    drafting_rows_equal_plain_greedy_alone(false);
+}
+
+/// The same mix with the draft model's rows sharing its forward passes:
+/// rows join the shared draft cache mid-run, draft different `k`, under a
+/// grammar or not, and leave it as they finish.
+#[test]
+fn rows_sharing_the_draft_model_equal_plain_greedy_alone() {
+    let shared = drafting_rows_equal_plain_greedy_alone(true);
+    // Sharing the draft model's passes changes no row's drafts.
+    let alone = drafting_rows_equal_plain_greedy_alone(false);
+    for (i, (s, a)) in shared.iter().zip(&alone).enumerate() {
+        assert_eq!(
+            s.as_ref().map(|s| (s.drafted, s.accepted, s.target_calls)),
+            a.as_ref().map(|a| (a.drafted, a.accepted, a.target_calls)),
+            "row {i}"
+        );
+    }
+}
+
+/// The float32 copy of the default model with its final norm's weights
+/// scaled unevenly: it drafts plausible tokens, and the target rejects
+/// some of them.
+fn perturbed_draft() -> Model {
+    let mut draft = Model::load(&common::float32_model()).unwrap();
+    let weight = &draft.decoder.norm.weight;
+    let n = weight.shape()[0] as usize;
+    let factors: Vec<f32> = (0..n)
+        .map(|i| 0.7 + 0.6 * ((i * 7919) % 13) as f32 / 12.0)
+        .collect();
+    let factors = mlx_rs::Array::from_slice(&factors, &[n as i32])
+        .as_dtype(weight.dtype())
+        .unwrap();
+    draft.decoder.norm.weight = weight.multiply(&factors).unwrap();
+    draft
+}
+
+fn drafting_rows_equal_plain_greedy_alone(share: bool) -> Vec<Option<SpeculationStats>> {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = common::model_dir();
     let model = Model::load(&dir).unwrap();
     let tok = Tokenizer::load(&dir).unwrap();
     // A different model of the same tokenizer drafts: its proposals are
     // sometimes rejected, so rows trim different numbers of positions.
-    let draft = Model::load(&common::float32_model()).unwrap();
+    let draft = perturbed_draft();
     let engine = GrammarEngine::new(&tok).unwrap();
     let spec = ConstraintSpec::JsonSchema(json!({
         "type": "object",
@@ -201,7 +256,18 @@ fn drafting_rows_in_a_batch_equal_plain_greedy_alone() {
         },
     ];
     let opts = greedy(40);
-    let batch = run_batch(&model, &draft, &tok, &engine, &spec, &cases, &opts);
+    let batch = run_batch(
+        &Setup {
+            model: &model,
+            draft: &draft,
+            share,
+            tok: &tok,
+            engine: &engine,
+            spec: &spec,
+        },
+        &cases,
+        &opts,
+    );
     let (mut drafted, mut accepted) = (0, 0);
     for (i, (case, got)) in cases.iter().zip(&batch).enumerate() {
         let want = alone(
@@ -232,10 +298,31 @@ fn drafting_rows_in_a_batch_equal_plain_greedy_alone() {
         accepted > 0 && accepted < drafted,
         "the batch must accept some drafts and reject others: {accepted}/{drafted}"
     );
+    let model_rows = cases
+        .iter()
+        .zip(&batch)
+        .filter(|(c, _)| matches!(c.draft, Some((true, _))));
+    let (model_drafted, model_accepted) = model_rows
+        .filter_map(|(_, b)| b.speculation.as_ref())
+        .fold((0, 0), |(d, a), s| (d + s.drafted, a + s.accepted));
+    assert!(
+        model_accepted > 0 && model_accepted < model_drafted,
+        "the draft model's rows must have drafts accepted and rejected: {model_accepted}/{model_drafted}"
+    );
+    batch.into_iter().map(|b| b.speculation).collect()
 }
 
 #[test]
 fn a_self_draft_under_a_grammar_in_the_batch_accepts_what_the_target_samples() {
+    self_draft_under_a_grammar(false);
+}
+
+#[test]
+fn a_shared_self_draft_under_a_grammar_accepts_what_the_target_samples() {
+    self_draft_under_a_grammar(true);
+}
+
+fn self_draft_under_a_grammar(share: bool) {
     let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let dir = common::model_dir();
     let model = Model::load(&dir).unwrap();
@@ -263,7 +350,18 @@ fn a_self_draft_under_a_grammar_in_the_batch_accepts_what_the_target_samples() {
     })
     .collect();
     let opts = greedy(60);
-    let batch = run_batch(&model, &model, &tok, &engine, &spec, &cases, &opts);
+    let batch = run_batch(
+        &Setup {
+            model: &model,
+            draft: &model,
+            share,
+            tok: &tok,
+            engine: &engine,
+            spec: &spec,
+        },
+        &cases,
+        &opts,
+    );
     for (case, got) in cases.iter().zip(&batch) {
         let want = alone(&model, &tok, &case.prompt, &opts, Some(&engine), &spec);
         assert_eq!(got.token_ids, want.token_ids);
@@ -302,7 +400,18 @@ fn drafting_rows_report_the_log_probabilities_of_plain_decoding() {
         logprobs: Some(3),
         ..greedy(24)
     };
-    let batch = run_batch(&model, &model, &tok, &engine, &spec, &cases, &opts);
+    let batch = run_batch(
+        &Setup {
+            model: &model,
+            draft: &model,
+            share: false,
+            tok: &tok,
+            engine: &engine,
+            spec: &spec,
+        },
+        &cases,
+        &opts,
+    );
     for (i, (case, got)) in cases.iter().zip(&batch).enumerate() {
         let want = alone(&model, &tok, &case.prompt, &opts, None, &spec);
         assert_eq!(got.token_ids, want.token_ids, "row {i}");

@@ -11,6 +11,7 @@ use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
 use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
+use super::draft_batch::DraftBatch;
 use super::row::Row;
 use crate::cache::{empty_batch_like, KvCache};
 use crate::generate::{FinishReason, GenerationResult};
@@ -44,6 +45,8 @@ pub struct DecodeBatch<'a> {
     caches: Vec<Box<dyn KvCache>>,
     /// `[rows]` int32: each row's next input token (lazy).
     inputs: Option<Array>,
+    /// The draft model rows may share (`Row::with_shared_draft_model`).
+    draft: Option<DraftBatch<'a>>,
 }
 
 impl<'a> DecodeBatch<'a> {
@@ -54,7 +57,16 @@ impl<'a> DecodeBatch<'a> {
             members: Vec::new(),
             caches: Vec::new(),
             inputs: None,
+            draft: None,
         }
+    }
+
+    /// Rows that draft with `draft` share its forward passes: one pass per
+    /// drafted position for all of them (prompts prefilled in chunks of
+    /// `prefill_step` as they join).
+    pub fn with_draft_model(mut self, draft: &'a Model, prefill_step: usize) -> Self {
+        self.draft = Some(DraftBatch::new(draft, prefill_step));
+        self
     }
 
     /// Rows in the batch.
@@ -209,12 +221,7 @@ impl<'a> DecodeBatch<'a> {
         }
         let pending: Vec<u32> = keep.iter().map(|&i| pending[i]).collect();
 
-        let drafts = self
-            .members
-            .iter_mut()
-            .zip(&pending)
-            .map(|(m, &p)| m.row.propose(p))
-            .collect::<Result<Vec<_>>>()?;
+        let drafts = self.propose(&pending)?;
         let width = drafts.iter().map(Vec::len).max().unwrap_or(0);
         let mut input = Vec::with_capacity(pending.len() * (width + 1));
         for (&p, d) in pending.iter().zip(&drafts) {
@@ -270,11 +277,57 @@ impl<'a> DecodeBatch<'a> {
         Ok(finished)
     }
 
+    /// Every row's drafts to follow its `pending` token: rows sharing the
+    /// draft model draft together, the others each with its own drafter.
+    fn propose(&mut self, pending: &[u32]) -> Result<Vec<Vec<u32>>> {
+        let mut drafts = vec![Vec::new(); self.members.len()];
+        let mut shared = Vec::new();
+        for (i, (m, &p)) in self.members.iter_mut().zip(pending).enumerate() {
+            if !m.row.shares_draft_model() {
+                drafts[i] = m.row.propose(p)?;
+            } else {
+                shared.push(i);
+            }
+        }
+        if shared.is_empty() {
+            return Ok(drafts);
+        }
+        let Some(draft) = self.draft.as_mut() else {
+            anyhow::bail!("rows share a draft model, but the batch has none");
+        };
+        let mut requests = Vec::with_capacity(shared.len());
+        for (i, m) in self.members.iter_mut().enumerate() {
+            if let Some(request) = m.row.draft_request(pending[i]) {
+                requests.push(request);
+            }
+        }
+        // Rows join the draft cache in the round after they join the batch,
+        // so those in it are the first ones, in batch order.
+        let proposals = draft.propose(&mut requests)?;
+        for (i, d) in shared.into_iter().zip(proposals) {
+            drafts[i] = d;
+        }
+        Ok(drafts)
+    }
+
     /// Removes every row not in `keep` (indices into the current members),
     /// handing back its result and its cache.
     fn release(&mut self, keep: &[usize]) -> Result<Vec<Finished>> {
         if keep.len() == self.members.len() {
             return Ok(Vec::new());
+        }
+        if let Some(draft) = self.draft.as_mut() {
+            let mut cached = 0;
+            let mut kept = Vec::new();
+            for (i, m) in self.members.iter().enumerate() {
+                if m.row.in_draft_cache() {
+                    if keep.contains(&i) {
+                        kept.push(cached);
+                    }
+                    cached += 1;
+                }
+            }
+            draft.filter(&kept)?;
         }
         let mut finished = Vec::new();
         let members = std::mem::take(&mut self.members);

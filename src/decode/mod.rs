@@ -7,6 +7,7 @@
 //! its end on the serial or speculative decoder; [`generate`] builds the row.
 
 mod batch;
+mod draft_batch;
 mod row;
 mod scheduler;
 mod serial;

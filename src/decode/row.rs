@@ -9,6 +9,7 @@ use anyhow::Result;
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
+use super::draft_batch::{DraftRequest, SharedDraft};
 use crate::constraint::TokenConstraint;
 use crate::generate::{
     apply_mask, token_logprob, FinishReason, GenerateOptions, GenerationResult, OutputSink,
@@ -54,9 +55,17 @@ pub(crate) struct Verdict {
     pub next: Option<(u32, Option<Array>)>,
 }
 
+/// Where a row's drafts come from.
+enum Drafter<'a> {
+    /// Its own drafter (prompt lookup, or a draft model with its own cache).
+    Own(Box<dyn DraftSource + 'a>),
+    /// The batch's draft model, whose forward passes the rows share.
+    Shared(SharedDraft),
+}
+
 /// A row's drafter: proposes tokens that one forward pass then verifies.
 struct Drafting<'a> {
-    drafter: Box<dyn DraftSource + 'a>,
+    drafter: Drafter<'a>,
     per_step: usize,
     /// The drafter has seen the prompt.
     primed: bool,
@@ -122,7 +131,22 @@ impl<'a> Row<'a> {
 
     /// Decodes speculatively: `drafter` proposes up to `per_step` tokens at
     /// every step, which the batch's forward pass verifies.
-    pub fn with_drafter(mut self, drafter: Box<dyn DraftSource + 'a>, per_step: usize) -> Self {
+    pub fn with_drafter(self, drafter: Box<dyn DraftSource + 'a>, per_step: usize) -> Self {
+        self.drafting_with(Drafter::Own(drafter), per_step)
+    }
+
+    /// Decodes speculatively with the batch's draft model (see
+    /// [`super::DecodeBatch::with_draft_model`]), `per_step` tokens at a
+    /// time, sampling drafts as `sampling` asks.
+    pub fn with_shared_draft_model(
+        self,
+        sampling: &crate::sampling::SamplingParams,
+        per_step: usize,
+    ) -> Result<Self> {
+        Ok(self.drafting_with(Drafter::Shared(SharedDraft::new(sampling)?), per_step))
+    }
+
+    fn drafting_with(mut self, drafter: Drafter<'a>, per_step: usize) -> Self {
         self.drafting = Some(Drafting {
             drafter,
             per_step: per_step.max(1),
@@ -136,14 +160,63 @@ impl<'a> Row<'a> {
         self.drafting.is_some()
     }
 
+    /// Whether the row drafts with the batch's draft model.
+    pub(crate) fn shares_draft_model(&self) -> bool {
+        matches!(
+            self.drafting,
+            Some(Drafting {
+                drafter: Drafter::Shared(_),
+                ..
+            })
+        )
+    }
+
+    /// Whether the row's history is in the batch's draft cache.
+    pub(crate) fn in_draft_cache(&self) -> bool {
+        match &self.drafting {
+            Some(Drafting {
+                drafter: Drafter::Shared(s),
+                ..
+            }) => s.is_primed(),
+            _ => false,
+        }
+    }
+
+    /// What a row drafting with the batch's draft model asks of this round,
+    /// `pending` being the token this step feeds.
+    pub(crate) fn draft_request(&mut self, pending: u32) -> Option<DraftRequest<'_>> {
+        let remaining = self.max_tokens.saturating_sub(self.sink.tokens.len());
+        let Some(Drafting {
+            drafter: Drafter::Shared(state),
+            per_step,
+            ..
+        }) = self.drafting.as_mut()
+        else {
+            return None;
+        };
+        let mut history = Vec::with_capacity(self.fed.len() + 1);
+        history.extend_from_slice(&self.fed);
+        history.push(pending);
+        Some(DraftRequest {
+            state,
+            history,
+            // As mlx-lm: never more drafts than tokens left to emit.
+            want: (*per_step).min(remaining),
+            guide: self.constraint.as_mut().map(|c| c.get()),
+        })
+    }
+
     /// The drafter's proposal to follow `pending` (the token this step
     /// feeds), under the row's grammar; empty for a row without a drafter.
     pub(crate) fn propose(&mut self, pending: u32) -> Result<Vec<u32>> {
         let Some(d) = self.drafting.as_mut() else {
             return Ok(Vec::new());
         };
+        let Drafter::Own(drafter) = &mut d.drafter else {
+            anyhow::bail!("a row drafting with the batch's draft model drafts through the batch");
+        };
         if !d.primed {
-            d.drafter.prefill(&self.fed, self.prefill_step)?;
+            drafter.prefill(&self.fed, self.prefill_step)?;
             d.primed = true;
         }
         // As mlx-lm: never more drafts than tokens left to emit.
@@ -156,7 +229,7 @@ impl<'a> Row<'a> {
         history.extend_from_slice(&self.fed);
         history.push(pending);
         let guide = self.constraint.as_mut().map(|c| c.get());
-        let Some(drafts) = d.drafter.draft(&history, want, guide)? else {
+        let Some(drafts) = drafter.draft(&history, want, guide)? else {
             return Ok(Vec::new());
         };
         let drafts = drafts.as_dtype(mlx_rs::Dtype::Uint32)?;
@@ -238,7 +311,10 @@ impl<'a> Row<'a> {
         let Some(d) = self.drafting.as_mut() else {
             return Ok(());
         };
-        d.drafter.rewind(drafted, accepted)?;
+        match &mut d.drafter {
+            Drafter::Own(drafter) => drafter.rewind(drafted, accepted)?,
+            Drafter::Shared(state) => state.rewind(drafted, accepted),
+        }
         d.stats.target_calls += 1;
         d.stats.drafted += drafted;
         d.stats.accepted += delivered;

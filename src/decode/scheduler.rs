@@ -95,6 +95,14 @@ impl<'a> BatchScheduler<'a> {
         }
     }
 
+    /// Rows that share the draft model (`Row::with_shared_draft_model`)
+    /// draft with `draft`, one forward pass per drafted position for all.
+    pub fn with_draft_model(mut self, draft: &'a Model) -> Self {
+        let batch = std::mem::replace(&mut self.batch, DecodeBatch::new(self.model));
+        self.batch = batch.with_draft_model(draft, self.limits.prefill_step);
+        self
+    }
+
     /// Keeps a copy of each row's caches when its prompt is in, if they
     /// cannot drop positions (recurrent states): a prompt cache can then
     /// continue a later prompt that shares the prompt but not the reply.

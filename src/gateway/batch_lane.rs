@@ -15,7 +15,7 @@ use super::worker::Shared;
 use super::{GatewayError, GatewayEvent};
 use crate::decode::{BatchLimits, BatchScheduler, ConstraintSlot, Finished, Row};
 use crate::model::Model;
-use crate::speculative::{DraftSource, ModelDrafter, NgramDrafter};
+use crate::speculative::{ModelDrafter, NgramDrafter};
 use crate::tokenizer::Tokenizer;
 
 struct RowInfo {
@@ -46,6 +46,14 @@ struct Drafting<'a> {
     /// The draft model; `None`: prompt lookup.
     model: Option<&'a Model>,
     per_step: usize,
+    /// The rows share the draft model's forward passes (its caches batch).
+    shares: bool,
+}
+
+impl<'a> Drafting<'a> {
+    fn shared_model(&self) -> Option<&'a Model> {
+        self.model.filter(|_| self.shares)
+    }
 }
 
 impl<'a> BatchLane<'a> {
@@ -59,7 +67,7 @@ impl<'a> BatchLane<'a> {
             model,
             tokenizer,
             limits,
-            scheduler: Self::scheduler(model, limits),
+            scheduler: Self::scheduler(model, limits, None),
             rows: HashMap::new(),
             budget,
             admitted: Admitted::default(),
@@ -70,9 +78,16 @@ impl<'a> BatchLane<'a> {
     }
 
     /// The batch's scheduler, keeping prompt checkpoints for the prompt
-    /// cache.
-    fn scheduler(model: &'a Model, limits: BatchLimits) -> BatchScheduler<'a> {
+    /// cache, with the draft model its rows share.
+    fn scheduler(
+        model: &'a Model,
+        limits: BatchLimits,
+        drafting: Option<&Drafting<'a>>,
+    ) -> BatchScheduler<'a> {
         let mut scheduler = BatchScheduler::new(model, limits);
+        if let Some(draft) = drafting.and_then(|d| d.shared_model()) {
+            scheduler = scheduler.with_draft_model(draft);
+        }
         scheduler.keep_prompt_checkpoints();
         scheduler
     }
@@ -86,23 +101,32 @@ impl<'a> BatchLane<'a> {
         per_step: usize,
     ) -> Self {
         if draft.is_some() || ngram {
+            let shares = draft.is_some_and(|d| crate::cache::can_batch_speculate(&d.make_caches()));
             self.drafting = Some(Drafting {
                 model: draft,
                 per_step,
+                shares,
             });
+            self.scheduler = Self::scheduler(self.model, self.limits, self.drafting.as_ref());
         }
         self
     }
 
-    fn drafter(&self, job: &Job) -> anyhow::Result<Option<(Box<dyn DraftSource + 'a>, usize)>> {
+    /// `row`, drafting as the server does: with the batch's shared draft
+    /// model, a draft model of its own (one whose caches cannot drop a
+    /// row's rejected drafts in a batch), or prompt lookup.
+    fn drafting_row(&self, row: Row<'a>, job: &Job) -> anyhow::Result<Row<'a>> {
         let Some(d) = &self.drafting else {
-            return Ok(None);
+            return Ok(row);
         };
-        let drafter: Box<dyn DraftSource + 'a> = match d.model {
-            Some(model) => Box::new(ModelDrafter::new(model, &job.request.options.sampling)?),
-            None => Box::new(NgramDrafter::default()),
-        };
-        Ok(Some((drafter, d.per_step)))
+        let sampling = &job.request.options.sampling;
+        Ok(match d.model {
+            Some(_) if d.shares => row.with_shared_draft_model(sampling, d.per_step)?,
+            Some(model) => {
+                row.with_drafter(Box::new(ModelDrafter::new(model, sampling)?), d.per_step)
+            }
+            None => row.with_drafter(Box::new(NgramDrafter::default()), d.per_step),
+        })
     }
 
     /// Rows end only through [`BatchLane::cancel`] or by their own tokens.
@@ -202,12 +226,8 @@ impl<'a> BatchLane<'a> {
             constraint,
             on_token,
         )
-        .and_then(|row| {
-            Ok(match self.drafter(&job)? {
-                Some((drafter, per_step)) => row.with_drafter(drafter, per_step),
-                None => row,
-            })
-        }) {
+        .and_then(|row| self.drafting_row(row, &job))
+        {
             Ok(row) => row.with_liveness(alive),
             Err(e) => return reporter.fail(&job.client, GatewayError::Internal(format!("{e:#}"))),
         };
@@ -270,7 +290,7 @@ impl<'a> BatchLane<'a> {
 
     /// The engine failed mid-step: every row fails, and the batch starts over.
     fn fail_all(&mut self, shared: &mut Shared, message: String) {
-        self.scheduler = Self::scheduler(self.model, self.limits);
+        self.scheduler = Self::scheduler(self.model, self.limits, self.drafting.as_ref());
         for (_, info) in self.rows.drain() {
             shared
                 .reporter
