@@ -219,6 +219,74 @@ fn qwen3_next_hugging_face_layout_loads() {
     assert!(diff < 1e-3, "Hugging Face layout: logits differ by {diff}");
 }
 
+/// Qwen3.5 and Qwen3.5-MoE checkpoints as Hugging Face ships them (the
+/// text model under `model.language_model.`, `lm_head` and `mtp.*` at the
+/// top, vision tensors beside them, `[channels, 1, kernel]` convolutions,
+/// norms stored as offsets from 1, the MoE's experts fused into
+/// `experts.gate_up_proj` / `experts.down_proj`) load as mlx-lm's
+/// `sanitize` converts them: the same logits.
+#[test]
+fn qwen3_5_hugging_face_layout_loads() {
+    for case in ["qwen3_5", "qwen3_5_moe"] {
+        let src = common::repo_root().join("goldens/arch").join(case);
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
+        let one = Array::from_f32(1.0);
+        let mut hf = std::collections::HashMap::new();
+        let mut switch = std::collections::HashMap::new();
+        for (name, t) in Array::load_safetensors(src.join("model.safetensors")).unwrap() {
+            let name = match name.strip_prefix("language_model.model.") {
+                Some(rest) => format!("model.language_model.{rest}"),
+                None => name.strip_prefix("language_model.").unwrap().to_string(),
+            };
+            let norm = [
+                "input_layernorm.weight",
+                "post_attention_layernorm.weight",
+                "language_model.norm.weight",
+                "q_norm.weight",
+                "k_norm.weight",
+            ];
+            if name.ends_with("conv1d.weight") {
+                hf.insert(name, t.swap_axes(1, 2).unwrap());
+            } else if norm.iter().any(|n| name.ends_with(n)) {
+                hf.insert(name, &t - &one);
+            } else if let Some((mlp, proj)) = name.split_once(".switch_mlp.") {
+                switch.insert((mlp.to_string(), proj.to_string()), t);
+            } else {
+                hf.insert(name, t);
+            }
+        }
+        for ((mlp, proj), t) in &switch {
+            match proj.as_str() {
+                "gate_proj.weight" => {
+                    let up = &switch[&(mlp.clone(), "up_proj.weight".to_string())];
+                    let fused = mlx_rs::ops::concatenate_axis(&[t, up], 1).unwrap();
+                    hf.insert(format!("{mlp}.experts.gate_up_proj"), fused);
+                }
+                "down_proj.weight" => {
+                    hf.insert(format!("{mlp}.experts.down_proj"), t.clone());
+                }
+                _ => {}
+            }
+        }
+        let junk = Array::from_slice(&[0f32; 4], &[2, 2]);
+        hf.insert("mtp.fc.weight".into(), junk.clone());
+        hf.insert("model.visual.blocks.0.attn.qkv.weight".into(), junk);
+        Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
+
+        let model = Model::load(tmp.path()).unwrap();
+        let expected = Array::load_safetensors(src.join("expected.safetensors")).unwrap();
+        let n = expected["tokens"].shape()[0];
+        let ids = expected["tokens"].reshape(&[1, n]).unwrap();
+        let full = model
+            .forward(&ids, &mut model.make_caches())
+            .unwrap()
+            .index((0, .., ..));
+        let diff = max_abs_diff(&full, &expected["full"]);
+        assert!(diff < 1e-3, "{case} in Hugging Face's layout: logits differ by {diff}");
+    }
+}
+
 /// An LFM2 checkpoint as Hugging Face ships it (convolutions `[channels, 1,
 /// kernel]`; a config naming its attention layers by `full_attn_idxs`,
 /// without the shared `rms_norm_eps` and `intermediate_size`) loads as

@@ -9,7 +9,8 @@
 //! (flattened at load, see `model::read_config`) and the tensors sit under
 //! `language_model.`; vision-tower tensors are dropped.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use mlx_rs::ops::indexing::IndexOp;
 
 use super::config::ModelArgs;
 use super::decoder::Decoder;
@@ -18,6 +19,7 @@ use super::weights::Weights;
 
 /// Loads a Qwen3.5 or Qwen3.5-MoE decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
+    rename_hugging_face(w, args.num_hidden_layers.max(0) as usize)?;
     let family = Hybrid {
         root: "language_model.",
         grouped_in_proj: false,
@@ -46,4 +48,49 @@ pub(crate) fn flatten_text_config(raw: serde_json::Value) -> serde_json::Value {
     // mlx-lm's default, read only by dense layers.
     top.entry("intermediate_size").or_insert(14336.into());
     serde_json::Value::Object(top)
+}
+
+/// A checkpoint as Hugging Face ships it, renamed as mlx-lm's `sanitize`
+/// does: `model.language_model.*` becomes `language_model.model.*`, any other
+/// top-level tensor (`lm_head`, `mtp.*`) moves under `language_model.`, and a
+/// Qwen3.5-MoE layer's fused experts (`experts.gate_up_proj` `[experts,
+/// 2 × intermediate, hidden]`, `experts.down_proj`) become the
+/// `switch_mlp` projections. Vision tensors are left for the loader to drop;
+/// a checkpoint already in mlx-lm's names is left as it is.
+fn rename_hugging_face(w: &mut Weights, layers: usize) -> Result<()> {
+    for name in w.remaining() {
+        if name.starts_with("language_model.")
+            || name.starts_with("vision_tower")
+            || name.starts_with("model.visual")
+        {
+            continue;
+        }
+        let renamed = match name.strip_prefix("model.language_model.") {
+            Some(rest) => format!("language_model.model.{rest}"),
+            None => format!("language_model.{name}"),
+        };
+        let tensor = w.take(&name)?;
+        w.insert(renamed, tensor);
+    }
+    for layer in 0..layers {
+        let mlp = format!("language_model.model.layers.{layer}.mlp");
+        let Some(gate_up) = w.take_opt(&format!("{mlp}.experts.gate_up_proj"))? else {
+            continue;
+        };
+        let rows = gate_up.shape()[gate_up.ndim() - 2];
+        let mid = rows / 2;
+        w.insert(
+            format!("{mlp}.switch_mlp.gate_proj.weight"),
+            gate_up.index((.., ..mid, ..)),
+        );
+        w.insert(
+            format!("{mlp}.switch_mlp.up_proj.weight"),
+            gate_up.index((.., mid.., ..)),
+        );
+        let down = w
+            .take(&format!("{mlp}.experts.down_proj"))
+            .with_context(|| format!("{mlp}.experts.gate_up_proj has no down projection beside it"))?;
+        w.insert(format!("{mlp}.switch_mlp.down_proj.weight"), down);
+    }
+    Ok(())
 }

@@ -99,6 +99,11 @@ impl Weights {
         Ok(self.tensors.remove(name))
     }
 
+    /// Puts tensor `name` (already in the compute dtype) among the others.
+    pub(crate) fn insert(&mut self, name: String, tensor: Array) {
+        self.tensors.insert(name, tensor);
+    }
+
     /// Stacks per-expert tensors `{experts}.{e}.{name}.{weight,scales,biases}`
     /// into `{target}.*` `[experts, ...]`, when the checkpoint stores its
     /// experts one by one (Hugging Face layout); a no-op otherwise.
