@@ -283,7 +283,10 @@ fn qwen3_5_hugging_face_layout_loads() {
             .unwrap()
             .index((0, .., ..));
         let diff = max_abs_diff(&full, &expected["full"]);
-        assert!(diff < 1e-3, "{case} in Hugging Face's layout: logits differ by {diff}");
+        assert!(
+            diff < 1e-3,
+            "{case} in Hugging Face's layout: logits differ by {diff}"
+        );
     }
 }
 

@@ -89,7 +89,9 @@ fn rename_hugging_face(w: &mut Weights, layers: usize) -> Result<()> {
         );
         let down = w
             .take(&format!("{mlp}.experts.down_proj"))
-            .with_context(|| format!("{mlp}.experts.gate_up_proj has no down projection beside it"))?;
+            .with_context(|| {
+                format!("{mlp}.experts.gate_up_proj has no down projection beside it")
+            })?;
         w.insert(format!("{mlp}.switch_mlp.down_proj.weight"), down);
     }
     Ok(())
