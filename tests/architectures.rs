@@ -260,7 +260,7 @@ fn qwen3_5_hugging_face_layout_loads() {
             match proj.as_str() {
                 "gate_proj.weight" => {
                     let up = &switch[&(mlp.clone(), "up_proj.weight".to_string())];
-                    let fused = mlx_rs::ops::concatenate_axis(&[t, up], 1).unwrap();
+                    let fused = concatenate(&[t, up], 1).unwrap();
                     hf.insert(format!("{mlp}.experts.gate_up_proj"), fused);
                 }
                 "down_proj.weight" => {
