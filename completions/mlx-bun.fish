@@ -289,7 +289,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -s g -l generation-tokens -d 'Tokens to generate (end-of-sequence does not stop them)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -s n -l num-trials -d 'Timed trials after the warm-up' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -l prefill-step-size -d 'Prompt tokens per prefill chunk' -r
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -l json -d 'Print one JSON object per trial instead of mlx-lm\'s lines'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -l json -d 'Print JSON lines instead of mlx-lm\'s: the prompt drawn, then one object per trial'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -l no-db -d 'Do not record the run in the eval database'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from generate" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l shapes -d 'Layer shapes as OUTxIN (Llama 3 8B\'s q/o, k/v, gate/up and down by default)' -r

@@ -32,7 +32,8 @@ pub struct Args {
     /// Prompt tokens per prefill chunk.
     #[arg(long, default_value_t = 2048, value_parser = crate::validate::at_least_one)]
     prefill_step_size: usize,
-    /// Print one JSON object per trial instead of mlx-lm's lines.
+    /// Print JSON lines instead of mlx-lm's: the prompt drawn, then one
+    /// object per trial.
     #[arg(long)]
     json: bool,
     /// Do not record the run in the eval database.
@@ -78,7 +79,9 @@ pub fn run(args: Args) -> Result<()> {
         Ok((result, started.elapsed().as_secs_f64()))
     };
     let mut out = std::io::stdout();
-    if !args.json {
+    if args.json {
+        writeln!(out, "{}", serde_json::json!({ "prompt": prompt }))?;
+    } else {
         writeln!(out, "Running warmup..")?;
     }
     once()?;
