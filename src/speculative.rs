@@ -88,22 +88,27 @@ pub struct ModelDrafter<'m> {
     history_len: usize,
 }
 
+/// How a draft model samples for a request: its temperature, top-p, top-k
+/// and min-p, with its seed plus one (no penalties or bias).
+pub(crate) fn draft_sampling(sampling: &SamplingParams) -> SamplingParams {
+    SamplingParams {
+        temperature: sampling.temperature,
+        top_p: sampling.top_p,
+        top_k: sampling.top_k,
+        min_p: sampling.min_p,
+        seed: sampling.seed.map(|s| s.wrapping_add(1)),
+        ..SamplingParams::default()
+    }
+}
+
 impl<'m> ModelDrafter<'m> {
     /// A drafter over draft `model`, sampling with the request's temperature,
     /// top-p, top-k and min-p (its seed plus one).
     pub fn new(model: &'m Model, sampling: &SamplingParams) -> Result<Self> {
-        let params = SamplingParams {
-            temperature: sampling.temperature,
-            top_p: sampling.top_p,
-            top_k: sampling.top_k,
-            min_p: sampling.min_p,
-            seed: sampling.seed.map(|s| s.wrapping_add(1)),
-            ..SamplingParams::default()
-        };
         Ok(Self {
             model,
             caches: model.make_caches(),
-            sampler: Sampler::new(params)?,
+            sampler: Sampler::new(draft_sampling(sampling))?,
             seen: 0,
             fed: 0,
             history_len: 0,

@@ -80,6 +80,20 @@ const CASES: [&str; 54] = [
     "granitemoehybrid_dense",
 ];
 
+/// How far the logits of the model in `dir` are from the golden of `golden`
+/// (its `expected.safetensors`: the tokens and mlx-lm's logits).
+fn golden_logits_diff(dir: &std::path::Path, golden: &std::path::Path) -> f32 {
+    let model = Model::load(dir).unwrap();
+    let expected = Array::load_safetensors(golden.join("expected.safetensors")).unwrap();
+    let n = expected["tokens"].shape()[0];
+    let ids = expected["tokens"].reshape(&[1, n]).unwrap();
+    let full = model
+        .forward(&ids, &mut model.make_caches())
+        .unwrap()
+        .index((0, .., ..));
+    max_abs_diff(&full, &expected["full"])
+}
+
 fn max_abs_diff(a: &Array, b: &Array) -> f32 {
     abs(&(a - b)).unwrap().max(None).unwrap().item_cast::<f32>()
 }
@@ -207,15 +221,7 @@ fn qwen3_next_hugging_face_layout_loads() {
     );
     Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
 
-    let model = Model::load(tmp.path()).unwrap();
-    let expected = Array::load_safetensors(src.join("expected.safetensors")).unwrap();
-    let n = expected["tokens"].shape()[0];
-    let ids = expected["tokens"].reshape(&[1, n]).unwrap();
-    let full = model
-        .forward(&ids, &mut model.make_caches())
-        .unwrap()
-        .index((0, .., ..));
-    let diff = max_abs_diff(&full, &expected["full"]);
+    let diff = golden_logits_diff(tmp.path(), &src);
     assert!(diff < 1e-3, "Hugging Face layout: logits differ by {diff}");
 }
 
@@ -274,15 +280,7 @@ fn qwen3_5_hugging_face_layout_loads() {
         hf.insert("model.visual.blocks.0.attn.qkv.weight".into(), junk);
         Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
 
-        let model = Model::load(tmp.path()).unwrap();
-        let expected = Array::load_safetensors(src.join("expected.safetensors")).unwrap();
-        let n = expected["tokens"].shape()[0];
-        let ids = expected["tokens"].reshape(&[1, n]).unwrap();
-        let full = model
-            .forward(&ids, &mut model.make_caches())
-            .unwrap()
-            .index((0, .., ..));
-        let diff = max_abs_diff(&full, &expected["full"]);
+        let diff = golden_logits_diff(tmp.path(), &src);
         assert!(
             diff < 1e-3,
             "{case} in Hugging Face's layout: logits differ by {diff}"
@@ -316,14 +314,6 @@ fn lfm2_hugging_face_layout_loads() {
     }
     Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
 
-    let model = Model::load(tmp.path()).unwrap();
-    let expected = Array::load_safetensors(src.join("expected.safetensors")).unwrap();
-    let n = expected["tokens"].shape()[0];
-    let ids = expected["tokens"].reshape(&[1, n]).unwrap();
-    let full = model
-        .forward(&ids, &mut model.make_caches())
-        .unwrap()
-        .index((0, .., ..));
-    let diff = max_abs_diff(&full, &expected["full"]);
+    let diff = golden_logits_diff(tmp.path(), &src);
     assert!(diff < 1e-3, "Hugging Face layout: logits differ by {diff}");
 }

@@ -15,6 +15,7 @@ use crate::constraint::TokenConstraint;
 use crate::generate::{apply_mask, prefill};
 use crate::model::Model;
 use crate::sampling::{log_softmax, Sampler, SamplingParams};
+use crate::speculative::draft_sampling;
 
 /// One row's drafting state against the shared draft cache.
 pub(crate) struct SharedDraft {
@@ -33,16 +34,8 @@ impl SharedDraft {
     /// A row drafting with the request's temperature, top-p, top-k and min-p
     /// (its seed plus one), as a draft model drafting alone does.
     pub(crate) fn new(sampling: &SamplingParams) -> Result<Self> {
-        let params = SamplingParams {
-            temperature: sampling.temperature,
-            top_p: sampling.top_p,
-            top_k: sampling.top_k,
-            min_p: sampling.min_p,
-            seed: sampling.seed.map(|s| s.wrapping_add(1)),
-            ..SamplingParams::default()
-        };
         Ok(Self {
-            sampler: Sampler::new(params)?,
+            sampler: Sampler::new(draft_sampling(sampling))?,
             primed: false,
             seen: 0,
             history_len: 0,
