@@ -44,6 +44,7 @@ fn compile_kernels() {
     main.file("kernels/cpu/qmv.cpp")
         .file("kernels/cpu/primitive.cpp")
         .file("kernels/cpu/norm_rope.cpp")
+        .file("kernels/cpu/attention.cpp")
         // Same operation order as MLX's unfused ops: no contraction into FMAs.
         .flag("-ffp-contract=off");
     if arch == "x86_64" {

@@ -58,6 +58,45 @@ pub(crate) fn stored_float_dtype(dtypes: impl IntoIterator<Item = Dtype>) -> Dty
         .map_or(Dtype::Float32, |(d, _)| d)
 }
 
+/// `src` with `update` written over the block of `src` that starts at
+/// `start` (one index per axis) and has `update`'s shape: a single
+/// `SliceUpdate` node, where indexed assignment adds two reshapes around it.
+pub(crate) fn slice_update(src: &Array, update: &Array, start: &[i32]) -> Result<Array> {
+    let stop: Vec<i32> = start
+        .iter()
+        .zip(update.shape())
+        .map(|(&s, &n)| s + n)
+        .collect();
+    let strides = vec![1; start.len()];
+    let stream = mlx_rs::StreamOrDevice::default();
+    // SAFETY: the handles and slices are valid for the call; the result is
+    // owned by the returned Array on success and freed on failure.
+    unsafe {
+        let mut res = mlx_sys::mlx_array_new();
+        let rc = mlx_sys::mlx_slice_update(
+            &mut res,
+            src.as_ptr(),
+            update.as_ptr(),
+            start.as_ptr(),
+            start.len(),
+            stop.as_ptr(),
+            stop.len(),
+            strides.as_ptr(),
+            strides.len(),
+            AsRef::<mlx_rs::Stream>::as_ref(&stream).as_ptr(),
+        );
+        if rc != 0 {
+            mlx_sys::mlx_array_free(res);
+            anyhow::bail!(
+                "MLX could not write a {:?} block at {start:?} into {:?}",
+                update.shape(),
+                src.shape()
+            );
+        }
+        Ok(Array::from_ptr(res))
+    }
+}
+
 /// Waits until the work queued on this thread's stream has run. A decoder
 /// queues the next forward pass before it knows the sequence has ended; a
 /// process that exited with that pass still running tore OpenBLAS's

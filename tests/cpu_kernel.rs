@@ -2,7 +2,10 @@
 //! random shapes, rows 1..=16, group sizes 32/64/128, 4 and 8 bits, strided
 //! inputs, the layer dispatch and the gradient with respect to the input.
 
-use mlx_bun::kernels::{cpu_quantized_matmul, quantized_matmul_t, RopeParams};
+use mlx_bun::kernels::{
+    attention, cpu_quantized_matmul, quantized_attention, quantized_matmul_t, quantized_silu_glu,
+    AttentionMask, RopeParams, ATTENTION_MAX_QUERIES,
+};
 use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
@@ -395,4 +398,233 @@ fn rms_norm_and_rope_gradients_match_mlx() {
     let (ours, theirs) = (grad_of(true), grad_of(false));
     assert_close(&ours[0], &theirs[0], "gradient wrt x");
     assert_close(&ours[1], &theirs[1], "gradient wrt the norm weight");
+}
+
+/// MLX's attention with the heads moved back beside the features, as the
+/// CPU attention primitive returns it: `[B, L, heads × D]`.
+fn mlx_attention(q: &Array, k: &Array, v: &Array, scale: f32, mask: &AttentionMask) -> Array {
+    use mlx_rs::fast::{scaled_dot_product_attention, ScaledDotProductAttentionMask};
+    let out = match mask {
+        AttentionMask::None => scaled_dot_product_attention(q, k, v, scale, None, None),
+        AttentionMask::Causal => scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            scale,
+            ScaledDotProductAttentionMask::Causal,
+            None,
+        ),
+        AttentionMask::Array(m) => scaled_dot_product_attention(q, k, v, scale, *m, None),
+    }
+    .unwrap();
+    let (b, l) = (q.shape()[0], q.shape()[2]);
+    out.transpose_axes(&[0, 2, 1, 3])
+        .unwrap()
+        .reshape(&[b, l, -1])
+        .unwrap()
+}
+
+#[test]
+fn attention_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(31);
+    // (batch, heads, kv heads, queries, keys, head size)
+    let shapes = [
+        (1, 9, 3, 1, 1, 64),
+        (1, 9, 3, 1, 70, 64),
+        (2, 4, 4, 3, 17, 32),
+        (3, 8, 2, 5, 300, 128),
+        (1, 2, 1, 16, 16, 24),
+    ];
+    for (b, h, hk, l, s, d) in shapes {
+        let q = random_array(&mut rng, &[b, h, l, d], 1.0);
+        let k = random_array(&mut rng, &[b, hk, s, d], 1.0);
+        let v = random_array(&mut rng, &[b, hk, s, d], 1.0);
+        let keep: Vec<bool> = (0..b * l * s).map(|i| i % 7 != 3).collect();
+        let bool_mask = Array::from_slice(&keep, &[b, 1, l, s]);
+        let masks = [
+            AttentionMask::None,
+            AttentionMask::Causal,
+            AttentionMask::Array(&bool_mask),
+        ];
+        for mask in masks {
+            let scale = (d as f32).powf(-0.5);
+            let got = attention(&q, &k, &v, scale, mask).unwrap().unwrap();
+            let want = mlx_attention(&q, &k, &v, scale, &mask);
+            eval([&got, &want]).unwrap();
+            assert_close(&got, &want, &format!("attention {:?}", (b, h, hk, l, s, d)));
+        }
+    }
+    // Keys and values read through a cache-like view (a slice of a longer
+    // buffer) and queries transposed from [B, L, heads, D].
+    let buffer = random_array(&mut rng, &[1, 3, 256, 64], 1.0);
+    let k = buffer.index((.., .., ..40, ..));
+    let v = (&buffer * 0.5).index((.., .., ..40, ..));
+    let q = random_array(&mut rng, &[1, 2, 9, 64], 1.0)
+        .transpose_axes(&[0, 2, 1, 3])
+        .unwrap();
+    let got = attention(&q, &k, &v, 0.125, AttentionMask::Causal)
+        .unwrap()
+        .unwrap();
+    let want = mlx_attention(&q, &k, &v, 0.125, &AttentionMask::Causal);
+    eval([&got, &want]).unwrap();
+    assert_close(&got, &want, "attention over views");
+    // Long prompts stay with MLX's products.
+    let q = random_array(&mut rng, &[1, 1, ATTENTION_MAX_QUERIES + 1, 8], 1.0);
+    assert!(attention(&q, &q, &q, 1.0, AttentionMask::Causal)
+        .unwrap()
+        .is_none());
+}
+
+#[test]
+fn attention_gradient_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(33);
+    let q = random_array(&mut rng, &[1, 4, 3, 16], 1.0);
+    let k = random_array(&mut rng, &[1, 2, 7, 16], 1.0);
+    let v = random_array(&mut rng, &[1, 2, 7, 16], 1.0);
+    let grad_of = |ours: bool| {
+        let f = move |args: &[Array]| -> Result<Vec<Array>, Exception> {
+            let out = if ours {
+                attention(&args[0], &args[1], &args[2], 0.25, AttentionMask::Causal)
+                    .map_err(|e| Exception::custom(e.to_string()))?
+                    .expect("the primitive applies")
+            } else {
+                mlx_attention(&args[0], &args[1], &args[2], 0.25, &AttentionMask::Causal)
+            };
+            Ok(vec![(&out * &out).sum(None)?])
+        };
+        let mut vg = value_and_grad_with_argnums(f, &[0, 1, 2][..]);
+        let (_, grads) = vg(&[q.clone(), k.clone(), v.clone()]).unwrap();
+        eval(grads.iter()).unwrap();
+        grads
+    };
+    let (ours, theirs) = (grad_of(true), grad_of(false));
+    for (i, what) in ["queries", "keys", "values"].iter().enumerate() {
+        assert_eq!(ours[i].shape(), theirs[i].shape(), "{what}");
+        // Flattened: a reshape copies a strided gradient into row order.
+        let flat = |a: &Array| a.reshape(&[-1]).unwrap();
+        let (got, want) = (flat(&ours[i]), flat(&theirs[i]));
+        eval([&got, &want]).unwrap();
+        assert_close(&got, &want, &format!("gradient wrt the {what}"));
+    }
+}
+
+#[test]
+fn quantized_attention_matches_mlx_lm_formulation() {
+    use mlx_bun::cache::{Mask, QuantizedState};
+    use mlx_bun::model::quantized_attention::quantized_sdpa;
+    let mut rng = StdRng::seed_from_u64(35);
+    for (bits, group_size) in [(8, 64), (4, 32), (2, 64)] {
+        for (b, h, hk, l, s) in [(1, 9, 3, 1, 50), (2, 4, 2, 4, 33)] {
+            let d = 64;
+            let q = random_array(&mut rng, &[b, h, l, d], 1.0);
+            let quantized = |rng: &mut StdRng| {
+                let x = random_array(rng, &[b, hk, s, d], 1.0);
+                let (w, sc, bi) = quantize(&x, group_size, bits).unwrap();
+                [w, sc, bi]
+            };
+            let kv = QuantizedState {
+                keys: quantized(&mut rng),
+                values: quantized(&mut rng),
+                group_size,
+                bits,
+            };
+            let keep: Vec<bool> = (0..b * s).map(|i| i % 5 != 1).collect();
+            let bool_mask = Array::from_slice(&keep, &[b, 1, 1, s]);
+            let cases = [
+                (AttentionMask::None, Mask::None),
+                (AttentionMask::Causal, Mask::Causal),
+                (
+                    AttentionMask::Array(&bool_mask),
+                    Mask::Array(bool_mask.clone()),
+                ),
+            ];
+            for (ours, theirs) in cases {
+                let [kw, ks, kb] = &kv.keys;
+                let [vw, vs, vb] = &kv.values;
+                let got = quantized_attention(
+                    &q,
+                    [kw, ks, kb],
+                    [vw, vs, vb],
+                    (bits, group_size),
+                    0.125,
+                    ours,
+                )
+                .unwrap()
+                .unwrap();
+                let want = quantized_sdpa(&q, &kv, 0.125, theirs)
+                    .unwrap()
+                    .transpose_axes(&[0, 2, 1, 3])
+                    .unwrap()
+                    .reshape(&[b, l, -1])
+                    .unwrap();
+                eval([&got, &want]).unwrap();
+                assert_close(
+                    &got,
+                    &want,
+                    &format!("{bits}-bit attention {:?}", (b, h, l, s)),
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn silu_glu_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(37);
+    for (rows, out, inp, group_size, bits) in [
+        (1, 1536, 576, 64, 4),
+        (3, 96, 128, 32, 8),
+        (16, 64, 256, 128, 4),
+    ] {
+        let gate = random_layer(&mut rng, out, inp, group_size, bits);
+        let up = random_layer(&mut rng, out, inp, group_size, bits);
+        let x = random_array(&mut rng, &[1, rows, inp], 1.0);
+        let got = quantized_silu_glu(
+            &x,
+            [&gate.w, &gate.scales, &gate.biases],
+            [&up.w, &up.scales, &up.biases],
+            gate.spec,
+        )
+        .unwrap()
+        .expect("the CPU kernel applies");
+        let g = mlx_reference(&x, &gate);
+        let want = &(&g * &mlx_rs::ops::sigmoid(&g).unwrap()) * &mlx_reference(&x, &up);
+        eval([&got, &want]).unwrap();
+        assert_close(&got, &want, &format!("SwiGLU {:?}", (rows, out, inp, bits)));
+    }
+}
+
+#[test]
+fn silu_glu_gradient_matches_mlx() {
+    let mut rng = StdRng::seed_from_u64(39);
+    let gate = random_layer(&mut rng, 64, 128, 64, 4);
+    let up = random_layer(&mut rng, 64, 128, 64, 4);
+    let x = random_array(&mut rng, &[1, 2, 128], 1.0);
+    let grad_of = |ours: bool| {
+        let f = |args: &[Array]| -> Result<Vec<Array>, Exception> {
+            let y = if ours {
+                quantized_silu_glu(
+                    &args[0],
+                    [&gate.w, &gate.scales, &gate.biases],
+                    [&up.w, &up.scales, &up.biases],
+                    gate.spec,
+                )
+                .map_err(|e| Exception::custom(e.to_string()))?
+                .expect("the CPU kernel applies")
+            } else {
+                let g = mlx_reference(&args[0], &gate);
+                &(&g * &mlx_rs::ops::sigmoid(&g)?) * &mlx_reference(&args[0], &up)
+            };
+            Ok(vec![(&y * &y).sum(None)?])
+        };
+        let mut vg = value_and_grad_with_argnums(f, &[0][..]);
+        let (_, grads) = vg(&[x.clone()]).unwrap();
+        eval(grads.iter()).unwrap();
+        grads
+    };
+    assert_close(
+        &grad_of(true)[0],
+        &grad_of(false)[0],
+        "SwiGLU gradient wrt x",
+    );
 }

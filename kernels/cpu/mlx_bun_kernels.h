@@ -24,6 +24,21 @@ int mlx_bun_cpu_qmm(
     int group_size,
     int bits);
 
+/* res = silu(x @ dequantize(gate).T) * (x @ dequantize(up).T), the gated
+ * MLP's first half, for two affine-quantized layers of one shape, as one CPU
+ * primitive (both products in one pass over the kernel's threads). */
+int mlx_bun_cpu_silu_glu(
+    mlx_array* res,
+    mlx_array x,
+    mlx_array gate_w,
+    mlx_array gate_scales,
+    mlx_array gate_biases,
+    mlx_array up_w,
+    mlx_array up_scales,
+    mlx_array up_biases,
+    int group_size,
+    int bits);
+
 /* res = fast::rms_norm(x, weight, eps) for float32 x [..., d] and weight
  * [d], as one CPU primitive (MLX 0.32 expands it into ~8 ops on the CPU). */
 int mlx_bun_cpu_rms_norm(mlx_array* res, mlx_array x, mlx_array weight, float eps);
@@ -40,6 +55,34 @@ int mlx_bun_cpu_rope(
     int offset,
     mlx_array freqs,
     mlx_array offsets);
+
+/* res = fast::scaled_dot_product_attention(q, k, v, scale, mask) transposed
+ * to [B, L, heads * D], for float32 q [B, heads, L, D] and k, v [B, kv_heads,
+ * S, D], as one CPU primitive. `causal` hides keys after each query's
+ * position (S - L + l); `mask` may be an empty handle (ctx NULL), else a
+ * boolean array broadcastable to [B, heads, L, S]. */
+int mlx_bun_cpu_attention(
+    mlx_array* res,
+    mlx_array q,
+    mlx_array k,
+    mlx_array v,
+    mlx_array mask,
+    float scale,
+    int causal);
+
+/* mlx_bun_cpu_attention over a quantized KV cache: `keys` and `values` are
+ * each three handles (packed uint32 [B, kv_heads, S, D * bits / 32], float32
+ * scales and biases [B, kv_heads, S, D / group_size]), bits 2, 4 or 8. */
+int mlx_bun_cpu_quantized_attention(
+    mlx_array* res,
+    mlx_array q,
+    const mlx_array* keys,
+    const mlx_array* values,
+    mlx_array mask,
+    float scale,
+    int causal,
+    int bits,
+    int group_size);
 
 /* 1 when the kernel handles this layer shape and quantization. */
 int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bits);

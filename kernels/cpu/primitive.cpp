@@ -5,6 +5,7 @@
 // order with the rest of the graph on MLX's worker thread (which then shares
 // the work with the kernel's helper threads).
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -13,6 +14,7 @@
 #include "mlx/c/private/array.h"
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
+#include "mlx/transforms.h"
 
 #include "mlx_bun_kernels.h"
 #include "qmv.h"
@@ -155,7 +157,132 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
   int bits_;
 };
 
-mx::array cpu_qmm(
+// silu(x @ gate.T) * (x @ up.T) for two quantized layers of the same shape:
+// both products in one split over the kernel's threads, then the gate's
+// activation, each value rounded as MLX's unfused ops round it
+// (gate * sigmoid(gate), times up).
+class CpuQuantizedSiluGlu : public mx::UnaryPrimitive {
+ public:
+  CpuQuantizedSiluGlu(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    for (size_t i = 1; i < inputs.size(); ++i) {
+      if (!inputs[i].flags().row_contiguous) {
+        throw std::runtime_error(
+            "[mlx_bun_cpu_silu_glu] quantized weights, scales and biases must be contiguous");
+      }
+    }
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    const auto& x = inputs[0];
+    const int k = x.shape(-1);
+    const int n = inputs[1].shape(0);
+    const int m = static_cast<int>(x.size() / k);
+    if (m == 0 || n == 0) {
+      return;
+    }
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    auto args = [&](int first) {
+      return QmvArgs{
+          nullptr,
+          inputs[first].data<uint32_t>(),
+          inputs[first + 1].data<float>(),
+          inputs[first + 2].data<float>(),
+          nullptr,
+          m,
+          n,
+          k,
+          group_size_,
+          bits_};
+    };
+    encoder.dispatch([gate = args(1),
+                      up = args(4),
+                      y = out.data<float>(),
+                      x = mx::array::unsafe_weak_copy(x)]() mutable {
+      std::vector<float> packed;
+      if (x.flags().row_contiguous) {
+        gate.x = x.data<float>();
+      } else {
+        packed.resize(x.size());
+        pack_rows(x, packed.data());
+        gate.x = packed.data();
+      }
+      up.x = gate.x;
+      const size_t size = static_cast<size_t>(gate.m) * gate.n;
+      std::vector<float> up_out(size);
+      gate.y = y;
+      up.y = up_out.data();
+      qmv_pair(gate, up);
+      for (size_t i = 0; i < size; ++i) {
+        const float g = y[i];
+        const float activated = g * (1.0f / (1.0f + std::exp(-g)));
+        y[i] = activated * up_out[i];
+      }
+    });
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[mlx_bun_cpu_silu_glu] runs on the CPU only");
+  }
+
+  // Gradients through MLX's own formulation.
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>&) override {
+    for (int a : argnums) {
+      if (a != 0) {
+        throw std::invalid_argument(
+            "[mlx_bun_cpu_silu_glu] gradients only with respect to the activations");
+      }
+    }
+    const int group_size = group_size_;
+    const int bits = bits_;
+    auto s = stream();
+    auto fun = [=](const std::vector<mx::array>& in) {
+      auto product = [&](int first) {
+        return mx::quantized_matmul(
+            in[0],
+            primals[first],
+            primals[first + 1],
+            primals[first + 2],
+            true,
+            group_size,
+            bits,
+            "affine",
+            s);
+      };
+      auto g = product(1);
+      auto silu = mx::multiply(g, mx::sigmoid(g, s), s);
+      return std::vector<mx::array>{mx::multiply(silu, product(4), s)};
+    };
+    auto grad = mx::vjp(fun, {primals[0]}, cotangents).second[0];
+    return std::vector<mx::array>(argnums.size(), grad);
+  }
+
+  const char* name() const override {
+    return "MlxBunCpuQuantizedSiluGlu";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const CpuQuantizedSiluGlu&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.back() = inputs[1].shape(0);
+    return {shape};
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
+// Throws unless the kernel takes these operands.
+void check_operands(
     const mx::array& x,
     const mx::array& w,
     const mx::array& scales,
@@ -180,6 +307,16 @@ mx::array cpu_qmm(
   if (scales.shape() != groups || biases.shape() != groups) {
     throw std::invalid_argument("[mlx_bun_cpu_qmm] scales or biases have the wrong shape");
   }
+}
+
+mx::array cpu_qmm(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits) {
+  check_operands(x, w, scales, biases, group_size, bits);
   auto shape = x.shape();
   shape.back() = w.shape(0);
   auto stream = mx::default_stream(mx::Device::cpu);
@@ -211,6 +348,49 @@ extern "C" int mlx_bun_cpu_qmm(
             mlx_array_get_(biases),
             group_size,
             bits));
+    return 0;
+  } catch (const std::exception& e) {
+    mlx_bun::last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int mlx_bun_cpu_silu_glu(
+    mlx_array* res,
+    mlx_array x,
+    mlx_array gate_w,
+    mlx_array gate_scales,
+    mlx_array gate_biases,
+    mlx_array up_w,
+    mlx_array up_scales,
+    mlx_array up_biases,
+    int group_size,
+    int bits) {
+  try {
+    const auto& xa = mlx_array_get_(x);
+    std::vector<mx::array> inputs{
+        xa,
+        mlx_array_get_(gate_w),
+        mlx_array_get_(gate_scales),
+        mlx_array_get_(gate_biases),
+        mlx_array_get_(up_w),
+        mlx_array_get_(up_scales),
+        mlx_array_get_(up_biases)};
+    mlx_bun::check_operands(xa, inputs[1], inputs[2], inputs[3], group_size, bits);
+    mlx_bun::check_operands(xa, inputs[4], inputs[5], inputs[6], group_size, bits);
+    if (inputs[1].shape() != inputs[4].shape()) {
+      throw std::invalid_argument("[mlx_bun_cpu_silu_glu] gate and up differ in shape");
+    }
+    auto shape = xa.shape();
+    shape.back() = inputs[1].shape(0);
+    mlx_array_set_(
+        *res,
+        mx::array(
+            std::move(shape),
+            mx::float32,
+            std::make_shared<mlx_bun::CpuQuantizedSiluGlu>(
+                mx::default_stream(mx::Device::cpu), group_size, bits),
+            std::move(inputs)));
     return 0;
   } catch (const std::exception& e) {
     mlx_bun::last_error = e.what();

@@ -298,6 +298,54 @@ void qmv_split(const QmvArgs& a) {
 }
 }  // namespace
 
+namespace {
+
+struct PairSplit {
+  const QmvArgs* args[2];
+  int rows_per_task;
+  int first_tasks;
+};
+
+void run_pair_task(void* ctx, int task) {
+  const PairSplit& s = *static_cast<const PairSplit*>(ctx);
+  const int which = task < s.first_tasks ? 0 : 1;
+  const QmvArgs& a = *s.args[which];
+  const int n0 = (task - which * s.first_tasks) * s.rows_per_task;
+  int n1 = n0 + s.rows_per_task;
+  if (n1 > a.n) n1 = a.n;
+  isa().fn(a, n0, n1);
+}
+
+}  // namespace
+
+void qmv_pair(const QmvArgs& a, const QmvArgs& b) {
+  const auto start = std::chrono::steady_clock::now();
+  Pool& p = pool();
+  const long long weights = static_cast<long long>(a.n + b.n) * a.k;
+  if (p.threads() <= 1 || weights < (1LL << 16) || a.n < 32 || b.n < 32) {
+    isa().fn(a, 0, a.n);
+    isa().fn(b, 0, b.n);
+  } else {
+    const int target = p.threads() * 4;
+    int rows = (a.n + b.n + target - 1) / target;
+    rows = (rows + 3) / 4 * 4;
+    if (rows < 16) rows = 16;
+    const int first = (a.n + rows - 1) / rows;
+    PairSplit split{{&a, &b}, rows, first};
+    p.run(first + (b.n + rows - 1) / rows, run_pair_task, &split);
+  }
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start)
+                      .count();
+  const int i = a.bits == 8 ? 1 : 0;
+  stat_calls[i].fetch_add(1, std::memory_order_relaxed);
+  stat_ns[i].fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+}
+
+void parallel_tasks(int tasks, void (*fn)(void* ctx, int task), void* ctx) {
+  pool().run(tasks, fn, ctx);
+}
+
 void qmv_configure(int threads, int spin_us, const char* isa) {
   configured_threads = threads;
   configured_spin_us = spin_us;

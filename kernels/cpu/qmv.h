@@ -41,6 +41,14 @@ void qmv_range(const QmvArgs& a, int n0, int n1);
 // (the caller's thread takes part).
 void qmv(const QmvArgs& a);
 
+// Computes two products of the same input (a.x == b.x) in one split over
+// the kernel's threads: both outputs, as qmv() would give each.
+void qmv_pair(const QmvArgs& a, const QmvArgs& b);
+
+// Runs fn(ctx, t) for every t in [0, tasks) on the kernel's threads (the
+// caller's included) and returns when all are done.
+void parallel_tasks(int tasks, void (*fn)(void* ctx, int task), void* ctx);
+
 // Calls of qmv() so far and the wall time spent in them, for one bit width.
 void qmv_stats(int bits, uint64_t* calls, uint64_t* ns);
 

@@ -15,7 +15,7 @@
 //! repack (one gather that right-aligns every row's live keys again).
 
 use anyhow::{bail, ensure, Result};
-use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{arange, broadcast_to, concatenate, expand_dims, ge, logical_and, zeros_dtype};
 use mlx_rs::Array;
 
@@ -380,8 +380,8 @@ impl KvCache for BatchKvCache {
             self.values = Some(grow(self.values.take(), values)?);
         }
         let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        k.try_index_mut((.., .., prev..prev + n, ..), keys)?;
-        v.try_index_mut((.., .., prev..prev + n, ..), values)?;
+        *k = crate::mlx_ext::slice_update(k, keys, &[0, 0, prev, 0])?;
+        *v = crate::mlx_ext::slice_update(v, values, &[0, 0, prev, 0])?;
         self.idx += n;
         self.lengths.iter_mut().for_each(|l| *l += n);
         let end = self.idx;

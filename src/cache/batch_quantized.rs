@@ -19,7 +19,7 @@
 //! speculative row dropped rejected drafts (masked until a repack).
 
 use anyhow::{bail, ensure, Result};
-use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{broadcast_to, concatenate, zeros_dtype};
 use mlx_rs::Array;
 
@@ -171,7 +171,7 @@ impl Rows {
         }
         let planes = self.planes.as_mut().unwrap();
         for (buf, x) in planes.iter_mut().zip(&new) {
-            buf.try_index_mut((.., .., prev..prev + n, ..), x)?;
+            *buf = crate::mlx_ext::slice_update(buf, x, &[0, 0, prev, 0])?;
         }
         self.idx += n;
         self.lengths.iter_mut().for_each(|l| *l += n);

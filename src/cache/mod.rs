@@ -19,7 +19,7 @@ pub use quantized::{KvQuantization, QuantizedCache, QuantizedState};
 pub use state::StateCache;
 
 use anyhow::{bail, Result};
-use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{arange, concatenate, expand_dims, ge, gt, logical_and, subtract, zeros_dtype};
 use mlx_rs::Array;
 
@@ -283,8 +283,8 @@ impl KvCache for StandardCache {
             self.values = Some(grow(self.values.take(), values, prev, n)?);
         }
         let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        k.try_index_mut((.., .., prev..prev + n, ..), keys)?;
-        v.try_index_mut((.., .., prev..prev + n, ..), values)?;
+        *k = crate::mlx_ext::slice_update(k, keys, &[0, 0, prev, 0])?;
+        *v = crate::mlx_ext::slice_update(v, values, &[0, 0, prev, 0])?;
         self.offset += n as usize;
         let end = self.offset as i32;
         Ok((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))

@@ -11,7 +11,7 @@
 //! (`batch_quantized.rs`).
 
 use anyhow::{bail, Result};
-use mlx_rs::ops::indexing::{IndexOp, TryIndexMutOp};
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{concatenate, quantize, zeros_dtype};
 use mlx_rs::{Array, Dtype};
 
@@ -221,7 +221,7 @@ impl KvCache for QuantizedCache {
         }
         let (nk, nv) = (quantize3(keys, &q)?, quantize3(values, &q)?);
         for (buf, new) in kb.iter_mut().zip(&nk).chain(vb.iter_mut().zip(&nv)) {
-            buf.try_index_mut((.., .., offset..offset + n, ..), new)?;
+            *buf = crate::mlx_ext::slice_update(buf, new, &[0, 0, offset, 0])?;
         }
         self.offset += n as usize;
         Ok(self.quantized_state())

@@ -29,6 +29,18 @@ extern "C" {
         group_size: c_int,
         bits: c_int,
     ) -> c_int;
+    fn mlx_bun_cpu_silu_glu(
+        res: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        gate_w: mlx_sys::mlx_array,
+        gate_scales: mlx_sys::mlx_array,
+        gate_biases: mlx_sys::mlx_array,
+        up_w: mlx_sys::mlx_array,
+        up_scales: mlx_sys::mlx_array,
+        up_biases: mlx_sys::mlx_array,
+        group_size: c_int,
+        bits: c_int,
+    ) -> c_int;
     fn mlx_bun_cpu_rms_norm(
         res: *mut mlx_sys::mlx_array,
         x: mlx_sys::mlx_array,
@@ -44,6 +56,26 @@ extern "C" {
         offset: c_int,
         freqs: mlx_sys::mlx_array,
         offsets: mlx_sys::mlx_array,
+    ) -> c_int;
+    fn mlx_bun_cpu_attention(
+        res: *mut mlx_sys::mlx_array,
+        q: mlx_sys::mlx_array,
+        k: mlx_sys::mlx_array,
+        v: mlx_sys::mlx_array,
+        mask: mlx_sys::mlx_array,
+        scale: f32,
+        causal: c_int,
+    ) -> c_int;
+    fn mlx_bun_cpu_quantized_attention(
+        res: *mut mlx_sys::mlx_array,
+        q: mlx_sys::mlx_array,
+        keys: *const mlx_sys::mlx_array,
+        values: *const mlx_sys::mlx_array,
+        mask: mlx_sys::mlx_array,
+        scale: f32,
+        causal: c_int,
+        bits: c_int,
+        group_size: c_int,
     ) -> c_int;
     fn mlx_bun_cpu_qmm_supported(in_features: c_int, group_size: c_int, bits: c_int) -> c_int;
     fn mlx_bun_cpu_configure(threads: c_int, spin_us: c_int, isa: *const c_char);
@@ -84,6 +116,44 @@ pub fn cpu_quantized_matmul(
         }
         Ok(Array::from_ptr(res))
     }
+}
+
+/// `silu(x @ gate.T) * (x @ up.T)`, each layer a quantized `(w, scales,
+/// biases)` of one shape: the gated MLP's first half in one node, by the CPU
+/// kernel (both products in one pass over its threads) for the rows it takes
+/// or by the CUDA kernel for a few rows on a GPU; `None` where neither applies.
+pub fn quantized_silu_glu(
+    x: &Array,
+    gate: [&Array; 3],
+    up: [&Array; 3],
+    spec: QuantSpec,
+) -> Result<Option<Array>> {
+    let [gw, gs, gb] = gate;
+    let [uw, us, ub] = up;
+    let rows = x.size() / x.shape().last().map_or(1, |&k| k.max(1) as usize);
+    let cpu = rows <= preferred_rows()
+        && gw.shape() == uw.shape()
+        && kernel_applies(x, gw, gs, gb, spec)
+        && kernel_applies(x, uw, us, ub, spec);
+    if !cpu {
+        return cuda::quantized_silu_glu(x, gate, up, spec);
+    }
+    // SAFETY (inside `call`): valid handles owned by the caller.
+    call("CPU quantized SwiGLU", |res| unsafe {
+        mlx_bun_cpu_silu_glu(
+            res,
+            x.as_ptr(),
+            gw.as_ptr(),
+            gs.as_ptr(),
+            gb.as_ptr(),
+            uw.as_ptr(),
+            us.as_ptr(),
+            ub.as_ptr(),
+            spec.group_size,
+            spec.bits,
+        )
+    })
+    .map(Some)
 }
 
 /// Runs one of the C constructors and takes ownership of its result.
@@ -210,6 +280,119 @@ fn cpu_rope(x: &Array, params: &RopeParams, offset: i32, offsets: Option<&Array>
             o,
         )
     })
+}
+
+/// Queries per row up to which [`attention`] computes the attention: decode,
+/// batched decode and speculative verification. Longer prompts keep MLX's
+/// products, which run as BLAS GEMMs there.
+pub const ATTENTION_MAX_QUERIES: i32 = 16;
+
+/// Which keys each query of [`attention`] sees.
+#[derive(Clone, Copy)]
+pub enum AttentionMask<'a> {
+    /// Every key.
+    None,
+    /// Keys up to the query's own position (the last `L` keys are the queries').
+    Causal,
+    /// A boolean mask broadcastable to `[B, heads, L, S]`.
+    Array(&'a Array),
+}
+
+/// `scaled_dot_product_attention(q, k, v, scale, mask)` with the heads
+/// moved back beside the features, `[B, L, heads × D]`, in one CPU primitive
+/// (MLX 0.32 expands it into about a dozen operations on the CPU), for
+/// float32 `q` `[B, heads, L, D]` and `k`, `v` `[B, kv_heads, S, D]`.
+/// `None` where it does not apply (kernels off or on a GPU, another dtype,
+/// more than [`ATTENTION_MAX_QUERIES`] queries, a mask that is not boolean).
+pub fn attention(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: AttentionMask,
+) -> Result<Option<Array>> {
+    let float32 = [k, v]
+        .iter()
+        .all(|a| a.dtype() == Dtype::Float32 && a.ndim() == 4);
+    let Some((mask, causal)) = attention_applies(q, mask).filter(|_| float32) else {
+        return Ok(None);
+    };
+    // SAFETY (inside `call`): valid handles owned by the caller; an empty
+    // handle stands for "no mask".
+    call("CPU attention", |res| unsafe {
+        mlx_bun_cpu_attention(
+            res,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            mask,
+            scale,
+            c_int::from(causal),
+        )
+    })
+    .map(Some)
+}
+
+/// [`attention`] over a quantized KV cache's contents: `keys` and `values`
+/// each the packed `[B, kv_heads, S, D × bits / 32]` with float32 scales and
+/// biases `[B, kv_heads, S, D / group_size]`, as mlx-lm's
+/// `quantized_scaled_dot_product_attention` computes it (every value
+/// `scale × q + bias`). `None` where it does not apply (also bits other
+/// than 2, 4 and 8).
+pub fn quantized_attention(
+    q: &Array,
+    keys: [&Array; 3],
+    values: [&Array; 3],
+    (bits, group_size): (i32, i32),
+    scale: f32,
+    mask: AttentionMask,
+) -> Result<Option<Array>> {
+    let stored = keys.iter().chain(&values).all(|a| a.ndim() == 4)
+        && [keys[1], keys[2], values[1], values[2]]
+            .iter()
+            .all(|a| a.dtype() == Dtype::Float32)
+        && matches!(bits, 2 | 4 | 8);
+    let Some((mask, causal)) = attention_applies(q, mask).filter(|_| stored) else {
+        return Ok(None);
+    };
+    let k = keys.map(|a| a.as_ptr());
+    let v = values.map(|a| a.as_ptr());
+    // SAFETY (inside `call`): valid handles owned by the caller, read
+    // during the call; an empty handle stands for "no mask".
+    call("CPU quantized attention", |res| unsafe {
+        mlx_bun_cpu_quantized_attention(
+            res,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            mask,
+            scale,
+            c_int::from(causal),
+            bits,
+            group_size,
+        )
+    })
+    .map(Some)
+}
+
+/// The mask handle (empty for none) and the causal flag when the attention
+/// primitive takes these queries and this mask.
+fn attention_applies(q: &Array, mask: AttentionMask) -> Option<(mlx_sys::mlx_array, bool)> {
+    let fits = enabled()
+        && q.dtype() == Dtype::Float32
+        && q.ndim() == 4
+        && q.shape()[2] <= ATTENTION_MAX_QUERIES;
+    if !fits {
+        return None;
+    }
+    // SAFETY: an empty handle, owns nothing.
+    let none = unsafe { mlx_sys::mlx_array_new() };
+    match mask {
+        AttentionMask::None => Some((none, false)),
+        AttentionMask::Causal => Some((none, true)),
+        AttentionMask::Array(m) if m.dtype() == Dtype::Bool => Some((m.as_ptr(), false)),
+        AttentionMask::Array(_) => None,
+    }
 }
 
 /// `quantized_matmul(x, w, scales, biases, transpose = true)`: by mlx-bun's

@@ -19,6 +19,7 @@ use super::weights::Weights;
 use crate::cache::{
     KvCache, KvQuantization, KvSettings, Mask, QuantizedCache, RotatingCache, StandardCache,
 };
+use crate::kernels::AttentionMask;
 
 /// What differs between the families.
 #[derive(Clone, Debug, Default)]
@@ -265,6 +266,19 @@ impl Attention {
                 );
             }
             let mask = cache.mask(l, kv.len())?;
+            let [kw, ks, kb] = &kv.keys;
+            let [vw, vs, vb] = &kv.values;
+            let fused = crate::kernels::quantized_attention(
+                &q,
+                [kw, ks, kb],
+                [vw, vs, vb],
+                (kv.bits, kv.group_size),
+                self.scale,
+                kernel_mask(&mask),
+            )?;
+            if let Some(out) = fused {
+                return self.output(&out, gate.as_ref());
+            }
             let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
             let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
             return self.output(&out, gate.as_ref());
@@ -276,7 +290,15 @@ impl Attention {
             let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
             return self.output(&out, gate.as_ref());
         }
-        let out = match cache.mask(l, k.shape()[2])? {
+        let mask = cache.mask(l, k.shape()[2])?;
+        if self.sinks.is_none() {
+            if let Some(out) =
+                crate::kernels::attention(&q, &k, &v, self.scale, kernel_mask(&mask))?
+            {
+                return self.output(&out, gate.as_ref());
+            }
+        }
+        let out = match mask {
             Mask::None => {
                 scaled_dot_product_attention(&q, &k, &v, self.scale, None, self.sinks.as_ref())?
             }
@@ -294,6 +316,15 @@ impl Attention {
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.output(&out, gate.as_ref())
+    }
+}
+
+/// The CPU attention primitive's view of a cache's mask.
+fn kernel_mask(mask: &Mask) -> AttentionMask<'_> {
+    match mask {
+        Mask::None => AttentionMask::None,
+        Mask::Causal => AttentionMask::Causal,
+        Mask::Array(m) => AttentionMask::Array(m),
     }
 }
 
@@ -343,8 +374,8 @@ impl Mlp {
         self.down_proj.forward(&(&gate * &up))
     }
 
-    /// `silu(gate(x)) * up(x)` in one CUDA kernel node (decode on a GPU), or
-    /// `None` where it does not apply.
+    /// `silu(gate(x)) * up(x)` in one kernel node (decode on the CPU or a
+    /// GPU), or `None` where it does not apply.
     fn fused_silu_glu(&self, x: &Array) -> Result<Option<Array>> {
         if self.activation != Activation::Silu {
             return Ok(None);
@@ -358,7 +389,7 @@ impl Mlp {
         if spec != up_spec {
             return Ok(None);
         }
-        crate::kernels::cuda::quantized_silu_glu(x, gate, up, spec)
+        crate::kernels::quantized_silu_glu(x, gate, up, spec)
     }
 }
 

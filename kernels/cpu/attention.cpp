@@ -1,0 +1,519 @@
+// Attention of a few queries over a KV cache as one CPU primitive.
+//
+// MLX 0.32 has no CPU kernel for fast::scaled_dot_product_attention: on the
+// CPU it expands into about a dozen operations per layer (scale, the grouped
+// heads' reshapes and broadcasts, two matmuls, softmax, then the caller's
+// transpose and reshape back to [B, L, heads * D]). For decoding, where the
+// arithmetic is small, that bookkeeping costs more than the work. This
+// primitive computes the same formula in one node, writing [B, L, H * D]:
+//
+//   out[b, l, h, :] = softmax(scale * q[b, h, l] . k[b, h / rep, s]) @ v[b, h / rep]
+//
+// over the visible keys s (causal: s <= S - L + l; a boolean mask, broadcast
+// to [B, H, L, S], where given). Same operation order as the fallback: the
+// queries are scaled first, then the products, softmax by the maximum and the
+// reciprocal of the sum, and the probability-weighted sum of values.
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/backend/cpu/encoder.h"
+#include "mlx/c/private/array.h"
+#include "mlx/fast.h"
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+#include "mlx/transforms.h"
+
+#include "mlx_bun_kernels.h"
+#include "qmv.h"
+
+namespace mx = mlx::core;
+
+namespace mlx_bun {
+
+extern thread_local std::string last_error;
+
+namespace {
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+#define MLX_BUN_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MLX_BUN_CLONES
+#endif
+
+constexpr int kLanes = 16;
+
+// The widest head a quantized cache's rows are dequantized for.
+constexpr int kMaxDims = 512;
+
+MLX_BUN_CLONES float dot(const float* a, const float* b, int n) {
+  float acc[kLanes] = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      acc[j] += a[i + j] * b[i + j];
+    }
+  }
+  float sum = 0.0f;
+  for (; i < n; ++i) {
+    sum += a[i] * b[i];
+  }
+  for (int j = 0; j < kLanes; ++j) {
+    sum += acc[j];
+  }
+  return sum;
+}
+
+MLX_BUN_CLONES void add_scaled(float alpha, const float* x, float* y, int n) {
+  for (int i = 0; i < n; ++i) {
+    y[i] += alpha * x[i];
+  }
+}
+
+// A [B, heads, rows, D] float32 operand read through its strides.
+struct Operand {
+  const float* data;
+  int64_t stride[4];
+
+  const float* at(int b, int h, int r) const {
+    return data + b * stride[0] + h * stride[1] + r * stride[2];
+  }
+};
+
+Operand operand(const mx::array& a) {
+  return {a.data<float>(), {a.strides()[0], a.strides()[1], a.strides()[2], a.strides()[3]}};
+}
+
+// A boolean mask broadcast to [B, H, L, S]: stride 0 along its size-1 axes.
+struct MaskView {
+  const bool* data = nullptr;
+  int64_t stride[4] = {0, 0, 0, 0};
+
+  bool visible(int b, int h, int l, int s) const {
+    return data[b * stride[0] + h * stride[1] + l * stride[2] + s * stride[3]];
+  }
+};
+
+MaskView mask_view(const mx::array& m) {
+  MaskView view;
+  view.data = m.data<bool>();
+  const int lead = 4 - static_cast<int>(m.ndim());
+  for (int d = 0; d < static_cast<int>(m.ndim()); ++d) {
+    view.stride[lead + d] = m.shape(d) == 1 ? 0 : m.strides()[d];
+  }
+  return view;
+}
+
+// Keys or values stored as float32 [B, kv_heads, S, D].
+struct FloatRows {
+  Operand a;
+
+  float dot(const float* query, int b, int h, int s, int d) const {
+    const float* row = a.at(b, h, s);
+    if (a.stride[3] == 1) return mlx_bun::dot(query, row, d);
+    float sum = 0.0f;
+    for (int i = 0; i < d; ++i) sum += query[i] * row[i * a.stride[3]];
+    return sum;
+  }
+
+  void add_scaled(float weight, int b, int h, int s, float* out, int d) const {
+    const float* row = a.at(b, h, s);
+    if (a.stride[3] == 1) {
+      mlx_bun::add_scaled(weight, row, out, d);
+      return;
+    }
+    for (int i = 0; i < d; ++i) out[i] += weight * row[i * a.stride[3]];
+  }
+};
+
+// Keys or values in MLX's affine quantized layout, as a quantized KV cache
+// keeps them: packed uint32 [B, kv_heads, S, D * bits / 32] with float32
+// scales and biases [B, kv_heads, S, D / group_size]; each value is
+// scale * q + bias.
+struct QuantRows {
+  const uint32_t* packed;
+  const float* scales;
+  const float* biases;
+  int64_t packed_stride[3];
+  int64_t scale_stride[3];
+  int64_t bias_stride[3];
+  int bits;
+  int group_size;
+
+  // The D values of one row, dequantized.
+  void row(int b, int h, int s, float* out, int d) const {
+    const uint32_t* w =
+        packed + b * packed_stride[0] + h * packed_stride[1] + s * packed_stride[2];
+    const float* sc = scales + b * scale_stride[0] + h * scale_stride[1] + s * scale_stride[2];
+    const float* bi = biases + b * bias_stride[0] + h * bias_stride[1] + s * bias_stride[2];
+    const int per_word = 32 / bits;
+    const uint32_t mask = (1u << bits) - 1u;
+    for (int i = 0; i < d; ++i) {
+      const uint32_t q = (w[i / per_word] >> (bits * (i % per_word))) & mask;
+      const int g = i / group_size;
+      out[i] = sc[g] * static_cast<float>(q) + bi[g];
+    }
+  }
+
+  float dot(const float* query, int b, int h, int s, int d) const {
+    float values[kMaxDims];
+    row(b, h, s, values, d);
+    return mlx_bun::dot(query, values, d);
+  }
+
+  void add_scaled(float weight, int b, int h, int s, float* out, int d) const {
+    float values[kMaxDims];
+    row(b, h, s, values, d);
+    mlx_bun::add_scaled(weight, values, out, d);
+  }
+};
+
+template <class Rows>
+struct Problem {
+  Operand q;
+  Rows k, v;
+  MaskView mask;
+  bool has_mask;
+  bool causal;
+  float scale;
+  int batch, heads, kv_heads, queries, keys, dims;
+  float* out;  // [B, L, H * D], row-contiguous
+};
+
+// One (batch row, head) pair: every query of that head.
+template <class Rows>
+void attend(const Problem<Rows>& p, int task) {
+  const int b = task / p.heads;
+  const int h = task % p.heads;
+  const int kh = h / (p.heads / p.kv_heads);
+  const int d = p.dims;
+  thread_local std::vector<float> scores;
+  thread_local std::vector<float> query;
+  scores.resize(p.keys);
+  query.resize(d);
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  for (int l = 0; l < p.queries; ++l) {
+    const float* q = p.q.at(b, h, l);
+    for (int i = 0; i < d; ++i) {
+      query[i] = p.scale * q[i * p.q.stride[3]];
+    }
+    const int last = p.causal ? p.keys - p.queries + l : p.keys - 1;
+    float max = minus_inf;
+    for (int s = 0; s < p.keys; ++s) {
+      const bool seen = s <= last && (!p.has_mask || p.mask.visible(b, h, l, s));
+      const float score = seen ? p.k.dot(query.data(), b, kh, s, d) : minus_inf;
+      scores[s] = score;
+      if (score > max) max = score;
+    }
+    float* o = p.out + ((static_cast<int64_t>(b) * p.queries + l) * p.heads + h) * d;
+    for (int i = 0; i < d; ++i) o[i] = 0.0f;
+    if (max == minus_inf) {
+      continue;
+    }
+    float sum = 0.0f;
+    for (int s = 0; s < p.keys; ++s) {
+      scores[s] = std::exp(scores[s] - max);
+      sum += scores[s];
+    }
+    const float normalizer = 1.0f / sum;
+    for (int s = 0; s < p.keys; ++s) {
+      const float weight = scores[s] * normalizer;
+      if (weight != 0.0f) p.v.add_scaled(weight, b, kh, s, o, d);
+    }
+  }
+}
+
+template <class Rows>
+void attend_task(void* ctx, int task) {
+  attend(*static_cast<const Problem<Rows>*>(ctx), task);
+}
+
+template <class Rows>
+void run(const Problem<Rows>& p) {
+  const int tasks = p.batch * p.heads;
+  const int64_t work = static_cast<int64_t>(tasks) * p.queries * p.keys * p.dims;
+  // Below this much work a wake-up of the helper threads costs more.
+  if (work < (1 << 16)) {
+    for (int t = 0; t < tasks; ++t) attend(p, t);
+  } else {
+    parallel_tasks(tasks, attend_task<Rows>, const_cast<Problem<Rows>*>(&p));
+  }
+}
+
+QuantRows quant_rows(const mx::array& packed, const mx::array& scales, const mx::array& biases,
+                     int bits, int group_size) {
+  for (const auto* a : {&packed, &scales, &biases}) {
+    if (a->strides().back() != 1) {
+      throw std::runtime_error("[mlx_bun_cpu_attention] quantized rows must be contiguous");
+    }
+  }
+  QuantRows r{packed.data<uint32_t>(), scales.data<float>(), biases.data<float>(),
+              {}, {}, {}, bits, group_size};
+  for (int i = 0; i < 3; ++i) {
+    r.packed_stride[i] = packed.strides()[i];
+    r.scale_stride[i] = scales.strides()[i];
+    r.bias_stride[i] = biases.strides()[i];
+  }
+  return r;
+}
+
+class CpuAttention : public mx::UnaryPrimitive {
+ public:
+  // `bits` 0: float32 keys and values; else quantized with that many bits.
+  CpuAttention(mx::Stream stream, float scale, bool causal, bool has_mask, int bits, int group_size)
+      : mx::UnaryPrimitive(stream),
+        scale_(scale),
+        causal_(causal),
+        has_mask_(has_mask),
+        bits_(bits),
+        group_size_(group_size) {}
+
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& encoder = mx::cpu::get_command_encoder(stream());
+    for (const auto& a : inputs) encoder.set_input_array(a);
+    encoder.set_output_array(out);
+    const auto& q = inputs[0];
+    const auto& k = inputs[1];
+    const int operands = bits_ == 0 ? 3 : 7;
+    auto problem = [&](auto keys, auto values) {
+      return Problem<decltype(keys)>{
+          operand(q),
+          keys,
+          values,
+          has_mask_ ? mask_view(inputs[operands]) : MaskView{},
+          has_mask_,
+          causal_,
+          scale_,
+          q.shape(0),
+          q.shape(1),
+          k.shape(1),
+          q.shape(2),
+          k.shape(2),
+          q.shape(3),
+          out.data<float>()};
+    };
+    if (bits_ == 0) {
+      auto p = problem(FloatRows{operand(k)}, FloatRows{operand(inputs[2])});
+      encoder.dispatch([p]() { run(p); });
+    } else {
+      auto p = problem(
+          quant_rows(inputs[1], inputs[2], inputs[3], bits_, group_size_),
+          quant_rows(inputs[4], inputs[5], inputs[6], bits_, group_size_));
+      encoder.dispatch([p]() { run(p); });
+    }
+  }
+
+  void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
+    throw std::runtime_error("[mlx_bun_cpu_attention] runs on the CPU only");
+  }
+
+  // Gradients through MLX's own formulation.
+  std::vector<mx::array> vjp(
+      const std::vector<mx::array>& primals,
+      const std::vector<mx::array>& cotangents,
+      const std::vector<int>& argnums,
+      const std::vector<mx::array>&) override {
+    if (bits_ != 0) {
+      throw std::invalid_argument(
+          "[mlx_bun_cpu_attention] no gradient through a quantized KV cache");
+    }
+    const float scale = scale_;
+    const bool causal = causal_;
+    const bool has_mask = has_mask_;
+    auto s = stream();
+    std::optional<mx::array> mask;
+    if (has_mask) mask = primals[3];
+    auto fun = [=](const std::vector<mx::array>& in) {
+      auto o = mx::fast::scaled_dot_product_attention(
+          in[0], in[1], in[2], scale, causal ? "causal" : (has_mask ? "array" : ""), mask, {},
+          false, s);
+      o = mx::transpose(o, {0, 2, 1, 3}, s);
+      return std::vector<mx::array>{
+          mx::reshape(o, {o.shape(0), o.shape(1), o.shape(2) * o.shape(3)}, s)};
+    };
+    const std::vector<mx::array> operands{primals[0], primals[1], primals[2]};
+    auto grads = mx::vjp(fun, operands, cotangents).second;
+    std::vector<mx::array> result;
+    for (int a : argnums) {
+      if (a > 2) {
+        throw std::invalid_argument("[mlx_bun_cpu_attention] no gradient with respect to the mask");
+      }
+      result.push_back(grads[a]);
+    }
+    return result;
+  }
+
+  const char* name() const override {
+    return "MlxBunCpuAttention";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    const auto& o = static_cast<const CpuAttention&>(other);
+    return scale_ == o.scale_ && causal_ == o.causal_ && has_mask_ == o.has_mask_ &&
+           bits_ == o.bits_ && group_size_ == o.group_size_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    const auto& q = inputs[0];
+    return {{q.shape(0), q.shape(2), q.shape(1) * q.shape(3)}};
+  }
+
+ private:
+  float scale_;
+  bool causal_;
+  bool has_mask_;
+  int bits_;
+  int group_size_;
+};
+
+}  // namespace
+}  // namespace mlx_bun
+
+namespace mlx_bun {
+namespace {
+
+// The attention node over `kv` (keys then values: two float32 arrays, or
+// two quantized triples) of `keys` positions in `kv_heads` heads.
+mx::array make_attention(
+    const mx::array& q,
+    std::vector<mx::array> kv,
+    int kv_heads,
+    int keys,
+    mlx_array mask,
+    float scale,
+    bool causal,
+    int bits,
+    int group_size) {
+  if (q.dtype() != mx::float32 || q.ndim() != 4) {
+    throw std::invalid_argument("[mlx_bun_cpu_attention] needs float32 queries [B, heads, L, D]");
+  }
+  const int heads = q.shape(1);
+  if (kv_heads == 0 || heads % kv_heads != 0) {
+    throw std::invalid_argument(
+        "[mlx_bun_cpu_attention] the key heads must divide the query heads");
+  }
+  if (causal && q.shape(2) > keys) {
+    throw std::invalid_argument("[mlx_bun_cpu_attention] more causal queries than keys");
+  }
+  std::vector<mx::array> inputs{q};
+  for (auto& a : kv) inputs.push_back(std::move(a));
+  const bool has_mask = mask.ctx != nullptr;
+  if (has_mask) {
+    const auto& ma = mlx_array_get_(mask);
+    const int lead = 4 - static_cast<int>(ma.ndim());
+    const int want[4] = {q.shape(0), heads, q.shape(2), keys};
+    bool fits = ma.dtype() == mx::bool_ && lead >= 0;
+    for (int d = 0; fits && d < static_cast<int>(ma.ndim()); ++d) {
+      fits = ma.shape(d) == 1 || ma.shape(d) == want[lead + d];
+    }
+    if (!fits) {
+      throw std::invalid_argument(
+          "[mlx_bun_cpu_attention] the mask must be boolean, broadcastable to [B, heads, L, S]");
+    }
+    inputs.push_back(ma);
+  }
+  mx::Shape shape{q.shape(0), q.shape(2), heads * q.shape(3)};
+  return mx::array(
+      std::move(shape),
+      mx::float32,
+      std::make_shared<CpuAttention>(
+          mx::default_stream(mx::Device::cpu), scale, causal, has_mask, bits, group_size),
+      std::move(inputs));
+}
+
+}  // namespace
+}  // namespace mlx_bun
+
+extern "C" int mlx_bun_cpu_attention(
+    mlx_array* res,
+    mlx_array q,
+    mlx_array k,
+    mlx_array v,
+    mlx_array mask,
+    float scale,
+    int causal) {
+  try {
+    const auto& qa = mlx_array_get_(q);
+    const auto& ka = mlx_array_get_(k);
+    const auto& va = mlx_array_get_(v);
+    for (const auto* a : {&ka, &va}) {
+      if (a->dtype() != mx::float32 || a->ndim() != 4) {
+        throw std::invalid_argument(
+            "[mlx_bun_cpu_attention] needs float32 keys and values [B, kv_heads, S, D]");
+      }
+    }
+    if (ka.shape() != va.shape() || qa.ndim() != 4 || ka.shape(0) != qa.shape(0) ||
+        ka.shape(3) != qa.shape(3)) {
+      throw std::invalid_argument(
+          "[mlx_bun_cpu_attention] keys and values must be [B, kv_heads, S, D] like the queries");
+    }
+    mlx_array_set_(
+        *res,
+        mlx_bun::make_attention(
+            qa, {ka, va}, ka.shape(1), ka.shape(2), mask, scale, causal != 0, 0, 0));
+    return 0;
+  } catch (const std::exception& e) {
+    mlx_bun::last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int mlx_bun_cpu_quantized_attention(
+    mlx_array* res,
+    mlx_array q,
+    const mlx_array* keys,
+    const mlx_array* values,
+    mlx_array mask,
+    float scale,
+    int causal,
+    int bits,
+    int group_size) {
+  try {
+    const auto& qa = mlx_array_get_(q);
+    if (bits != 2 && bits != 4 && bits != 8) {
+      throw std::invalid_argument("[mlx_bun_cpu_attention] quantized keys of 2, 4 or 8 bits only");
+    }
+    if (qa.ndim() != 4 || qa.shape(3) > mlx_bun::kMaxDims || group_size <= 0 ||
+        qa.shape(3) % group_size != 0) {
+      throw std::invalid_argument(
+          "[mlx_bun_cpu_attention] the head size must be a multiple of the group size, at most " +
+          std::to_string(mlx_bun::kMaxDims));
+    }
+    std::vector<mx::array> kv;
+    for (const auto* triple : {keys, values}) {
+      const auto& packed = mlx_array_get_(triple[0]);
+      const auto& scales = mlx_array_get_(triple[1]);
+      const auto& biases = mlx_array_get_(triple[2]);
+      const mx::Shape want_packed{qa.shape(0), packed.ndim() == 4 ? packed.shape(1) : 0,
+                                  packed.ndim() == 4 ? packed.shape(2) : 0,
+                                  qa.shape(3) * bits / 32};
+      const mx::Shape want_groups{want_packed[0], want_packed[1], want_packed[2],
+                                  qa.shape(3) / group_size};
+      if (packed.dtype() != mx::uint32 || scales.dtype() != mx::float32 ||
+          biases.dtype() != mx::float32 || packed.shape() != want_packed ||
+          scales.shape() != want_groups || biases.shape() != want_groups) {
+        throw std::invalid_argument(
+            "[mlx_bun_cpu_attention] quantized keys and values must be uint32 [B, kv_heads, S, "
+            "D * bits / 32] with float32 scales and biases [B, kv_heads, S, D / group_size]");
+      }
+      kv.push_back(packed);
+      kv.push_back(scales);
+      kv.push_back(biases);
+    }
+    if (kv[0].shape() != kv[3].shape()) {
+      throw std::invalid_argument("[mlx_bun_cpu_attention] keys and values differ in shape");
+    }
+    const int kv_heads = kv[0].shape(1);
+    const int positions = kv[0].shape(2);
+    mlx_array_set_(
+        *res,
+        mlx_bun::make_attention(
+            qa, std::move(kv), kv_heads, positions, mask, scale, causal != 0, bits, group_size));
+    return 0;
+  } catch (const std::exception& e) {
+    mlx_bun::last_error = e.what();
+    return 1;
+  }
+}
