@@ -618,7 +618,7 @@ fn silu_glu_gradient_matches_mlx() {
             Ok(vec![(&y * &y).sum(None)?])
         };
         let mut vg = value_and_grad_with_argnums(f, &[0][..]);
-        let (_, grads) = vg(&[x.clone()]).unwrap();
+        let (_, grads) = vg(std::slice::from_ref(&x)).unwrap();
         eval(grads.iter()).unwrap();
         grads
     };
