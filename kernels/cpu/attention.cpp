@@ -46,9 +46,6 @@ namespace {
 
 constexpr int kLanes = 16;
 
-// The widest head a quantized cache's rows are dequantized for.
-constexpr int kMaxDims = 512;
-
 MLX_BUN_CLONES float dot(const float* a, const float* b, int n) {
   float acc[kLanes] = {};
   int i = 0;
@@ -111,28 +108,41 @@ MaskView mask_view(const mx::array& m) {
 struct FloatRows {
   Operand a;
 
-  float dot(const float* query, int b, int h, int s, int d) const {
-    const float* row = a.at(b, h, s);
-    if (a.stride[3] == 1) return mlx_bun::dot(query, row, d);
-    float sum = 0.0f;
-    for (int i = 0; i < d; ++i) sum += query[i] * row[i * a.stride[3]];
-    return sum;
-  }
-
-  void add_scaled(float weight, int b, int h, int s, float* out, int d) const {
-    const float* row = a.at(b, h, s);
-    if (a.stride[3] == 1) {
-      mlx_bun::add_scaled(weight, row, out, d);
-      return;
-    }
-    for (int i = 0; i < d; ++i) out[i] += weight * row[i * a.stride[3]];
+  // Row s of head h: in place when its features are contiguous, else
+  // gathered into `scratch` (D floats).
+  const float* row(int b, int h, int s, int d, float* scratch) const {
+    const float* r = a.at(b, h, s);
+    if (a.stride[3] == 1) return r;
+    for (int i = 0; i < d; ++i) scratch[i] = r[i * a.stride[3]];
+    return scratch;
   }
 };
+
+// `out[i] = scale * q_i + bias` over one group of a packed row.
+template <int BITS>
+MLX_BUN_CLONES void dequantize_group(const uint8_t* bytes, float scale, float bias, float* out,
+                                     int group_size) {
+  if constexpr (BITS == 8) {
+    for (int i = 0; i < group_size; ++i) out[i] = scale * static_cast<float>(bytes[i]) + bias;
+  } else if constexpr (BITS == 4) {
+    for (int i = 0; i < group_size / 2; ++i) {
+      out[2 * i] = scale * static_cast<float>(bytes[i] & 0x0F) + bias;
+      out[2 * i + 1] = scale * static_cast<float>(bytes[i] >> 4) + bias;
+    }
+  } else {
+    for (int i = 0; i < group_size / 4; ++i) {
+      for (int j = 0; j < 4; ++j) {
+        out[4 * i + j] = scale * static_cast<float>((bytes[i] >> (2 * j)) & 0x03) + bias;
+      }
+    }
+  }
+}
 
 // Keys or values in MLX's affine quantized layout, as a quantized KV cache
 // keeps them: packed uint32 [B, kv_heads, S, D * bits / 32] with float32
 // scales and biases [B, kv_heads, S, D / group_size]; each value is
-// scale * q + bias.
+// scale * q + bias (element j of a word in bits [j * bits, (j + 1) * bits),
+// so on a little-endian machine the fields run in byte order).
 struct QuantRows {
   const uint32_t* packed;
   const float* scales;
@@ -143,31 +153,29 @@ struct QuantRows {
   int bits;
   int group_size;
 
-  // The D values of one row, dequantized.
-  void row(int b, int h, int s, float* out, int d) const {
-    const uint32_t* w =
-        packed + b * packed_stride[0] + h * packed_stride[1] + s * packed_stride[2];
+  // Row s of head h, dequantized into `scratch` (D floats).
+  const float* row(int b, int h, int s, int d, float* scratch) const {
+    const auto* bytes = reinterpret_cast<const uint8_t*>(
+        packed + b * packed_stride[0] + h * packed_stride[1] + s * packed_stride[2]);
     const float* sc = scales + b * scale_stride[0] + h * scale_stride[1] + s * scale_stride[2];
     const float* bi = biases + b * bias_stride[0] + h * bias_stride[1] + s * bias_stride[2];
-    const int per_word = 32 / bits;
-    const uint32_t mask = (1u << bits) - 1u;
-    for (int i = 0; i < d; ++i) {
-      const uint32_t q = (w[i / per_word] >> (bits * (i % per_word))) & mask;
-      const int g = i / group_size;
-      out[i] = sc[g] * static_cast<float>(q) + bi[g];
+    const int group_bytes = group_size * bits / 8;
+    for (int g = 0; g * group_size < d; ++g) {
+      const uint8_t* src = bytes + g * group_bytes;
+      float* dst = scratch + g * group_size;
+      switch (bits) {
+        case 8:
+          dequantize_group<8>(src, sc[g], bi[g], dst, group_size);
+          break;
+        case 4:
+          dequantize_group<4>(src, sc[g], bi[g], dst, group_size);
+          break;
+        default:
+          dequantize_group<2>(src, sc[g], bi[g], dst, group_size);
+          break;
+      }
     }
-  }
-
-  float dot(const float* query, int b, int h, int s, int d) const {
-    float values[kMaxDims];
-    row(b, h, s, values, d);
-    return mlx_bun::dot(query, values, d);
-  }
-
-  void add_scaled(float weight, int b, int h, int s, float* out, int d) const {
-    float values[kMaxDims];
-    row(b, h, s, values, d);
-    mlx_bun::add_scaled(weight, values, out, d);
+    return scratch;
   }
 };
 
@@ -183,45 +191,74 @@ struct Problem {
   float* out;  // [B, L, H * D], row-contiguous
 };
 
-// One (batch row, head) pair: every query of that head.
+// One (batch row, key head) pair: every query of the query heads that
+// share that key head, so each key and value row is read (and, quantized,
+// dequantized) once for all of them.
 template <class Rows>
 void attend(const Problem<Rows>& p, int task) {
-  const int b = task / p.heads;
-  const int h = task % p.heads;
-  const int kh = h / (p.heads / p.kv_heads);
+  const int b = task / p.kv_heads;
+  const int kh = task % p.kv_heads;
+  const int repeats = p.heads / p.kv_heads;
   const int d = p.dims;
+  const int n = repeats * p.queries;  // query vectors, head-major
   thread_local std::vector<float> scores;
-  thread_local std::vector<float> query;
-  scores.resize(p.keys);
-  query.resize(d);
+  thread_local std::vector<float> queries;
+  thread_local std::vector<float> scratch;
+  scores.resize(static_cast<size_t>(n) * p.keys);
+  queries.resize(static_cast<size_t>(n) * d);
+  scratch.resize(d);
   const float minus_inf = -std::numeric_limits<float>::infinity();
-  for (int l = 0; l < p.queries; ++l) {
-    const float* q = p.q.at(b, h, l);
-    for (int i = 0; i < d; ++i) {
-      query[i] = p.scale * q[i * p.q.stride[3]];
+  for (int r = 0; r < repeats; ++r) {
+    for (int l = 0; l < p.queries; ++l) {
+      const float* q = p.q.at(b, kh * repeats + r, l);
+      float* dst = queries.data() + static_cast<size_t>(r * p.queries + l) * d;
+      for (int i = 0; i < d; ++i) dst[i] = p.scale * q[i * p.q.stride[3]];
     }
-    const int last = p.causal ? p.keys - p.queries + l : p.keys - 1;
-    float max = minus_inf;
-    for (int s = 0; s < p.keys; ++s) {
+  }
+  for (int s = 0; s < p.keys; ++s) {
+    const float* key = p.k.row(b, kh, s, d, scratch.data());
+    for (int j = 0; j < n; ++j) {
+      const int h = kh * repeats + j / p.queries;
+      const int l = j % p.queries;
+      const int last = p.causal ? p.keys - p.queries + l : p.keys - 1;
       const bool seen = s <= last && (!p.has_mask || p.mask.visible(b, h, l, s));
-      const float score = seen ? p.k.dot(query.data(), b, kh, s, d) : minus_inf;
-      scores[s] = score;
-      if (score > max) max = score;
+      scores[static_cast<size_t>(j) * p.keys + s] =
+          seen ? dot(queries.data() + static_cast<size_t>(j) * d, key, d) : minus_inf;
     }
-    float* o = p.out + ((static_cast<int64_t>(b) * p.queries + l) * p.heads + h) * d;
-    for (int i = 0; i < d; ++i) o[i] = 0.0f;
+  }
+  // Softmax per query vector; a query that sees no key gets zeros.
+  for (int j = 0; j < n; ++j) {
+    float* row = scores.data() + static_cast<size_t>(j) * p.keys;
+    float max = minus_inf;
+    for (int s = 0; s < p.keys; ++s) max = row[s] > max ? row[s] : max;
     if (max == minus_inf) {
+      for (int s = 0; s < p.keys; ++s) row[s] = 0.0f;
       continue;
     }
     float sum = 0.0f;
     for (int s = 0; s < p.keys; ++s) {
-      scores[s] = std::exp(scores[s] - max);
-      sum += scores[s];
+      row[s] = std::exp(row[s] - max);
+      sum += row[s];
     }
     const float normalizer = 1.0f / sum;
-    for (int s = 0; s < p.keys; ++s) {
-      const float weight = scores[s] * normalizer;
-      if (weight != 0.0f) p.v.add_scaled(weight, b, kh, s, o, d);
+    for (int s = 0; s < p.keys; ++s) row[s] *= normalizer;
+  }
+  auto output = [&](int j) {
+    const int h = kh * repeats + j / p.queries;
+    const int l = j % p.queries;
+    return p.out + ((static_cast<int64_t>(b) * p.queries + l) * p.heads + h) * d;
+  };
+  for (int j = 0; j < n; ++j) {
+    float* o = output(j);
+    for (int i = 0; i < d; ++i) o[i] = 0.0f;
+  }
+  for (int s = 0; s < p.keys; ++s) {
+    const float* value = nullptr;
+    for (int j = 0; j < n; ++j) {
+      const float weight = scores[static_cast<size_t>(j) * p.keys + s];
+      if (weight == 0.0f) continue;
+      if (value == nullptr) value = p.v.row(b, kh, s, d, scratch.data());
+      add_scaled(weight, value, output(j), d);
     }
   }
 }
@@ -233,10 +270,10 @@ void attend_task(void* ctx, int task) {
 
 template <class Rows>
 void run(const Problem<Rows>& p) {
-  const int tasks = p.batch * p.heads;
-  const int64_t work = static_cast<int64_t>(tasks) * p.queries * p.keys * p.dims;
+  const int tasks = p.batch * p.kv_heads;
+  const int64_t work = static_cast<int64_t>(p.batch) * p.heads * p.queries * p.keys * p.dims;
   // Below this much work a wake-up of the helper threads costs more.
-  if (work < (1 << 16)) {
+  if (work < (1 << 16) || tasks == 1) {
     for (int t = 0; t < tasks; ++t) attend(p, t);
   } else {
     parallel_tasks(tasks, attend_task<Rows>, const_cast<Problem<Rows>*>(&p));
@@ -475,11 +512,10 @@ extern "C" int mlx_bun_cpu_quantized_attention(
     if (bits != 2 && bits != 4 && bits != 8) {
       throw std::invalid_argument("[mlx_bun_cpu_attention] quantized keys of 2, 4 or 8 bits only");
     }
-    if (qa.ndim() != 4 || qa.shape(3) > mlx_bun::kMaxDims || group_size <= 0 ||
-        qa.shape(3) % group_size != 0) {
+    if (qa.ndim() != 4 || group_size <= 0 || qa.shape(3) % group_size != 0 ||
+        group_size * bits % 32 != 0) {
       throw std::invalid_argument(
-          "[mlx_bun_cpu_attention] the head size must be a multiple of the group size, at most " +
-          std::to_string(mlx_bun::kMaxDims));
+          "[mlx_bun_cpu_attention] the head size must be a multiple of the group size");
     }
     std::vector<mx::array> kv;
     for (const auto* triple : {keys, values}) {
