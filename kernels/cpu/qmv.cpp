@@ -228,17 +228,27 @@ Pool& pool() {
   return *p;
 }
 
+// Products of one input split into tasks of `rows_per_task` output rows,
+// the tasks of products[0] first.
 struct Split {
-  const QmvArgs* args;
+  const QmvArgs* const* products;
+  int count;
   int rows_per_task;
 };
 
 void run_task(void* ctx, int task) {
   const Split& s = *static_cast<const Split*>(ctx);
-  const int n0 = task * s.rows_per_task;
-  int n1 = n0 + s.rows_per_task;
-  if (n1 > s.args->n) n1 = s.args->n;
-  isa().fn(*s.args, n0, n1);
+  for (int i = 0; i < s.count; ++i) {
+    const QmvArgs& a = *s.products[i];
+    const int tasks = (a.n + s.rows_per_task - 1) / s.rows_per_task;
+    if (task < tasks) {
+      const int n0 = task * s.rows_per_task;
+      const int n1 = n0 + s.rows_per_task < a.n ? n0 + s.rows_per_task : a.n;
+      isa().fn(a, n0, n1);
+      return;
+    }
+    task -= tasks;
+  }
 }
 
 }  // namespace
@@ -254,92 +264,62 @@ void qmv_range(const QmvArgs& a, int n0, int n1) {
 }
 
 namespace {
-// Calls and nanoseconds spent in qmv(), by bit width (index 0: 4, 1: 8).
+// Calls and nanoseconds spent in qmv() and qmv_pair(), by bit width (index
+// 0: 4, 1: 8).
 std::atomic<uint64_t> stat_calls[2];
 std::atomic<uint64_t> stat_ns[2];
 
-void qmv_split(const QmvArgs& a);
-}  // namespace
-
-void qmv(const QmvArgs& a) {
+// Computes `count` products of one input in one split over the threads and
+// counts the call in the statistics.
+void qmv_products(const QmvArgs* const* products, int count) {
   const auto start = std::chrono::steady_clock::now();
-  qmv_split(a);
+  Pool& p = pool();
+  long long weights = 0;
+  int total_n = 0;
+  bool narrow = false;
+  for (int i = 0; i < count; ++i) {
+    weights += static_cast<long long>(products[i]->n) * products[i]->k;
+    total_n += products[i]->n;
+    narrow = narrow || products[i]->n < 32;
+  }
+  // Below this many weights a wake-up costs more than the split gains.
+  if (p.threads() <= 1 || weights < (1LL << 16) || narrow) {
+    for (int i = 0; i < count; ++i) isa().fn(*products[i], 0, products[i]->n);
+  } else {
+    // A few tasks per thread balance the load; multiples of 4 rows keep
+    // every task on the blocked path.
+    const int target = p.threads() * 4;
+    int rows = (total_n + target - 1) / target;
+    rows = (rows + 3) / 4 * 4;
+    if (rows < 16) rows = 16;
+    int tasks = 0;
+    for (int i = 0; i < count; ++i) tasks += (products[i]->n + rows - 1) / rows;
+    Split split{products, count, rows};
+    p.run(tasks, run_task, &split);
+  }
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                       std::chrono::steady_clock::now() - start)
                       .count();
-  const int i = a.bits == 8 ? 1 : 0;
+  const int i = products[0]->bits == 8 ? 1 : 0;
   stat_calls[i].fetch_add(1, std::memory_order_relaxed);
   stat_ns[i].fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+}
+}  // namespace
+
+void qmv(const QmvArgs& a) {
+  const QmvArgs* products[] = {&a};
+  qmv_products(products, 1);
+}
+
+void qmv_pair(const QmvArgs& a, const QmvArgs& b) {
+  const QmvArgs* products[] = {&a, &b};
+  qmv_products(products, 2);
 }
 
 void qmv_stats(int bits, uint64_t* calls, uint64_t* ns) {
   const int i = bits == 8 ? 1 : 0;
   *calls = stat_calls[i].load(std::memory_order_relaxed);
   *ns = stat_ns[i].load(std::memory_order_relaxed);
-}
-
-namespace {
-void qmv_split(const QmvArgs& a) {
-  Pool& p = pool();
-  // Below this many weights a wake-up costs more than the split gains.
-  const long long weights = static_cast<long long>(a.n) * a.k;
-  if (p.threads() <= 1 || weights < (1LL << 16) || a.n < 32) {
-    isa().fn(a, 0, a.n);
-    return;
-  }
-  // A few tasks per thread balance the load; multiples of 4 rows keep
-  // every task on the blocked path.
-  const int target = p.threads() * 4;
-  int rows = (a.n + target - 1) / target;
-  rows = (rows + 3) / 4 * 4;
-  if (rows < 16) rows = 16;
-  Split split{&a, rows};
-  p.run((a.n + rows - 1) / rows, run_task, &split);
-}
-}  // namespace
-
-namespace {
-
-struct PairSplit {
-  const QmvArgs* args[2];
-  int rows_per_task;
-  int first_tasks;
-};
-
-void run_pair_task(void* ctx, int task) {
-  const PairSplit& s = *static_cast<const PairSplit*>(ctx);
-  const int which = task < s.first_tasks ? 0 : 1;
-  const QmvArgs& a = *s.args[which];
-  const int n0 = (task - which * s.first_tasks) * s.rows_per_task;
-  int n1 = n0 + s.rows_per_task;
-  if (n1 > a.n) n1 = a.n;
-  isa().fn(a, n0, n1);
-}
-
-}  // namespace
-
-void qmv_pair(const QmvArgs& a, const QmvArgs& b) {
-  const auto start = std::chrono::steady_clock::now();
-  Pool& p = pool();
-  const long long weights = static_cast<long long>(a.n + b.n) * a.k;
-  if (p.threads() <= 1 || weights < (1LL << 16) || a.n < 32 || b.n < 32) {
-    isa().fn(a, 0, a.n);
-    isa().fn(b, 0, b.n);
-  } else {
-    const int target = p.threads() * 4;
-    int rows = (a.n + b.n + target - 1) / target;
-    rows = (rows + 3) / 4 * 4;
-    if (rows < 16) rows = 16;
-    const int first = (a.n + rows - 1) / rows;
-    PairSplit split{{&a, &b}, rows, first};
-    p.run(first + (b.n + rows - 1) / rows, run_pair_task, &split);
-  }
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::steady_clock::now() - start)
-                      .count();
-  const int i = a.bits == 8 ? 1 : 0;
-  stat_calls[i].fetch_add(1, std::memory_order_relaxed);
-  stat_ns[i].fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
 }
 
 void parallel_tasks(int tasks, void (*fn)(void* ctx, int task), void* ctx) {
