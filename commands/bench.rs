@@ -48,8 +48,8 @@ enum What {
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i32).range(32..=128))]
         q_group_size: i32,
         /// The synthetic model's dtype: bfloat16, float16 or float32.
-        #[arg(long, default_value = "bfloat16")]
-        dtype: String,
+        #[arg(long = "dtype", default_value = "bfloat16")]
+        synthetic_dtype: String,
         /// Time every length with mlx-bun's CUDA kernel on and off (GPU).
         #[arg(long)]
         compare_kernel: bool,
@@ -80,7 +80,7 @@ pub fn run(args: Args) -> Result<()> {
             synthetic,
             q_bits,
             q_group_size,
-            dtype,
+            synthetic_dtype,
             compare_kernel,
             lengths,
             context,
@@ -91,8 +91,8 @@ pub fn run(args: Args) -> Result<()> {
         } => {
             let source = match synthetic {
                 Some(shape) => {
-                    let dtype = mlx_bun::mlx_ext::parse_dtype(&dtype)
-                        .ok_or_else(|| anyhow::anyhow!("unknown --dtype {dtype:?}"))?;
+                    let dtype = mlx_bun::mlx_ext::parse_dtype(&synthetic_dtype)
+                        .ok_or_else(|| anyhow::anyhow!("unknown --dtype {synthetic_dtype:?}"))?;
                     let quant = (q_bits > 0).then_some(QuantSpec::affine(q_group_size, q_bits));
                     Source::Synthetic {
                         shape,

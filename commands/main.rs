@@ -179,3 +179,44 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
             .is_some_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    /// Clap's own consistency checks over every subcommand.
+    #[test]
+    fn command_line_definition_is_consistent() {
+        super::Cli::command().debug_assert();
+    }
+
+    /// A flattened argument group sharing an id with a command's own
+    /// argument makes every invocation fail, which `debug_assert` misses.
+    #[test]
+    fn bench_forward_parses_with_and_without_its_dtype_flags() {
+        for args in [
+            &["bench", "forward", "--synthetic", "smollm2-135m"][..],
+            &[
+                "bench",
+                "forward",
+                "-m",
+                "some/model",
+                "--compute-dtype",
+                "model",
+            ],
+            &[
+                "bench",
+                "forward",
+                "--synthetic",
+                "llama-1b",
+                "--dtype",
+                "float16",
+            ],
+        ] {
+            let argv = std::iter::once("mlx-bun").chain(args.iter().copied());
+            if let Err(e) = super::Cli::try_parse_from(argv) {
+                panic!("{args:?}: {e}");
+            }
+        }
+    }
+}

@@ -137,6 +137,42 @@ fn every_row_count_up_to_sixteen_on_model_shapes() {
     }
 }
 
+/// A batch row's product equals that row's product alone, bit for bit, at
+/// any row count (blocks of rows dequantized in registers or once for all
+/// rows): batched decoding and speculative verification depend on it.
+#[test]
+fn each_row_equals_the_row_alone() {
+    let mut rng = StdRng::seed_from_u64(77);
+    for (bits, group_size) in [(4, 32), (4, 64), (8, 64)] {
+        let layer = random_layer(&mut rng, 203, 384, group_size, bits);
+        for rows in [2, 4, 5, 8, 13, 16] {
+            let x = random_array(&mut rng, &[rows, 384], 1.0);
+            let product = |x: &Array| {
+                let y = cpu_quantized_matmul(
+                    x,
+                    &layer.w,
+                    &layer.scales,
+                    &layer.biases,
+                    group_size,
+                    bits,
+                )
+                .unwrap();
+                eval([&y]).unwrap();
+                y.as_slice::<f32>().to_vec()
+            };
+            let together = product(&x);
+            for r in 0..rows {
+                let alone = product(&x.index(r..r + 1));
+                let row = &together[(r * 203) as usize..((r + 1) * 203) as usize];
+                assert!(
+                    row == alone.as_slice(),
+                    "bits {bits} group {group_size}: row {r} of {rows} differs from the row alone"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn strided_input_is_read_correctly() {
     let mut rng = StdRng::seed_from_u64(3);

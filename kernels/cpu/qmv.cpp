@@ -38,6 +38,7 @@ struct Scalar {
   static reg zero() { return 0.0f; }
   static reg load(const float* p) { return *p; }
   static reg set1(float v) { return v; }
+  static void store(float* p, reg v) { *p = v; }
   static reg fma(reg a, reg b, reg c) { return a * b + c; }
   static float hsum(reg v) { return v; }
 

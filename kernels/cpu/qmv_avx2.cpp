@@ -16,6 +16,7 @@ struct Avx2 {
   static reg zero() { return _mm256_setzero_ps(); }
   static reg load(const float* p) { return _mm256_loadu_ps(p); }
   static reg set1(float v) { return _mm256_set1_ps(v); }
+  static void store(float* p, reg v) { _mm256_storeu_ps(p, v); }
   static reg fma(reg a, reg b, reg c) { return _mm256_fmadd_ps(a, b, c); }
   static float hsum(reg v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

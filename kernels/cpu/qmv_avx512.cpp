@@ -16,6 +16,7 @@ struct Avx512 {
   static reg zero() { return _mm512_setzero_ps(); }
   static reg load(const float* p) { return _mm512_loadu_ps(p); }
   static reg set1(float v) { return _mm512_set1_ps(v); }
+  static void store(float* p, reg v) { _mm512_storeu_ps(p, v); }
   static reg fma(reg a, reg b, reg c) { return _mm512_fmadd_ps(a, b, c); }
   static float hsum(reg v) { return _mm512_reduce_add_ps(v); }
 

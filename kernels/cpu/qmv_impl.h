@@ -8,7 +8,7 @@
 //
 // A SIMD traits class V provides:
 //   using reg;  static constexpr int LANES;   (LANES divides 32)
-//   reg zero(); reg load(const float*); reg set1(float);
+//   reg zero(); reg load(const float*); reg set1(float); void store(float*, reg);
 //   reg fma(reg a, reg b, reg c);             a * b + c
 //   float hsum(reg);
 //   template <int BITS> void dequant(const uint8_t* chunk, reg s, reg b, reg out[32 / LANES]);
@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 
 #include "qmv.h"
 
@@ -36,6 +37,12 @@ constexpr int kRowsPerBlock = 4;
 #else
 #define QMV_UNROLL
 #endif
+
+// A row count as a type, for the block lambdas.
+template <int N>
+struct Rows {
+  static constexpr int value = N;
+};
 
 // NB output rows starting at n0 times MB activation rows starting at m0.
 // Accumulates in float32 over the whole row, like MLX's CPU kernel.
@@ -89,21 +96,119 @@ inline void qmv_block(const QmvArgs& a, int n0, int m0) {
   }
 }
 
+// Dequantizes NB output rows starting at n0, all of k, into buf ([NB][k]):
+// the values qmv_block computes in registers, for blocks of many activation
+// rows to read instead of dequantizing the same weights again per block.
+template <class V, int BITS, int NB>
+inline void dequant_rows(const QmvArgs& a, int n0, float* buf) {
+  constexpr int kVecs = 32 / V::LANES;
+  constexpr int kChunkBytes = 32 * BITS / 8;
+  const int groups = a.k / a.group_size;
+  const int chunks_per_group = a.group_size / 32;
+  const size_t row_bytes = static_cast<size_t>(a.k) * BITS / 8;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(a.w);
+  for (int i = 0; i < NB; ++i) {
+    const size_t n = static_cast<size_t>(n0 + i);
+    float* out = buf + static_cast<size_t>(i) * a.k;
+    for (int g = 0; g < groups; ++g) {
+      const typename V::reg s = V::set1(a.scales[n * groups + g]);
+      const typename V::reg b = V::set1(a.biases[n * groups + g]);
+      for (int cc = 0; cc < chunks_per_group; ++cc) {
+        const int c = g * chunks_per_group + cc;
+        typename V::reg d[kVecs];
+        V::template dequant<BITS>(w + n * row_bytes + static_cast<size_t>(c) * kChunkBytes, s, b, d);
+        QMV_UNROLL
+        for (int l = 0; l < kVecs; ++l) {
+          V::store(out + c * 32 + l * V::LANES, d[l]);
+        }
+      }
+    }
+  }
+}
+
+// qmv_block over weights dequantized by dequant_rows: the same products
+// accumulated in the same order, so the same results.
+template <class V, int NB, int MB>
+inline void qmv_block_dequantized(const QmvArgs& a, const float* buf, int n0, int m0) {
+  constexpr int kVecs = 32 / V::LANES;
+  const float* x = a.x + static_cast<size_t>(m0) * a.k;
+  typename V::reg acc[NB][MB];
+  QMV_UNROLL
+  for (int i = 0; i < NB; ++i) {
+    QMV_UNROLL
+    for (int j = 0; j < MB; ++j) {
+      acc[i][j] = V::zero();
+    }
+  }
+  const int chunks = a.k / 32;
+  for (int c = 0; c < chunks; ++c) {
+    QMV_UNROLL
+    for (int l = 0; l < kVecs; ++l) {
+      typename V::reg d[NB];
+      QMV_UNROLL
+      for (int i = 0; i < NB; ++i) {
+        d[i] = V::load(buf + static_cast<size_t>(i) * a.k + c * 32 + l * V::LANES);
+      }
+      QMV_UNROLL
+      for (int j = 0; j < MB; ++j) {
+        const typename V::reg xv = V::load(x + static_cast<size_t>(j) * a.k + c * 32 + l * V::LANES);
+        QMV_UNROLL
+        for (int i = 0; i < NB; ++i) {
+          acc[i][j] = V::fma(d[i], xv, acc[i][j]);
+        }
+      }
+    }
+  }
+  QMV_UNROLL
+  for (int i = 0; i < NB; ++i) {
+    QMV_UNROLL
+    for (int j = 0; j < MB; ++j) {
+      a.y[static_cast<size_t>(m0 + j) * a.n + n0 + i] = V::hsum(acc[i][j]);
+    }
+  }
+}
+
+// This thread's buffer for dequant_rows, grown as needed; null when memory
+// runs out.
+inline float* dequant_buffer(size_t floats) {
+  static thread_local float* buf = nullptr;
+  static thread_local size_t capacity = 0;
+  if (floats > capacity) {
+    std::free(buf);
+    buf = static_cast<float*>(std::malloc(floats * sizeof(float)));
+    capacity = buf == nullptr ? 0 : floats;
+  }
+  return buf;
+}
+
 template <class V, int BITS, int NB, int MBMAX>
 inline void qmv_rows(const QmvArgs& a, int n0) {
+  // More activation rows than one block takes: dequantize once for all.
+  float* buf = a.m > MBMAX ? dequant_buffer(static_cast<size_t>(NB) * a.k) : nullptr;
+  if (buf != nullptr) {
+    dequant_rows<V, BITS, NB>(a, n0, buf);
+  }
+  auto block = [&](auto mb, int m0) {
+    constexpr int MB = decltype(mb)::value;
+    if (buf != nullptr) {
+      qmv_block_dequantized<V, NB, MB>(a, buf, n0, m0);
+    } else {
+      qmv_block<V, BITS, NB, MB>(a, n0, m0);
+    }
+  };
   int m0 = 0;
   for (; m0 + MBMAX <= a.m; m0 += MBMAX) {
-    qmv_block<V, BITS, NB, MBMAX>(a, n0, m0);
+    block(Rows<MBMAX>{}, m0);
   }
   switch (a.m - m0) {
     case 1:
-      qmv_block<V, BITS, NB, 1>(a, n0, m0);
+      block(Rows<1>{}, m0);
       break;
     case 2:
-      if constexpr (MBMAX > 2) qmv_block<V, BITS, NB, 2>(a, n0, m0);
+      if constexpr (MBMAX > 2) block(Rows<2>{}, m0);
       break;
     case 3:
-      if constexpr (MBMAX > 3) qmv_block<V, BITS, NB, 3>(a, n0, m0);
+      if constexpr (MBMAX > 3) block(Rows<3>{}, m0);
       break;
     default:
       break;

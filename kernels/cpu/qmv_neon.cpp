@@ -15,6 +15,7 @@ struct Neon {
   static reg zero() { return vdupq_n_f32(0.0f); }
   static reg load(const float* p) { return vld1q_f32(p); }
   static reg set1(float v) { return vdupq_n_f32(v); }
+  static void store(float* p, reg v) { vst1q_f32(p, v); }
   static reg fma(reg a, reg b, reg c) { return vfmaq_f32(c, a, b); }
   static float hsum(reg v) { return vaddvq_f32(v); }
 
