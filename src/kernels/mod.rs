@@ -4,10 +4,11 @@
 //! step; this one streams the packed weights once for all rows with SIMD and
 //! splits the output over the cores. Design and numbers: `docs/cpu-kernel.md`.
 //!
-//! `MLX_BUN_CPU_KERNEL=0` turns it off. `MLX_BUN_CPU_KERNEL_ROWS` sets the
-//! most rows for which `Linear` prefers it to its dense path (dequantize +
-//! BLAS GEMM, faster for long prompts); where there is no dense path (the
-//! tied output head) it beats MLX's kernel at any row count.
+//! `MLX_BUN_CPU_KERNEL=0` turns it off. `MLX_BUN_CPU_KERNEL_ROWS` caps the
+//! rows for which `Linear` prefers it to its dense path (dequantize + BLAS
+//! GEMM); by default it takes any number: past one block of rows it
+//! dequantizes each weight block once for all of them, which beats the
+//! dense path at every prompt length measured.
 
 use std::ffi::CStr;
 use std::os::raw::{c_char, c_int};
@@ -477,6 +478,20 @@ pub fn enabled() -> bool {
 /// (0 when the kernel is off).
 pub(crate) fn preferred_rows() -> usize {
     max_rows().unwrap_or(0)
+}
+
+/// Whether `Linear` runs `x @ dequantize(w).T` by the CPU kernel: it applies
+/// and `x` has at most the preferred rows.
+pub(crate) fn cpu_kernel_takes(
+    x: &Array,
+    w: &Array,
+    scales: &Array,
+    biases: Option<&Array>,
+    spec: QuantSpec,
+) -> bool {
+    let rows = x.size() / x.shape().last().map_or(1, |&k| k.max(1) as usize);
+    rows <= preferred_rows()
+        && biases.is_some_and(|b| spec.mode.has_biases() && kernel_applies(x, w, scales, b, spec))
 }
 
 /// The instruction set the kernel uses here: `avx512`, `avx2`, `neon` or `scalar`.

@@ -129,7 +129,9 @@ impl Linear {
                 let biases = biases.as_ref();
                 let y = if differentiable_quantized() {
                     quantized_matmul(x, weight, scales, biases, true, *spec)?
-                } else if dense_path_for(x) {
+                } else if !crate::kernels::cpu_kernel_takes(x, weight, scales, biases, *spec)
+                    && dense_path_for(x)
+                {
                     let w = dequantize(weight, scales, biases, *spec)?;
                     matmul(x, w.t())?
                 } else {
@@ -213,11 +215,12 @@ impl Linear {
     }
 }
 
-/// Rows from which a quantized layer is dequantized and run as a dense BLAS
-/// matmul on the CPU: MLX's CPU quantized kernel costs the same per row at
-/// any batch size, while a float32 GEMM reads the weights once for all rows.
-/// Row counts the CPU kernel (`crate::kernels`) prefers stay with it.
-/// The settings' `dense_rows` (0 turns this off).
+/// Rows from which a quantized layer the CPU kernel (`crate::kernels`) does
+/// not take is dequantized and run as a dense matmul on the CPU: MLX's CPU
+/// quantized kernel costs the same per row at any batch size, while a GEMM
+/// reads the weights once for all rows. Only for float32 activations: in a
+/// model's own half-precision dtype (`--compute-dtype model`) the layer
+/// computes as mlx-lm's does. The settings' `dense_rows` (0 turns this off).
 fn dense_rows_threshold() -> usize {
     if crate::mlx_ext::on_gpu() {
         return 0;
@@ -231,7 +234,7 @@ fn dense_path_for(x: &Array) -> bool {
         .iter()
         .map(|&d| d as i64)
         .product();
-    threshold > 0 && rows >= threshold as i64 && rows > crate::kernels::preferred_rows() as i64
+    threshold > 0 && rows >= threshold as i64 && x.dtype() == mlx_rs::Dtype::Float32
 }
 
 fn load_weight(w: &mut Weights, prefix: &str) -> Result<LinearWeight> {
