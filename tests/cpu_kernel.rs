@@ -3,8 +3,9 @@
 //! inputs, the layer dispatch and the gradient with respect to the input.
 
 use mlx_bun::kernels::{
-    attention, cpu_quantized_matmul, quantized_attention, quantized_matmul_t, quantized_silu_glu,
-    AttentionMask, RopeParams, ATTENTION_MAX_QUERIES,
+    attention, cpu_quantized_matmul, quantized_attention, quantized_matmul_t, quantized_qkv_rope,
+    quantized_silu_glu, AttentionHeads, AttentionMask, RopeParams, RopeStart,
+    ATTENTION_MAX_QUERIES,
 };
 use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
@@ -663,4 +664,92 @@ fn silu_glu_gradient_matches_mlx() {
         &grad_of(false)[0],
         "SwiGLU gradient wrt x",
     );
+}
+
+/// The fused attention-input primitive gives, bit for bit, what the three
+/// products, the reshapes to heads and the two RoPE primitives give apart:
+/// grouped heads, partial rotation, explicit frequencies, a shared and a
+/// per-row start, several rows and tokens, 4 and 8 bits.
+#[test]
+fn qkv_rope_equals_the_separate_operations() {
+    let mut rng = StdRng::seed_from_u64(31);
+    let freqs = Array::from_slice(
+        &(0..16).map(|i| 1.0 + i as f32 * 2.5).collect::<Vec<_>>(),
+        &[16],
+    );
+    let offsets = Array::from_slice(&[3i32, 40], &[2]);
+    // (B, L, heads, kv_heads, head_dim, rope dims, base or freqs, per-row, bits)
+    type Case<'a> = (i32, i32, i32, i32, i32, i32, Option<&'a Array>, bool, i32);
+    let cases: Vec<Case> = vec![
+        (1, 1, 9, 3, 64, 64, None, false, 4),
+        (1, 5, 4, 2, 64, 32, None, false, 8),
+        (2, 1, 4, 4, 32, 32, Some(&freqs), true, 4),
+        (2, 3, 6, 2, 32, 32, None, true, 4),
+    ];
+    for (b, l, heads, kv_heads, head_dim, dims, f, per_row, bits) in cases {
+        let hidden = 128;
+        let q = random_layer(&mut rng, heads * head_dim, hidden, 32, bits);
+        let k = random_layer(&mut rng, kv_heads * head_dim, hidden, 32, bits);
+        let v = random_layer(&mut rng, kv_heads * head_dim, hidden, 32, bits);
+        let x = random_array(&mut rng, &[b, l, hidden], 1.0);
+        let params = RopeParams {
+            dims,
+            traditional: false,
+            base: f.is_none().then_some(10000.0),
+            scale: 1.0,
+            freqs: f,
+        };
+        let start = if per_row {
+            RopeStart::PerRow(&offsets)
+        } else {
+            RopeStart::Shared(17)
+        };
+        let heads_of = AttentionHeads {
+            heads,
+            kv_heads,
+            head_dim,
+        };
+        let [fq, fk, fv] = quantized_qkv_rope(
+            &x,
+            [planes(&q), planes(&k), planes(&v)],
+            q.spec,
+            heads_of,
+            &params,
+            start,
+        )
+        .unwrap()
+        .expect("the primitive takes these operands");
+        let apart = |layer: &Layer, n: i32, rotate: bool| -> Array {
+            let y =
+                cpu_quantized_matmul(&x, &layer.w, &layer.scales, &layer.biases, 32, bits).unwrap();
+            let y = y
+                .reshape(&[b, l, n, head_dim])
+                .unwrap()
+                .transpose_axes(&[0, 2, 1, 3])
+                .unwrap();
+            match (rotate, per_row) {
+                (false, _) => y,
+                (true, true) => mlx_bun::kernels::rope_per_row(&y, &params, &offsets).unwrap(),
+                (true, false) => mlx_bun::kernels::rope(&y, &params, 17).unwrap(),
+            }
+        };
+        let want = [
+            apart(&q, heads, true),
+            apart(&k, kv_heads, true),
+            apart(&v, kv_heads, false),
+        ];
+        for (name, (got, want)) in ["q", "k", "v"].iter().zip([fq, fk, fv].iter().zip(&want)) {
+            assert_eq!(got.shape(), want.shape(), "{name} shape");
+            let same = mlx_rs::ops::array_eq(got, want, false).unwrap();
+            assert!(
+                same.item_cast::<bool>(),
+                "{name} of case {:?} differs",
+                (b, l, heads, kv_heads, head_dim, dims, per_row, bits)
+            );
+        }
+    }
+}
+
+fn planes(layer: &Layer) -> [&Array; 3] {
+    [&layer.w, &layer.scales, &layer.biases]
 }

@@ -84,6 +84,33 @@ int mlx_bun_cpu_quantized_attention(
     int bits,
     int group_size);
 
+/* The attention block's inputs in one CPU primitive: q, k and v =
+ * x @ dequantize(layer).T for three affine-quantized layers (each three
+ * handles: packed uint32 weights [rows, k * bits / 32], float32 scales and
+ * biases), q and k rotated by rotate-half RoPE (fast::rope's parameters; an
+ * empty `freqs` handle: `rope_base` sets the frequencies; an empty `offsets`
+ * handle: every row starts at `offset`, else int32 [B] per row), each written
+ * as [B, heads, L, head_dim] for float32 x [B, L, k]. */
+int mlx_bun_cpu_qkv_rope(
+    mlx_array* q_out,
+    mlx_array* k_out,
+    mlx_array* v_out,
+    mlx_array x,
+    const mlx_array* q_layer,
+    const mlx_array* k_layer,
+    const mlx_array* v_layer,
+    int group_size,
+    int bits,
+    int heads,
+    int kv_heads,
+    int head_dim,
+    int rope_dims,
+    float rope_base,
+    float rope_scale,
+    int offset,
+    mlx_array freqs,
+    mlx_array offsets);
+
 /* 1 when the kernel handles this layer shape and quantization. */
 int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bits);
 

@@ -19,6 +19,7 @@
 #include "mlx/transforms.h"
 
 #include "mlx_bun_kernels.h"
+#include "rope.h"
 
 namespace mx = mlx::core;
 
@@ -168,50 +169,33 @@ class CpuRope : public mx::UnaryPrimitive {
         const int64_t os = offsets.strides().back();
         for (int b = 0; b < batch; ++b) starts[b] = o[b * os];
       }
-      // Inverse frequencies exactly as MLX's fallback forms them.
-      std::vector<float> inv(half);
-      if (has_freqs) {
-        const float* f = freqs.data<float>();
-        const int64_t fs = freqs.strides().back();
-        for (int i = 0; i < half; ++i) inv[i] = 1.0f / f[i * fs];
-      } else {
-        const float step = std::log(base) / static_cast<float>(half);
-        for (int i = 0; i < half; ++i) inv[i] = std::exp(static_cast<float>(-i) * step);
-      }
-      std::vector<float> cs(static_cast<size_t>(batch) * len * half), sn(cs.size());
-      for (int b = 0; b < batch; ++b) {
-        for (int l = 0; l < len; ++l) {
-          const float pos = (static_cast<float>(l) + static_cast<float>(starts[b])) * scale;
-          const size_t at = (static_cast<size_t>(b) * len + l) * half;
-          for (int i = 0; i < half; ++i) {
-            const float theta = pos * inv[i];
-            cs[at + i] = std::cos(theta);
-            sn[at + i] = std::sin(theta);
-          }
-        }
-      }
+      std::vector<float> cs, sn;
+      rope_tables(
+          batch,
+          len,
+          starts.data(),
+          dims,
+          base,
+          scale,
+          has_freqs ? freqs.data<float>() : nullptr,
+          has_freqs ? freqs.strides().back() : 0,
+          cs,
+          sn);
       const int64_t xs = x.strides().back();
       const float* xp = x.data<float>();
       const size_t rows = x.size() / d;
       const size_t rows_per_batch = rows / batch;
       for (size_t r = 0; r < rows; ++r) {
-        const float* row = xp + row_offset(x, r);
         const size_t table = (r / rows_per_batch) * len + r % len;
-        const float* c = cs.data() + table * half;
-        const float* s = sn.data() + table * half;
-        float* dst = y + r * d;
-        for (int i = 0; i < half; ++i) {
-          const float x1 = row[i * xs];
-          const float x2 = row[(i + half) * xs];
-          if (inverse) {
-            dst[i] = x2 * s[i] + x1 * c[i];
-            dst[i + half] = x2 * c[i] - x1 * s[i];
-          } else {
-            dst[i] = x1 * c[i] - x2 * s[i];
-            dst[i + half] = x1 * s[i] + x2 * c[i];
-          }
-        }
-        for (int i = dims; i < d; ++i) dst[i] = row[i * xs];
+        rope_row(
+            xp + row_offset(x, r),
+            xs,
+            cs.data() + table * half,
+            sn.data() + table * half,
+            dims,
+            d,
+            inverse,
+            y + r * d);
       }
     });
   }

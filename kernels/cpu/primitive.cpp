@@ -28,8 +28,6 @@ namespace {
 
 thread_local std::string last_error;
 
-namespace {
-
 // Copies the rows of a float32 array with any strides into a packed
 // [rows, k] buffer.
 void pack_rows(const mx::array& x, float* dst) {
@@ -52,6 +50,8 @@ void pack_rows(const mx::array& x, float* dst) {
     }
   }
 }
+
+namespace {
 
 class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  public:

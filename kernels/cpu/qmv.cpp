@@ -270,8 +270,8 @@ namespace {
 std::atomic<uint64_t> stat_calls[2];
 std::atomic<uint64_t> stat_ns[2];
 
-// Computes `count` products of one input in one split over the threads and
-// counts the call in the statistics.
+}  // namespace
+
 void qmv_products(const QmvArgs* const* products, int count) {
   const auto start = std::chrono::steady_clock::now();
   Pool& p = pool();
@@ -305,7 +305,6 @@ void qmv_products(const QmvArgs* const* products, int count) {
   stat_calls[i].fetch_add(1, std::memory_order_relaxed);
   stat_ns[i].fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
 }
-}  // namespace
 
 void qmv(const QmvArgs& a) {
   const QmvArgs* products[] = {&a};

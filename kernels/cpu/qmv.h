@@ -45,6 +45,10 @@ void qmv(const QmvArgs& a);
 // the kernel's threads: both outputs, as qmv() would give each.
 void qmv_pair(const QmvArgs& a, const QmvArgs& b);
 
+// Computes `count` products of the same input in one split over the
+// kernel's threads: every output as qmv() would give it.
+void qmv_products(const QmvArgs* const* products, int count);
+
 // Runs fn(ctx, t) for every t in [0, tasks) on the kernel's threads (the
 // caller's included) and returns when all are done.
 void parallel_tasks(int tasks, void (*fn)(void* ctx, int task), void* ctx);

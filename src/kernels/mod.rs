@@ -78,6 +78,26 @@ extern "C" {
         bits: c_int,
         group_size: c_int,
     ) -> c_int;
+    fn mlx_bun_cpu_qkv_rope(
+        q_out: *mut mlx_sys::mlx_array,
+        k_out: *mut mlx_sys::mlx_array,
+        v_out: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        q_layer: *const mlx_sys::mlx_array,
+        k_layer: *const mlx_sys::mlx_array,
+        v_layer: *const mlx_sys::mlx_array,
+        group_size: c_int,
+        bits: c_int,
+        heads: c_int,
+        kv_heads: c_int,
+        head_dim: c_int,
+        rope_dims: c_int,
+        rope_base: f32,
+        rope_scale: f32,
+        offset: c_int,
+        freqs: mlx_sys::mlx_array,
+        offsets: mlx_sys::mlx_array,
+    ) -> c_int;
     fn mlx_bun_cpu_qmm_supported(in_features: c_int, group_size: c_int, bits: c_int) -> c_int;
     fn mlx_bun_cpu_configure(threads: c_int, spin_us: c_int, isa: *const c_char);
     fn mlx_bun_cpu_isa() -> *const c_char;
@@ -281,6 +301,110 @@ fn cpu_rope(x: &Array, params: &RopeParams, offset: i32, offsets: Option<&Array>
             o,
         )
     })
+}
+
+/// The head layout of one attention block's projections.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionHeads {
+    /// Query heads.
+    pub heads: i32,
+    /// Key and value heads.
+    pub kv_heads: i32,
+    /// Features per head.
+    pub head_dim: i32,
+}
+
+/// Where each row's tokens start, for RoPE.
+#[derive(Clone, Copy)]
+pub enum RopeStart<'a> {
+    /// Every row at this position.
+    Shared(i32),
+    /// Row `b` at `offsets[b]` (int32 `[B]`).
+    PerRow(&'a Array),
+}
+
+/// An attention block's inputs in one CPU primitive: `q`, `k`, `v` =
+/// `x @ dequantize(layer).T` for three affine-quantized layers (`[w, scales,
+/// biases]` each) of one quantization, `q` and `k` rotated by rotate-half
+/// RoPE from `start`, each `[B, heads, L, head_dim]` for float32 `x` `[B, L,
+/// k]`: the numbers of the three products, [`rope`] or [`rope_per_row`],
+/// and the reshapes between them. `None` where it does not apply (kernel
+/// off, a GPU, another dtype, traditional RoPE, more rows than the kernel
+/// takes).
+pub fn quantized_qkv_rope(
+    x: &Array,
+    layers: [[&Array; 3]; 3],
+    spec: QuantSpec,
+    heads: AttentionHeads,
+    rope: &RopeParams,
+    start: RopeStart,
+) -> Result<Option<[Array; 3]>> {
+    let rows = x.size() / x.shape().last().map_or(1, |&k| k.max(1) as usize);
+    let per_row_fits = match start {
+        RopeStart::Shared(_) => true,
+        RopeStart::PerRow(o) => {
+            o.dtype() == Dtype::Int32 && o.ndim() == 1 && o.shape()[0] == x.shape()[0]
+        }
+    };
+    let fits = x.ndim() == 3
+        && rows <= preferred_rows()
+        && per_row_fits
+        && rope.dims <= heads.head_dim
+        && rope_applies(x, rope)
+        && layers
+            .iter()
+            .all(|[w, s, b]| kernel_applies(x, w, s, b, spec))
+        && spec.mode.has_biases();
+    if !fits {
+        return Ok(None);
+    }
+    let handles = |[w, s, b]: [&Array; 3]| [w.as_ptr(), s.as_ptr(), b.as_ptr()];
+    let [q_layer, k_layer, v_layer] = layers.map(handles);
+    // SAFETY: valid handles owned by the caller; empty handles stand for "no
+    // freqs" and "one shared offset"; on success each output handle holds a
+    // new array whose ownership passes to the returned Arrays, on failure all
+    // three are freed.
+    unsafe {
+        let none = mlx_sys::mlx_array_new();
+        let (offset, offsets) = match start {
+            RopeStart::Shared(offset) => (offset, none),
+            RopeStart::PerRow(o) => (0, o.as_ptr()),
+        };
+        let mut out = [
+            mlx_sys::mlx_array_new(),
+            mlx_sys::mlx_array_new(),
+            mlx_sys::mlx_array_new(),
+        ];
+        let [qo, ko, vo] = &mut out;
+        let rc = mlx_bun_cpu_qkv_rope(
+            qo,
+            ko,
+            vo,
+            x.as_ptr(),
+            q_layer.as_ptr(),
+            k_layer.as_ptr(),
+            v_layer.as_ptr(),
+            spec.group_size,
+            spec.bits,
+            heads.heads,
+            heads.kv_heads,
+            heads.head_dim,
+            rope.dims,
+            rope.base.unwrap_or(0.0),
+            rope.scale,
+            offset,
+            rope.freqs.map_or(none, |f| f.as_ptr()),
+            offsets,
+        );
+        if rc != 0 {
+            out.into_iter().for_each(|a| {
+                mlx_sys::mlx_array_free(a);
+            });
+            let msg = CStr::from_ptr(mlx_bun_last_error()).to_string_lossy();
+            return Err(anyhow!("CPU q/k/v projections with RoPE: {msg}"));
+        }
+        Ok(Some(out.map(|a| Array::from_ptr(a))))
+    }
 }
 
 /// Queries per row up to which [`attention`] computes the attention: decode,

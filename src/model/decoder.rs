@@ -17,9 +17,10 @@ use super::lfm2::ShortConv;
 use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
 use crate::cache::{
-    KvCache, KvQuantization, KvSettings, Mask, QuantizedCache, RotatingCache, StandardCache,
+    KvCache, KvQuantization, KvSettings, Mask, Positions, QuantizedCache, RotatingCache,
+    StandardCache,
 };
-use crate::kernels::AttentionMask;
+use crate::kernels::{AttentionHeads, AttentionMask, RopeStart};
 
 /// What differs between the families.
 #[derive(Clone, Debug, Default)]
@@ -184,6 +185,64 @@ impl Attention {
         Ok((q, Some(gate)))
     }
 
+    /// Queries, keys and values `[B, heads, L, head_dim]` (RoPE applied) and
+    /// the output gate, layer by layer.
+    fn inputs(&self, x: &Array, positions: &Positions) -> Result<AttentionInputs> {
+        let (b, l) = (x.shape()[0], x.shape()[1]);
+        let (q, gate) = self.queries(x)?;
+        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
+            let y = match (norm, self.qk_norm_span) {
+                (Some(norm), QkNormSpan::Head) => norm.forward(&y.reshape(&[b, l, n, -1])?)?,
+                (Some(norm), QkNormSpan::AllHeads) => norm.forward(&y)?.reshape(&[b, l, n, -1])?,
+                (None, _) => y.reshape(&[b, l, n, -1])?,
+            };
+            Ok(y.transpose_axes(&[0, 2, 1, 3])?)
+        };
+        let q = heads(q, self.n_heads, &self.q_norm)?;
+        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
+        let (q, k) = match &self.rope {
+            Some(rope) => (
+                rope.forward_at(&q, positions)?,
+                rope.forward_at(&k, positions)?,
+            ),
+            None => (q, k),
+        };
+        Ok(AttentionInputs { q, k, v, gate })
+    }
+
+    /// [`Self::inputs`] by one CPU primitive where the block allows it: plain
+    /// quantized projections of one quantization, RoPE without pre-scaling,
+    /// no query/key norms and no output gate.
+    fn fused_inputs(&self, x: &Array, positions: &Positions) -> Result<Option<[Array; 3]>> {
+        if self.q_norm.is_some() || self.k_norm.is_some() || self.output_gate {
+            return Ok(None);
+        }
+        let Some(rope) = self.rope.as_ref().filter(|r| r.mscale == 1.0) else {
+            return Ok(None);
+        };
+        let (Some((q, spec)), Some((k, k_spec)), Some((v, v_spec))) = (
+            self.q_proj.plain_quantized(),
+            self.k_proj.plain_quantized(),
+            self.v_proj.plain_quantized(),
+        ) else {
+            return Ok(None);
+        };
+        if spec != k_spec || spec != v_spec {
+            return Ok(None);
+        }
+        let start = match positions {
+            Positions::Shared(offset) => RopeStart::Shared(*offset),
+            Positions::PerRow(offsets) => RopeStart::PerRow(offsets),
+        };
+        let heads = AttentionHeads {
+            heads: self.n_heads,
+            kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+        };
+        crate::kernels::quantized_qkv_rope(x, [q, k, v], spec, heads, &rope.params(), start)
+    }
+
     /// `o_proj` of the attention output `[B, L, heads × head_dim]`, gated.
     fn output(&self, out: &Array, gate: Option<&Array>) -> Result<Array> {
         match gate {
@@ -234,25 +293,15 @@ impl Attention {
             return latent.forward(self, x, cache);
         }
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (q, gate) = self.queries(x)?;
-        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = match (norm, self.qk_norm_span) {
-                (Some(norm), QkNormSpan::Head) => norm.forward(&y.reshape(&[b, l, n, -1])?)?,
-                (Some(norm), QkNormSpan::AllHeads) => norm.forward(&y)?.reshape(&[b, l, n, -1])?,
-                (None, _) => y.reshape(&[b, l, n, -1])?,
-            };
-            Ok(y.transpose_axes(&[0, 2, 1, 3])?)
-        };
-        let q = heads(q, self.n_heads, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
         let positions = cache.positions();
-        let (q, k) = match &self.rope {
-            Some(rope) => (
-                rope.forward_at(&q, &positions)?,
-                rope.forward_at(&k, &positions)?,
-            ),
-            None => (q, k),
+        let AttentionInputs { q, k, v, gate } = match self.fused_inputs(x, &positions)? {
+            Some([q, k, v]) => AttentionInputs {
+                q,
+                k,
+                v,
+                gate: None,
+            },
+            None => self.inputs(x, &positions)?,
         };
         let q = match &self.query_scaling {
             Some(scaling) => scaling.apply(&q, &positions)?,
@@ -317,6 +366,15 @@ impl Attention {
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
         self.output(&out, gate.as_ref())
     }
+}
+
+/// Queries, keys and values `[B, heads, L, head_dim]` and the output gate
+/// `[B, L, heads × head_dim]` of an attention block.
+struct AttentionInputs {
+    q: Array,
+    k: Array,
+    v: Array,
+    gate: Option<Array>,
 }
 
 /// The CPU attention primitive's view of a cache's mask.

@@ -459,7 +459,8 @@ impl Rope {
         crate::kernels::rope(x, &self.params(), offset).context("rope")
     }
 
-    fn params(&self) -> crate::kernels::RopeParams<'_> {
+    /// Its parameters as the kernels take them.
+    pub(crate) fn params(&self) -> crate::kernels::RopeParams<'_> {
         crate::kernels::RopeParams {
             dims: self.dims,
             traditional: self.traditional,
