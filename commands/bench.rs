@@ -48,7 +48,7 @@ enum What {
         #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(i32).range(32..=128))]
         q_group_size: i32,
         /// The synthetic model's dtype: bfloat16, float16 or float32.
-        #[arg(long = "dtype", default_value = "bfloat16")]
+        #[arg(long = "dtype", value_name = "DTYPE", default_value = "bfloat16")]
         synthetic_dtype: String,
         /// Time every length with mlx-bun's CUDA kernel on and off (GPU).
         #[arg(long)]
