@@ -3,9 +3,11 @@
 //! layers and the 8-bit output head of the default model), and greedy token
 //! selection. One row at a time, after 64 tokens of context.
 //!
-//! `cargo run --release --example decode_profile -- [--model DIR] [--steps N] [--rows B] [--dot FILE]`
-//! (`--rows` decodes B tokens per step: B rows through every matmul; `--dot`
-//! writes one step's graph in Graphviz form and counts its operations).
+//! `cargo run --release --example decode_profile -- [--model DIR] [--steps N] [--rows B] [--kv-bits N] [--dot FILE]`
+//! (`--rows` decodes B tokens per step: B rows through every matmul;
+//! `--kv-bits` quantizes the KV cache from the first position, group size
+//! 64; `--dot` writes one step's graph in Graphviz form and counts its
+//! operations).
 
 use std::time::{Duration, Instant};
 
@@ -20,6 +22,7 @@ fn main() -> Result<()> {
     let mut steps = 64usize;
     let mut rows = 1usize;
     let mut dot: Option<String> = None;
+    let mut kv_bits: Option<i32> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let value = args
@@ -30,6 +33,7 @@ fn main() -> Result<()> {
             "--steps" => steps = value.parse().context("--steps")?,
             "--rows" => rows = value.parse().context("--rows")?,
             "--dot" => dot = Some(value),
+            "--kv-bits" => kv_bits = Some(value.parse().context("--kv-bits")?),
             _ => bail!("unknown argument {arg}"),
         }
     }
@@ -41,17 +45,16 @@ fn main() -> Result<()> {
         None => mlx_bun::default_model::ensure()?,
     };
     let model = Model::load(&dir)?;
-    let mut caches = model.make_caches();
+    let kv = kv_bits.map(|bits| mlx_bun::cache::KvQuantization {
+        bits,
+        group_size: 64,
+        start: 0,
+    });
+    let mut caches = model.decoder.make_caches_with(None, kv)?;
     let ctx: Vec<u32> = (0..64).map(|i| 100 + i).collect();
     mlx_bun::generate::prefill(&model, &mut caches, &ctx, 2048)?;
 
     let mut tokens: Vec<i32> = (0..rows as i32).map(|i| 200 + i).collect();
-    if let Some(path) = &dot {
-        let input = Array::from_slice(&tokens, &[1, rows as i32]);
-        let logits = model.forward(&input, &mut mlx_bun::cache::clone_all(&caches))?;
-        let ops = write_dot(path, &logits)?;
-        println!("one step's graph: {ops} operations, written to {path}");
-    }
     let (mut build, mut evaluate, mut select) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let warmup = 4;
     let mut before = [(0, Duration::ZERO); 2];
@@ -67,6 +70,10 @@ fn main() -> Result<()> {
         let input = Array::from_slice(&tokens, &[1, rows as i32]);
         let logits = model.forward(&input, &mut caches)?;
         let t1 = Instant::now();
+        if let Some(path) = dot.as_ref().filter(|_| step == 2) {
+            let ops = write_dot(path, &logits)?;
+            println!("one step's graph: {ops} operations, written to {path}");
+        }
         eval([&logits])?;
         let t2 = Instant::now();
         let next = argmax_axis(&logits, -1, None)?;

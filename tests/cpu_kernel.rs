@@ -10,7 +10,7 @@ use mlx_bun::kernels::{
 use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{quantize, quantized_matmul};
+use mlx_rs::ops::{concatenate, quantize, quantized_matmul};
 use mlx_rs::transforms::{eval, value_and_grad_with_argnums};
 use mlx_rs::Array;
 use rand::rngs::StdRng;
@@ -564,7 +564,19 @@ fn quantized_attention_matches_mlx_lm_formulation() {
                 values: quantized(&mut rng),
                 group_size,
                 bits,
+                buffers: None,
             };
+            // The same positions in buffers with spare room after them, as a
+            // cache keeps them: attending to the first `s` reads nothing else.
+            let mut spare = |a: &Array| {
+                let sh = a.shape();
+                let junk = random_array(&mut rng, &[sh[0], sh[1], 7, sh[3]], 1.0)
+                    .as_dtype(a.dtype())
+                    .unwrap();
+                concatenate(&[a.clone(), junk], 2).unwrap()
+            };
+            let keys = kv.keys.clone().map(|a| spare(&a));
+            let buffers = [keys, kv.values.clone().map(|a| spare(&a))];
             let keep: Vec<bool> = (0..b * s).map(|i| i % 5 != 1).collect();
             let bool_mask = Array::from_slice(&keep, &[b, 1, 1, s]);
             let cases = [
@@ -585,9 +597,27 @@ fn quantized_attention_matches_mlx_lm_formulation() {
                     (bits, group_size),
                     0.125,
                     ours,
+                    None,
                 )
                 .unwrap()
                 .unwrap();
+                let [[bkw, bks, bkb], [bvw, bvs, bvb]] = &buffers;
+                let from_buffers = quantized_attention(
+                    &q,
+                    [bkw, bks, bkb],
+                    [bvw, bvs, bvb],
+                    (bits, group_size),
+                    0.125,
+                    ours,
+                    Some(s),
+                )
+                .unwrap()
+                .unwrap();
+                eval([&got, &from_buffers]).unwrap();
+                assert!(
+                    got.eq_values(&from_buffers).unwrap(),
+                    "attention over buffers with spare positions differs"
+                );
                 let want = quantized_sdpa(&q, &kv, 0.125, theirs)
                     .unwrap()
                     .transpose_axes(&[0, 2, 1, 3])

@@ -300,13 +300,16 @@ QuantRows quant_rows(const mx::array& packed, const mx::array& scales, const mx:
 class CpuAttention : public mx::UnaryPrimitive {
  public:
   // `bits` 0: float32 keys and values; else quantized with that many bits.
-  CpuAttention(mx::Stream stream, float scale, bool causal, bool has_mask, int bits, int group_size)
+  // `keys`: the positions attended, the first of the keys' and values'.
+  CpuAttention(mx::Stream stream, float scale, bool causal, bool has_mask, int bits, int group_size,
+               int keys)
       : mx::UnaryPrimitive(stream),
         scale_(scale),
         causal_(causal),
         has_mask_(has_mask),
         bits_(bits),
-        group_size_(group_size) {}
+        group_size_(group_size),
+        keys_(keys) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -329,7 +332,7 @@ class CpuAttention : public mx::UnaryPrimitive {
           q.shape(1),
           k.shape(1),
           q.shape(2),
-          k.shape(2),
+          keys_,
           q.shape(3),
           out.data<float>()};
     };
@@ -390,7 +393,7 @@ class CpuAttention : public mx::UnaryPrimitive {
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const CpuAttention&>(other);
     return scale_ == o.scale_ && causal_ == o.causal_ && has_mask_ == o.has_mask_ &&
-           bits_ == o.bits_ && group_size_ == o.group_size_;
+           bits_ == o.bits_ && group_size_ == o.group_size_ && keys_ == o.keys_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     const auto& q = inputs[0];
@@ -403,6 +406,7 @@ class CpuAttention : public mx::UnaryPrimitive {
   bool has_mask_;
   int bits_;
   int group_size_;
+  int keys_;
 };
 
 }  // namespace
@@ -456,7 +460,7 @@ mx::array make_attention(
       std::move(shape),
       mx::float32,
       std::make_shared<CpuAttention>(
-          mx::default_stream(mx::Device::cpu), scale, causal, has_mask, bits, group_size),
+          mx::default_stream(mx::Device::cpu), scale, causal, has_mask, bits, group_size, keys),
       std::move(inputs));
 }
 
@@ -506,7 +510,8 @@ extern "C" int mlx_bun_cpu_quantized_attention(
     float scale,
     int causal,
     int bits,
-    int group_size) {
+    int group_size,
+    int attended) {
   try {
     const auto& qa = mlx_array_get_(q);
     if (bits != 2 && bits != 4 && bits != 8) {
@@ -542,7 +547,11 @@ extern "C" int mlx_bun_cpu_quantized_attention(
       throw std::invalid_argument("[mlx_bun_cpu_attention] keys and values differ in shape");
     }
     const int kv_heads = kv[0].shape(1);
-    const int positions = kv[0].shape(2);
+    const int stored = kv[0].shape(2);
+    if (attended > stored) {
+      throw std::invalid_argument("[mlx_bun_cpu_attention] more keys than the cache holds");
+    }
+    const int positions = attended > 0 ? attended : stored;
     mlx_array_set_(
         *res,
         mlx_bun::make_attention(

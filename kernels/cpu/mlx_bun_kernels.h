@@ -72,7 +72,9 @@ int mlx_bun_cpu_attention(
 
 /* mlx_bun_cpu_attention over a quantized KV cache: `keys` and `values` are
  * each three handles (packed uint32 [B, kv_heads, S, D * bits / 32], float32
- * scales and biases [B, kv_heads, S, D / group_size]), bits 2, 4 or 8. */
+ * scales and biases [B, kv_heads, S, D / group_size]), bits 2, 4 or 8.
+ * `positions` > 0 attends only to the first that many of the S stored
+ * (a cache's buffers past its length); the mask then covers those. */
 int mlx_bun_cpu_quantized_attention(
     mlx_array* res,
     mlx_array q,
@@ -82,7 +84,19 @@ int mlx_bun_cpu_quantized_attention(
     float scale,
     int causal,
     int bits,
-    int group_size);
+    int group_size,
+    int positions);
+
+/* outs[i] = buffers[i] with updates[i] ([B, heads, n, W], the buffer's
+ * dtype) written at positions [position, position + n) of axis 2, for
+ * `count` buffers [B, heads, capacity, W], as one CPU primitive (in place
+ * where MLX can donate the buffer). */
+int mlx_bun_cpu_kv_write(
+    mlx_array* outs,
+    const mlx_array* buffers,
+    const mlx_array* updates,
+    int count,
+    int position);
 
 /* The attention block's inputs in one CPU primitive: q, k and v =
  * x @ dequantize(layer).T for three affine-quantized layers (each three

@@ -22,6 +22,7 @@ namespace mlx_bun {
 
 #if defined(MLX_BUN_HAVE_AVX512)
 void qmv_range_avx512(const QmvArgs& a, int n0, int n1);
+void split_pairs_avx512(const float* x, float* out, size_t chunks);
 #endif
 #if defined(MLX_BUN_HAVE_AVX2)
 void qmv_range_avx2(const QmvArgs& a, int n0, int n1);
@@ -35,6 +36,7 @@ namespace {
 struct Scalar {
   using reg = float;
   static constexpr int LANES = 1;
+  static constexpr bool kNibblePairs = false;
   static reg zero() { return 0.0f; }
   static reg load(const float* p) { return *p; }
   static reg set1(float v) { return v; }
@@ -56,10 +58,13 @@ void qmv_range_scalar(const QmvArgs& a, int n0, int n1) {
 }
 
 using RangeFn = void (*)(const QmvArgs&, int, int);
+using SplitPairsFn = void (*)(const float* x, float* out, size_t chunks);
 
 struct Isa {
   const char* name;
   RangeFn fn;
+  // Reorders activations for the 4-bit path, when it unpacks in pairs.
+  SplitPairsFn split_pairs = nullptr;
 };
 
 // Set by qmv_configure before the first product; read once.
@@ -83,7 +88,7 @@ Isa pick_isa() {
 #if defined(MLX_BUN_HAVE_AVX512)
   if (allowed("avx512") && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512bw")) {
-    return {"avx512", qmv_range_avx512};
+    return {"avx512", qmv_range_avx512, split_pairs_avx512};
   }
 #endif
 #if defined(MLX_BUN_HAVE_AVX2)
@@ -270,10 +275,44 @@ namespace {
 std::atomic<uint64_t> stat_calls[2];
 std::atomic<uint64_t> stat_ns[2];
 
+// products with x_pairs set, when the instruction set wants paired
+// activations for a 4-bit product: reordered once here rather than once per
+// task.
+class PairedProducts {
+ public:
+  PairedProducts(const QmvArgs* const* products, int count) : products_(products) {
+    bool four_bit = false;
+    for (int i = 0; i < count; ++i) four_bit = four_bit || products[i]->bits == 4;
+    if (!four_bit || isa().split_pairs == nullptr) return;
+    const QmvArgs& first = *products[0];
+    const size_t floats = static_cast<size_t>(first.m) * first.k;
+    static thread_local std::vector<float> paired;
+    if (paired.size() < floats) paired.resize(floats);
+    isa().split_pairs(first.x, paired.data(), floats / 32);
+    copies_.resize(count);
+    pointers_.resize(count);
+    for (int i = 0; i < count; ++i) {
+      copies_[i] = *products[i];
+      copies_[i].x_pairs = paired.data();
+      pointers_[i] = &copies_[i];
+    }
+    products_ = pointers_.data();
+  }
+
+  const QmvArgs* const* get() const { return products_; }
+
+ private:
+  const QmvArgs* const* products_;
+  std::vector<QmvArgs> copies_;
+  std::vector<const QmvArgs*> pointers_;
+};
+
 }  // namespace
 
-void qmv_products(const QmvArgs* const* products, int count) {
+void qmv_products(const QmvArgs* const* given, int count) {
   const auto start = std::chrono::steady_clock::now();
+  const PairedProducts paired(given, count);
+  const QmvArgs* const* products = paired.get();
   Pool& p = pool();
   long long weights = 0;
   int total_n = 0;

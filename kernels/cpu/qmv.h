@@ -29,6 +29,9 @@ struct QmvArgs {
   int k;
   int group_size;         // 32, 64 or 128
   int bits;               // 4 or 8
+  // x with each chunk of 32 in the order the instruction set's 4-bit path
+  // unpacks weights, when it has one (set by qmv_products; else null).
+  const float* x_pairs = nullptr;
 };
 
 // True when the kernel handles this configuration.

@@ -13,6 +13,7 @@ namespace {
 struct Avx2 {
   using reg = __m256;
   static constexpr int LANES = 8;
+  static constexpr bool kNibblePairs = false;
   static reg zero() { return _mm256_setzero_ps(); }
   static reg load(const float* p) { return _mm256_loadu_ps(p); }
   static reg set1(float v) { return _mm256_set1_ps(v); }

@@ -13,6 +13,7 @@ namespace {
 struct Avx512 {
   using reg = __m512;
   static constexpr int LANES = 16;
+  static constexpr bool kNibblePairs = true;
   static reg zero() { return _mm512_setzero_ps(); }
   static reg load(const float* p) { return _mm512_loadu_ps(p); }
   static reg set1(float v) { return _mm512_set1_ps(v); }
@@ -50,12 +51,40 @@ struct Avx512 {
       out[1] = widen(v1, s, b);
     }
   }
+
+  // One byte per lane; the table reads the low four bits of each lane, so
+  // the low nibbles need no mask.
+  static void dequant_pairs(const uint8_t* p, reg s, reg b, reg out[2]) {
+    const reg table = _mm512_fmadd_ps(
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), s, b);
+    const __m512i bytes =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    out[0] = _mm512_permutexvar_ps(bytes, table);
+    out[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);
+  }
+
+  static void split_pairs(const float* x, float* out, size_t chunks) {
+    const __m512i even =
+        _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd =
+        _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (size_t c = 0; c < chunks; ++c) {
+      const reg lo = _mm512_loadu_ps(x + c * 32);
+      const reg hi = _mm512_loadu_ps(x + c * 32 + 16);
+      _mm512_storeu_ps(out + c * 32, _mm512_permutex2var_ps(lo, even, hi));
+      _mm512_storeu_ps(out + c * 32 + 16, _mm512_permutex2var_ps(lo, odd, hi));
+    }
+  }
 };
 
 }  // namespace
 
 void qmv_range_avx512(const QmvArgs& a, int n0, int n1) {
   qmv_range_generic<Avx512, 4>(a, n0, n1);
+}
+
+void split_pairs_avx512(const float* x, float* out, size_t chunks) {
+  Avx512::split_pairs(x, out, chunks);
 }
 
 }  // namespace mlx_bun

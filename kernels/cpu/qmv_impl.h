@@ -13,6 +13,15 @@
 //   float hsum(reg);
 //   template <int BITS> void dequant(const uint8_t* chunk, reg s, reg b, reg out[32 / LANES]);
 //     out = s * q + b for the 32 quantized values of one chunk, in order.
+//   static constexpr bool kNibblePairs;
+//     When true, V also provides
+//       void dequant_pairs(const uint8_t* chunk, reg s, reg b, reg out[32 / LANES]);
+//         the 4-bit chunk's even elements, then its odd ones (each byte's low
+//         nibbles, then its high nibbles: cheaper to unpack), and
+//       void split_pairs(const float* x, float* out, size_t chunks);
+//         every chunk of 32 activations in that same order,
+//     and every 4-bit product multiplies paired weights by paired
+//     activations (QmvArgs::x_pairs when the caller has them).
 
 #pragma once
 
@@ -46,7 +55,9 @@ struct Rows {
 
 // NB output rows starting at n0 times MB activation rows starting at m0.
 // Accumulates in float32 over the whole row, like MLX's CPU kernel.
-template <class V, int BITS, int NB, int MB>
+// With PAIRED, a.x holds the activations in V::split_pairs order and the
+// weights are unpacked in the same order.
+template <class V, int BITS, int NB, int MB, bool PAIRED>
 inline void qmv_block(const QmvArgs& a, int n0, int m0) {
   constexpr int kVecs = 32 / V::LANES;
   constexpr int kChunkBytes = 32 * BITS / 8;
@@ -71,11 +82,14 @@ inline void qmv_block(const QmvArgs& a, int n0, int m0) {
       for (int i = 0; i < NB; ++i) {
         const size_t n = static_cast<size_t>(n0 + i);
         typename V::reg d[kVecs];
-        V::template dequant<BITS>(
-            w + n * row_bytes + static_cast<size_t>(c) * kChunkBytes,
-            V::set1(a.scales[n * groups + g]),
-            V::set1(a.biases[n * groups + g]),
-            d);
+        const uint8_t* chunk = w + n * row_bytes + static_cast<size_t>(c) * kChunkBytes;
+        const typename V::reg s = V::set1(a.scales[n * groups + g]);
+        const typename V::reg b = V::set1(a.biases[n * groups + g]);
+        if constexpr (PAIRED) {
+          V::dequant_pairs(chunk, s, b, d);
+        } else {
+          V::template dequant<BITS>(chunk, s, b, d);
+        }
         QMV_UNROLL
         for (int j = 0; j < MB; ++j) {
           const float* xc = x + static_cast<size_t>(j) * a.k + c * 32;
@@ -99,7 +113,7 @@ inline void qmv_block(const QmvArgs& a, int n0, int m0) {
 // Dequantizes NB output rows starting at n0, all of k, into buf ([NB][k]):
 // the values qmv_block computes in registers, for blocks of many activation
 // rows to read instead of dequantizing the same weights again per block.
-template <class V, int BITS, int NB>
+template <class V, int BITS, int NB, bool PAIRED>
 inline void dequant_rows(const QmvArgs& a, int n0, float* buf) {
   constexpr int kVecs = 32 / V::LANES;
   constexpr int kChunkBytes = 32 * BITS / 8;
@@ -116,7 +130,12 @@ inline void dequant_rows(const QmvArgs& a, int n0, float* buf) {
       for (int cc = 0; cc < chunks_per_group; ++cc) {
         const int c = g * chunks_per_group + cc;
         typename V::reg d[kVecs];
-        V::template dequant<BITS>(w + n * row_bytes + static_cast<size_t>(c) * kChunkBytes, s, b, d);
+        const uint8_t* chunk = w + n * row_bytes + static_cast<size_t>(c) * kChunkBytes;
+        if constexpr (PAIRED) {
+          V::dequant_pairs(chunk, s, b, d);
+        } else {
+          V::template dequant<BITS>(chunk, s, b, d);
+        }
         QMV_UNROLL
         for (int l = 0; l < kVecs; ++l) {
           V::store(out + c * 32 + l * V::LANES, d[l]);
@@ -168,9 +187,12 @@ inline void qmv_block_dequantized(const QmvArgs& a, const float* buf, int n0, in
   }
 }
 
-// This thread's buffer for dequant_rows, grown as needed; null when memory
-// runs out.
-inline float* dequant_buffer(size_t floats) {
+// A buffer of this thread's, one per SLOT, grown as needed; null when
+// memory runs out.
+enum BufferSlot { kDequantizedRows, kPairedActivations };
+
+template <BufferSlot SLOT>
+inline float* thread_buffer(size_t floats) {
   static thread_local float* buf = nullptr;
   static thread_local size_t capacity = 0;
   if (floats > capacity) {
@@ -181,19 +203,20 @@ inline float* dequant_buffer(size_t floats) {
   return buf;
 }
 
-template <class V, int BITS, int NB, int MBMAX>
+template <class V, int BITS, int NB, int MBMAX, bool PAIRED>
 inline void qmv_rows(const QmvArgs& a, int n0) {
   // More activation rows than one block takes: dequantize once for all.
-  float* buf = a.m > MBMAX ? dequant_buffer(static_cast<size_t>(NB) * a.k) : nullptr;
+  float* buf =
+      a.m > MBMAX ? thread_buffer<kDequantizedRows>(static_cast<size_t>(NB) * a.k) : nullptr;
   if (buf != nullptr) {
-    dequant_rows<V, BITS, NB>(a, n0, buf);
+    dequant_rows<V, BITS, NB, PAIRED>(a, n0, buf);
   }
   auto block = [&](auto mb, int m0) {
     constexpr int MB = decltype(mb)::value;
     if (buf != nullptr) {
       qmv_block_dequantized<V, NB, MB>(a, buf, n0, m0);
     } else {
-      qmv_block<V, BITS, NB, MB>(a, n0, m0);
+      qmv_block<V, BITS, NB, MB, PAIRED>(a, n0, m0);
     }
   };
   int m0 = 0;
@@ -215,15 +238,35 @@ inline void qmv_rows(const QmvArgs& a, int n0) {
   }
 }
 
-template <class V, int BITS, int MBMAX>
-inline void qmv_range_bits(const QmvArgs& a, int n0, int n1) {
+template <class V, int BITS, int MBMAX, bool PAIRED>
+inline void qmv_range_rows(const QmvArgs& a, int n0, int n1) {
   int n = n0;
   for (; n + kRowsPerBlock <= n1; n += kRowsPerBlock) {
-    qmv_rows<V, BITS, kRowsPerBlock, MBMAX>(a, n);
+    qmv_rows<V, BITS, kRowsPerBlock, MBMAX, PAIRED>(a, n);
   }
   for (; n < n1; ++n) {
-    qmv_rows<V, BITS, 1, MBMAX>(a, n);
+    qmv_rows<V, BITS, 1, MBMAX, PAIRED>(a, n);
   }
+}
+
+template <class V, int BITS, int MBMAX>
+inline void qmv_range_bits(const QmvArgs& a, int n0, int n1) {
+  if constexpr (BITS == 4 && V::kNibblePairs) {
+    const float* paired = a.x_pairs;
+    if (paired == nullptr) {
+      const size_t floats = static_cast<size_t>(a.m) * a.k;
+      float* split = thread_buffer<kPairedActivations>(floats);
+      if (split != nullptr) V::split_pairs(a.x, split, floats / 32);
+      paired = split;
+    }
+    if (paired != nullptr) {
+      QmvArgs with_pairs = a;
+      with_pairs.x = paired;
+      qmv_range_rows<V, BITS, MBMAX, true>(with_pairs, n0, n1);
+      return;
+    }
+  }
+  qmv_range_rows<V, BITS, MBMAX, false>(a, n0, n1);
 }
 
 template <class V, int MBMAX>

@@ -12,6 +12,7 @@ namespace {
 struct Neon {
   using reg = float32x4_t;
   static constexpr int LANES = 4;
+  static constexpr bool kNibblePairs = false;
   static reg zero() { return vdupq_n_f32(0.0f); }
   static reg load(const float* p) { return vld1q_f32(p); }
   static reg set1(float v) { return vdupq_n_f32(v); }

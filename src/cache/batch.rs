@@ -380,8 +380,7 @@ impl KvCache for BatchKvCache {
             self.values = Some(grow(self.values.take(), values)?);
         }
         let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        *k = crate::mlx_ext::slice_update(k, keys, &[0, 0, prev, 0])?;
-        *v = crate::mlx_ext::slice_update(v, values, &[0, 0, prev, 0])?;
+        super::write_at(vec![&mut *k, &mut *v], vec![keys, values], prev)?;
         self.idx += n;
         self.lengths.iter_mut().for_each(|l| *l += n);
         let end = self.idx;

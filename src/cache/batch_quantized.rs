@@ -92,13 +92,18 @@ fn quantize_kv(keys: &Array, values: &Array, q: &KvQuantization) -> Result<Plane
     Ok([k0, k1, k2, v0, v1, v2])
 }
 
-fn state_of(p: Planes, q: &KvQuantization) -> QuantizedState {
+/// The state of live planes `p`, of the buffers `stored` when given.
+fn state_of(p: Planes, stored: Option<&Planes>, q: &KvQuantization) -> QuantizedState {
     let [k0, k1, k2, v0, v1, v2] = p;
     QuantizedState {
         keys: [k0, k1, k2],
         values: [v0, v1, v2],
         group_size: q.group_size,
         bits: q.bits,
+        buffers: stored.map(|b| {
+            let [k0, k1, k2, v0, v1, v2] = b.clone();
+            Box::new([[k0, k1, k2], [v0, v1, v2]])
+        }),
     }
 }
 
@@ -170,9 +175,7 @@ impl Rows {
             });
         }
         let planes = self.planes.as_mut().unwrap();
-        for (buf, x) in planes.iter_mut().zip(&new) {
-            *buf = crate::mlx_ext::slice_update(buf, x, &[0, 0, prev, 0])?;
-        }
+        super::write_at(planes.iter_mut().collect(), new.iter().collect(), prev)?;
         self.idx += n;
         self.lengths.iter_mut().for_each(|l| *l += n);
         Ok(())
@@ -393,7 +396,7 @@ impl BatchCache for BatchQuantizedCache {
             Store::Quantized(r) => {
                 if let Some(p) = r.extract(row)? {
                     let len = r.lengths[row] as usize;
-                    cache = QuantizedCache::with_state(state_of(p, &self.q), len, self.q)?;
+                    cache = QuantizedCache::with_state(state_of(p, None, &self.q), len, self.q)?;
                 }
             }
         }
@@ -448,7 +451,7 @@ impl KvCache for BatchQuantizedCache {
 
     fn quantized_state(&self) -> Option<QuantizedState> {
         match &self.store {
-            Store::Quantized(r) => r.live().map(|p| state_of(p, &self.q)),
+            Store::Quantized(r) => r.live().map(|p| state_of(p, r.planes.as_ref(), &self.q)),
             Store::Dense(_) => None,
         }
     }

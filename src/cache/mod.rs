@@ -269,6 +269,27 @@ fn grow(buf: Option<Array>, like: &Array, live: i32, needed: i32) -> Result<Arra
     })
 }
 
+/// Writes each of `updates` into its buffer at `position` along the
+/// positions axis: one CPU primitive where it applies, else a
+/// `slice_update` each.
+pub(crate) fn write_at(
+    buffers: Vec<&mut Array>,
+    updates: Vec<&Array>,
+    position: i32,
+) -> Result<()> {
+    let current: Vec<&Array> = buffers.iter().map(|b| &**b).collect();
+    if let Some(written) = crate::kernels::kv_write(&current, &updates, position)? {
+        for (buf, new) in buffers.into_iter().zip(written) {
+            *buf = new;
+        }
+        return Ok(());
+    }
+    for (buf, new) in buffers.into_iter().zip(updates) {
+        *buf = crate::mlx_ext::slice_update(buf, new, &[0, 0, position, 0])?;
+    }
+    Ok(())
+}
+
 impl KvCache for StandardCache {
     fn offset(&self) -> usize {
         self.offset
@@ -283,8 +304,7 @@ impl KvCache for StandardCache {
             self.values = Some(grow(self.values.take(), values, prev, n)?);
         }
         let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        *k = crate::mlx_ext::slice_update(k, keys, &[0, 0, prev, 0])?;
-        *v = crate::mlx_ext::slice_update(v, values, &[0, 0, prev, 0])?;
+        write_at(vec![&mut *k, &mut *v], vec![keys, values], prev)?;
         self.offset += n as usize;
         let end = self.offset as i32;
         Ok((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))

@@ -59,6 +59,10 @@ pub struct QuantizedState {
     pub group_size: i32,
     /// Bits per quantized value.
     pub bits: i32,
+    /// The cache's buffers (keys, then values) where they hold spare
+    /// positions after the ones above: `keys` and `values` are their first
+    /// `len()` positions, for attention that reads the buffers directly.
+    pub buffers: Option<Box<[[Array; 3]; 2]>>,
 }
 
 impl QuantizedState {
@@ -220,20 +224,27 @@ impl KvCache for QuantizedCache {
             *vb = grow3(vb, offset, n)?;
         }
         let (nk, nv) = (quantize3(keys, &q)?, quantize3(values, &q)?);
-        for (buf, new) in kb.iter_mut().zip(&nk).chain(vb.iter_mut().zip(&nv)) {
-            *buf = crate::mlx_ext::slice_update(buf, new, &[0, 0, offset, 0])?;
-        }
+        super::write_at(
+            kb.iter_mut().chain(vb.iter_mut()).collect(),
+            nk.iter().chain(&nv).collect(),
+            offset,
+        )?;
         self.offset += n as usize;
         Ok(self.quantized_state())
     }
 
     fn quantized_state(&self) -> Option<QuantizedState> {
-        let (keys, values) = match &self.store {
-            Store::Quantized { keys, values } => (self.live(keys), self.live(values)),
+        let (keys, values, buffers) = match &self.store {
+            Store::Quantized { keys, values } => (
+                self.live(keys),
+                self.live(values),
+                Some(Box::new([keys.clone(), values.clone()])),
+            ),
             // Saved after the start: quantize as mlx-lm's conversion would.
             Store::Dense(d) if self.offset >= self.q.start => {
                 let (k, v) = d.state()?;
-                (quantize3(&k, &self.q).ok()?, quantize3(&v, &self.q).ok()?)
+                let (k, v) = (quantize3(&k, &self.q).ok()?, quantize3(&v, &self.q).ok()?);
+                (k, v, None)
             }
             Store::Dense(_) => return None,
         };
@@ -242,6 +253,7 @@ impl KvCache for QuantizedCache {
             values,
             group_size: self.q.group_size,
             bits: self.q.bits,
+            buffers,
         })
     }
 
@@ -314,8 +326,56 @@ pub(crate) fn cast_state(state: QuantizedState, dtype: Dtype) -> Result<Quantize
         Ok([w, s.as_dtype(dtype)?, b.as_dtype(dtype)?])
     };
     Ok(QuantizedState {
+        buffers: None,
         keys: cast(state.keys)?,
         values: cast(state.values)?,
         ..state
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use mlx_rs::ops::indexing::IndexOp;
+    use mlx_rs::transforms::eval;
+    use mlx_rs::Array;
+
+    use crate::cache::write_at;
+
+    fn same(a: &Array, b: &Array) -> bool {
+        a.eq_values(b).unwrap()
+    }
+
+    #[test]
+    fn writes_equal_slice_updates_and_leave_shared_buffers_alone() {
+        let floats = mlx_rs::random::normal::<f32>(&[2, 3, 16, 8], None, None, None).unwrap();
+        let words = mlx_rs::ops::arange::<_, u32>(0, 2 * 3 * 16 * 4, None)
+            .unwrap()
+            .reshape(&[2, 3, 16, 4])
+            .unwrap();
+        // A strided update: a transposed view.
+        let new_floats = mlx_rs::random::normal::<f32>(&[2, 3, 8, 2], None, None, None)
+            .unwrap()
+            .transpose_axes(&[0, 1, 3, 2])
+            .unwrap();
+        let new_words =
+            mlx_rs::ops::full::<u32>(&[2, 3, 2, 4], Array::from_int(7).as_type::<u32>().unwrap())
+                .unwrap();
+        eval([&floats, &words, &new_floats, &new_words]).unwrap();
+        let want: Vec<Array> = [(&floats, &new_floats), (&words, &new_words)]
+            .iter()
+            .map(|(b, n)| crate::mlx_ext::slice_update(b, n, &[0, 0, 5, 0]).unwrap())
+            .collect();
+        let kept = [
+            floats.index((.., .., .., ..)),
+            words.index((.., .., .., ..)),
+        ];
+        let before: Vec<Array> = kept.iter().map(|a| a + 0).collect();
+        let (mut f, mut w) = (floats.clone(), words.clone());
+        write_at(vec![&mut f, &mut w], vec![&new_floats, &new_words], 5).unwrap();
+        eval([&f, &w]).unwrap();
+        assert!(same(&f, &want[0]) && same(&w, &want[1]));
+        for (k, b) in kept.iter().zip(&before) {
+            assert!(same(k, b), "a buffer held elsewhere was written in place");
+        }
+    }
 }

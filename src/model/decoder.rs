@@ -315,8 +315,11 @@ impl Attention {
                 );
             }
             let mask = cache.mask(l, kv.len())?;
-            let [kw, ks, kb] = &kv.keys;
-            let [vw, vs, vb] = &kv.values;
+            // The cache's buffers where it has them: no slice of each per step.
+            let ([kw, ks, kb], [vw, vs, vb]) = match kv.buffers.as_deref() {
+                Some([keys, values]) => (keys, values),
+                None => (&kv.keys, &kv.values),
+            };
             let fused = crate::kernels::quantized_attention(
                 &q,
                 [kw, ks, kb],
@@ -324,6 +327,7 @@ impl Attention {
                 (kv.bits, kv.group_size),
                 self.scale,
                 kernel_mask(&mask),
+                Some(kv.len()),
             )?;
             if let Some(out) = fused {
                 return self.output(&out, gate.as_ref());

@@ -358,6 +358,7 @@ impl LatentAttention {
                 values: kv.keys,
                 group_size: g,
                 bits,
+                buffers: None,
             };
             let pe = pe.reshape(&[b, 1, heads * l, s])?;
             let out = quantized_sdpa(&q, &latent_kv, self.scale, Mask::Array(pe))?

@@ -472,6 +472,7 @@ fn load_layer(p: &Parsed, i: usize, class: &str) -> Result<Box<dyn KvCache>> {
                 values: cut(&values),
                 group_size,
                 bits,
+                buffers: None,
             };
             Ok(Box::new(QuantizedCache::from_state(state, offset)?))
         }
