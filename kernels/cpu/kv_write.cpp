@@ -60,6 +60,7 @@ class CpuKvWrite : public mx::Primitive {
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override {
     const size_t count = outputs.size();
     auto& encoder = mx::cpu::get_command_encoder(stream());
+    release_sibling_inputs(inputs, outputs);
     std::vector<bool> copy(count);
     for (size_t i = 0; i < count; ++i) {
       const auto& buffer = inputs[i];
@@ -144,6 +145,20 @@ class CpuKvWrite : public mx::Primitive {
       return;
     }
     write_positions(buffer, out, 0);
+  }
+
+  // Every output of a primitive holds its own copy of the inputs, so a
+  // buffer read by this node is never donatable while the other outputs
+  // hold theirs. MLX evaluates through `inputs` (one output's); the others'
+  // copies only matter to gradients, which tracers keep.
+  static void release_sibling_inputs(
+      const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+    for (auto& out : outputs) {
+      if (out.is_tracer()) return;
+    }
+    for (auto& out : outputs) {
+      if (&out.inputs() != &inputs) out.inputs().clear();
+    }
   }
 
   int position_;

@@ -378,4 +378,25 @@ mod tests {
             assert!(same(k, b), "a buffer held elsewhere was written in place");
         }
     }
+
+    #[test]
+    fn buffers_only_the_cache_holds_are_written_in_place() {
+        let address = |a: &Array| a.as_slice::<f32>().as_ptr() as usize;
+        let mut keys = mlx_rs::ops::zeros::<f32>(&[1, 2, 16, 4]).unwrap();
+        let mut values = mlx_rs::ops::zeros::<f32>(&[1, 2, 16, 4]).unwrap();
+        let new = mlx_rs::ops::ones::<f32>(&[1, 2, 1, 4]).unwrap();
+        eval([&keys, &values, &new]).unwrap();
+        for position in 0..3 {
+            let before = (address(&keys), address(&values));
+            write_at(vec![&mut keys, &mut values], vec![&new, &new], position).unwrap();
+            eval([&keys, &values]).unwrap();
+            assert_eq!(
+                (address(&keys), address(&values)),
+                before,
+                "position {position}"
+            );
+        }
+        let written = keys.index((.., .., ..3, ..)).sum(None).unwrap();
+        assert_eq!(written.item_exact::<f32>(), 24.0);
+    }
 }
