@@ -46,7 +46,6 @@ fn compile_kernels() {
         .file("kernels/cpu/norm_rope.cpp")
         .file("kernels/cpu/attention.cpp")
         .file("kernels/cpu/qkv_rope.cpp")
-        .file("kernels/cpu/kv_write.cpp")
         // Same operation order as MLX's unfused ops: no contraction into FMAs.
         .flag("-ffp-contract=off");
     if arch == "x86_64" {

@@ -87,17 +87,6 @@ int mlx_bun_cpu_quantized_attention(
     int group_size,
     int positions);
 
-/* outs[i] = buffers[i] with updates[i] ([B, heads, n, W], the buffer's
- * dtype) written at positions [position, position + n) of axis 2, for
- * `count` buffers [B, heads, capacity, W], as one CPU primitive (in place
- * where MLX can donate the buffer). */
-int mlx_bun_cpu_kv_write(
-    mlx_array* outs,
-    const mlx_array* buffers,
-    const mlx_array* updates,
-    int count,
-    int position);
-
 /* The attention block's inputs in one CPU primitive: q, k and v =
  * x @ dequantize(layer).T for three affine-quantized layers (each three
  * handles: packed uint32 weights [rows, k * bits / 32], float32 scales and

@@ -270,20 +270,12 @@ fn grow(buf: Option<Array>, like: &Array, live: i32, needed: i32) -> Result<Arra
 }
 
 /// Writes each of `updates` into its buffer at `position` along the
-/// positions axis: one CPU primitive where it applies, else a
-/// `slice_update` each.
+/// positions axis (one `slice_update` each).
 pub(crate) fn write_at(
     buffers: Vec<&mut Array>,
     updates: Vec<&Array>,
     position: i32,
 ) -> Result<()> {
-    let current: Vec<&Array> = buffers.iter().map(|b| &**b).collect();
-    if let Some(written) = crate::kernels::kv_write(&current, &updates, position)? {
-        for (buf, new) in buffers.into_iter().zip(written) {
-            *buf = new;
-        }
-        return Ok(());
-    }
     for (buf, new) in buffers.into_iter().zip(updates) {
         *buf = crate::mlx_ext::slice_update(buf, new, &[0, 0, position, 0])?;
     }

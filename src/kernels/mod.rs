@@ -79,13 +79,6 @@ extern "C" {
         group_size: c_int,
         positions: c_int,
     ) -> c_int;
-    fn mlx_bun_cpu_kv_write(
-        outs: *mut mlx_sys::mlx_array,
-        buffers: *const mlx_sys::mlx_array,
-        updates: *const mlx_sys::mlx_array,
-        count: c_int,
-        position: c_int,
-    ) -> c_int;
     fn mlx_bun_cpu_qkv_rope(
         q_out: *mut mlx_sys::mlx_array,
         k_out: *mut mlx_sys::mlx_array,
@@ -509,58 +502,6 @@ pub fn quantized_attention(
         )
     })
     .map(Some)
-}
-
-/// Each of `updates` (`[B, heads, n, W]`) written into its buffer
-/// (`[B, heads, capacity, W]`, the same dtype) at positions
-/// `[position, position + n)`, as one CPU primitive: what a `slice_update`
-/// per buffer computes, in place where MLX can donate the buffer. `None`
-/// where it does not apply (kernels off or on a GPU, an update that needs
-/// a cast or a broadcast).
-pub(crate) fn kv_write(
-    buffers: &[&Array],
-    updates: &[&Array],
-    position: i32,
-) -> Result<Option<Vec<Array>>> {
-    let fits = |(b, u): (&&Array, &&Array)| {
-        let (bs, us) = (b.shape(), u.shape());
-        b.dtype() == u.dtype()
-            && bs.len() == 4
-            && us.len() == 4
-            && (bs[0], bs[1], bs[3]) == (us[0], us[1], us[3])
-            && position >= 0
-            && position + us[2] <= bs[2]
-    };
-    let applies = enabled()
-        && !buffers.is_empty()
-        && buffers.len() == updates.len()
-        && buffers.iter().zip(updates).all(fits);
-    if !applies {
-        return Ok(None);
-    }
-    let ins: Vec<_> = buffers.iter().map(|a| a.as_ptr()).collect();
-    let news: Vec<_> = updates.iter().map(|a| a.as_ptr()).collect();
-    // SAFETY: fresh handles written by the call on success and owned by the
-    // returned arrays, freed on failure; the inputs are valid handles owned
-    // by the caller.
-    unsafe {
-        let mut outs: Vec<_> = (0..ins.len()).map(|_| mlx_sys::mlx_array_new()).collect();
-        let rc = mlx_bun_cpu_kv_write(
-            outs.as_mut_ptr(),
-            ins.as_ptr(),
-            news.as_ptr(),
-            ins.len() as c_int,
-            position,
-        );
-        if rc != 0 {
-            outs.into_iter().for_each(|a| {
-                mlx_sys::mlx_array_free(a);
-            });
-            let msg = CStr::from_ptr(mlx_bun_last_error()).to_string_lossy();
-            return Err(anyhow!("CPU KV cache write: {msg}"));
-        }
-        Ok(Some(outs.into_iter().map(|a| Array::from_ptr(a)).collect()))
-    }
 }
 
 /// The mask handle (empty for none) and the causal flag when the attention
