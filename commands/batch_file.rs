@@ -9,10 +9,9 @@ use mlx_bun::chat_template::Message;
 use mlx_bun::decode::{generate_batch, BatchItem, BatchLimits};
 use mlx_bun::generate::{GenerateOptions, GenerationResult};
 use mlx_bun::grammar::{ConstraintSpec, GrammarEngine};
-use mlx_bun::model::Model;
 use mlx_bun::prompt::{build_prompt, PromptInput};
+use mlx_bun::runtime::Runtime;
 use mlx_bun::sampling::SamplingParams;
-use mlx_bun::tokenizer::Tokenizer;
 use serde::Deserialize;
 
 /// One line: a prompt string, an array of chat messages, or an object with
@@ -123,7 +122,8 @@ fn parse_line(text: &str, defaults: &Defaults) -> Result<Parsed> {
     })
 }
 
-pub fn run(path: &Path, model: &Model, tokenizer: &Tokenizer, defaults: Defaults) -> Result<()> {
+pub fn run(path: &Path, runtime: &Runtime, defaults: Defaults) -> Result<()> {
+    let (model, tokenizer) = (&runtime.model, &runtime.tokenizer);
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the batch file {}", path.display()))?;
     let mut grammar: Option<GrammarEngine> = None;
@@ -155,6 +155,7 @@ pub fn run(path: &Path, model: &Model, tokenizer: &Tokenizer, defaults: Defaults
             options: parsed.options,
             constraint,
             on_token: Box::new(|_| true),
+            caches: runtime.make_caches()?,
         });
     }
     if items.is_empty() {

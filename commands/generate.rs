@@ -402,6 +402,7 @@ fn run_batch_file(args: Args) -> Result<()> {
     let tokenizer = Tokenizer::load(&dir)?;
     let spec = RuntimeSpec {
         adapter: args.adapter_path.clone(),
+        kv: args.kv.settings(args.max_kv_size),
         ..RuntimeSpec::new(dir.clone(), args.compute.dtype)
     };
     let runtime = Runtime::assemble(&spec, tokenizer)?;
@@ -431,5 +432,5 @@ fn run_batch_file(args: Args) -> Result<()> {
         },
         json: args.json,
     };
-    crate::batch_file::run(&path, model, &runtime.tokenizer, defaults)
+    crate::batch_file::run(&path, &runtime, defaults)
 }

@@ -364,3 +364,52 @@ fn batch_file_prints_rows_in_input_order() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("line 1"), "the error names the line: {err}");
 }
+
+/// `--kv-bits` reaches every row of a batch file: each row decodes as the
+/// same prompt does alone with the same quantized cache, which differs from
+/// the dense cache's tokens.
+#[test]
+fn batch_file_rows_use_the_quantized_kv_cache() {
+    let _guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let prompts = [
+        "Name three rivers in Europe and one fact about each.",
+        "Write a short story about a lighthouse keeper.",
+        "Explain how a refrigerator works.",
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("prompts.jsonl");
+    let lines: Vec<String> = prompts.iter().map(|p| json!(p).to_string()).collect();
+    std::fs::write(&file, lines.join("\n") + "\n").unwrap();
+    let kv = ["--kv-bits", "4", "--quantized-kv-start", "0"];
+    let tokens = |out: std::process::Output| -> Vec<Value> {
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap()["token_ids"].clone())
+            .collect()
+    };
+    let batch = |extra: &[&str]| {
+        let mut args = vec!["generate", "--batch-file", file.to_str().unwrap()];
+        args.extend(["--json", "-n", "48"]);
+        args.extend(extra);
+        tokens(common::run_ok(&args))
+    };
+    let quantized = batch(&kv);
+    let dense = batch(&[]);
+    assert_eq!(quantized.len(), prompts.len());
+    for (i, p) in prompts.iter().enumerate() {
+        let mut args = vec!["generate", "-p", p, "--json", "-n", "48"];
+        args.extend(kv);
+        let alone = tokens(common::run_ok(&args));
+        assert_eq!(
+            quantized[i],
+            alone[0],
+            "row {} against the prompt alone",
+            i + 1
+        );
+    }
+    assert_ne!(
+        quantized, dense,
+        "4-bit keys and values change some row's tokens: the flag took effect"
+    );
+}

@@ -91,6 +91,7 @@ fn generation_batching_and_speculation_agree() {
                 options: greedy(8),
                 constraint: None,
                 on_token: Box::new(|_| true),
+                caches: Vec::new(),
             })
             .collect();
         let batch = mlx_bun::decode::generate_batch(&model, &tok, items, BatchLimits::default())
@@ -311,6 +312,7 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
                 options: greedy(8),
                 constraint: None,
                 on_token: Box::new(|_| true),
+                caches: Vec::new(),
             })
             .collect();
         let batch = mlx_bun::decode::generate_batch(&model, &tok, items, BatchLimits::default())

@@ -293,6 +293,9 @@ pub struct BatchItem<'a> {
     pub constraint: Option<Box<dyn TokenConstraint>>,
     /// Sees every token the row emits; false cancels the row.
     pub on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,
+    /// The row's empty caches (`--kv-bits`, `--max-kv-size`); none: the
+    /// model's own.
+    pub caches: Vec<Box<dyn KvCache>>,
 }
 
 /// Runs `items` as rows of one continuous batch and returns their results in
@@ -316,7 +319,7 @@ pub fn generate_batch<'a>(
             item.constraint.map(ConstraintSlot::Owned),
             item.on_token,
         )?;
-        scheduler.insert(id as u64, row, Vec::new());
+        scheduler.insert(id as u64, row, item.caches);
     }
     let mut results: Vec<Option<GenerationResult>> = (0..n).map(|_| None).collect();
     while !scheduler.is_idle() {
