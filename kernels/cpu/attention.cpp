@@ -46,7 +46,9 @@ namespace {
 
 constexpr int kLanes = 16;
 
-MLX_BUN_CLONES float dot(const float* a, const float* b, int n) {
+#define MLX_BUN_INLINE inline __attribute__((always_inline))
+
+MLX_BUN_INLINE float dot(const float* a, const float* b, int n) {
   float acc[kLanes] = {};
   int i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -64,11 +66,66 @@ MLX_BUN_CLONES float dot(const float* a, const float* b, int n) {
   return sum;
 }
 
-MLX_BUN_CLONES void add_scaled(float alpha, const float* x, float* y, int n) {
-  for (int i = 0; i < n; ++i) {
-    y[i] += alpha * x[i];
+// Where `scores[j * keys + s]` is 0 (key s visible to query vector j) it
+// becomes the product of query j and key row s; -inf stays.
+MLX_BUN_CLONES void key_scores(const float* queries, int n, int d, const float* k,
+                               int64_t k_stride, int keys, float* scores) {
+  for (int s = 0; s < keys; ++s) {
+    const float* key = k + s * k_stride;
+    for (int j = 0; j < n; ++j) {
+      float* score = scores + static_cast<int64_t>(j) * keys + s;
+      if (*score == 0.0f) *score = dot(queries + static_cast<int64_t>(j) * d, key, d);
+    }
   }
 }
+
+// `out = sum_s weights[s] * v[s]` in key order, skipping zero weights; the
+// sum of a head of D features stays in registers.
+template <int D>
+MLX_BUN_INLINE void weighted_sum(const float* weights, int keys, const float* v, int64_t v_stride,
+                                 float* out) {
+  float acc[D];
+  for (int i = 0; i < D; ++i) acc[i] = 0.0f;
+  for (int s = 0; s < keys; ++s) {
+    const float w = weights[s];
+    if (w == 0.0f) continue;
+    const float* row = v + s * v_stride;
+    for (int i = 0; i < D; ++i) acc[i] += w * row[i];
+  }
+  for (int i = 0; i < D; ++i) out[i] = acc[i];
+}
+
+MLX_BUN_INLINE void weighted_sum_any(const float* weights, int keys, const float* v,
+                                     int64_t v_stride, int d, float* out) {
+  for (int i = 0; i < d; ++i) out[i] = 0.0f;
+  for (int s = 0; s < keys; ++s) {
+    const float w = weights[s];
+    if (w == 0.0f) continue;
+    const float* row = v + s * v_stride;
+    for (int i = 0; i < d; ++i) out[i] += w * row[i];
+  }
+}
+
+// The probability-weighted values of each of `n` query vectors, into `outs[j]`.
+MLX_BUN_CLONES void weighted_values(const float* weights, int n, int keys, const float* v,
+                                    int64_t v_stride, int d, float* const* outs) {
+  for (int j = 0; j < n; ++j) {
+    const float* w = weights + static_cast<int64_t>(j) * keys;
+    if (d == 64) {
+      weighted_sum<64>(w, keys, v, v_stride, outs[j]);
+    } else if (d == 128) {
+      weighted_sum<128>(w, keys, v, v_stride, outs[j]);
+    } else {
+      weighted_sum_any(w, keys, v, v_stride, d, outs[j]);
+    }
+  }
+}
+
+// Rows 0..count of one head as a base pointer and a row stride.
+struct RowSpan {
+  const float* base;
+  int64_t stride;
+};
 
 // A [B, heads, rows, D] float32 operand read through its strides.
 struct Operand {
@@ -115,6 +172,15 @@ struct FloatRows {
     if (a.stride[3] == 1) return r;
     for (int i = 0; i < d; ++i) scratch[i] = r[i * a.stride[3]];
     return scratch;
+  }
+
+  // Rows 0..count of head h: in place when their features are contiguous,
+  // else gathered into `scratch`.
+  RowSpan rows(int b, int h, int count, int d, std::vector<float>& scratch) const {
+    if (a.stride[3] == 1) return {a.at(b, h, 0), a.stride[2]};
+    scratch.resize(static_cast<size_t>(count) * d);
+    for (int s = 0; s < count; ++s) row(b, h, s, d, scratch.data() + static_cast<size_t>(s) * d);
+    return {scratch.data(), d};
   }
 };
 
@@ -177,6 +243,13 @@ struct QuantRows {
     }
     return scratch;
   }
+
+  // Rows 0..count of head h, dequantized into `scratch`.
+  RowSpan rows(int b, int h, int count, int d, std::vector<float>& scratch) const {
+    scratch.resize(static_cast<size_t>(count) * d);
+    for (int s = 0; s < count; ++s) row(b, h, s, d, scratch.data() + static_cast<size_t>(s) * d);
+    return {scratch.data(), d};
+  }
 };
 
 template <class Rows>
@@ -203,10 +276,12 @@ void attend(const Problem<Rows>& p, int task) {
   const int n = repeats * p.queries;  // query vectors, head-major
   thread_local std::vector<float> scores;
   thread_local std::vector<float> queries;
-  thread_local std::vector<float> scratch;
+  thread_local std::vector<float> key_rows;
+  thread_local std::vector<float> value_rows;
+  thread_local std::vector<float*> outputs;
   scores.resize(static_cast<size_t>(n) * p.keys);
   queries.resize(static_cast<size_t>(n) * d);
-  scratch.resize(d);
+  outputs.resize(n);
   const float minus_inf = -std::numeric_limits<float>::infinity();
   for (int r = 0; r < repeats; ++r) {
     for (int l = 0; l < p.queries; ++l) {
@@ -215,17 +290,18 @@ void attend(const Problem<Rows>& p, int task) {
       for (int i = 0; i < d; ++i) dst[i] = p.scale * q[i * p.q.stride[3]];
     }
   }
-  for (int s = 0; s < p.keys; ++s) {
-    const float* key = p.k.row(b, kh, s, d, scratch.data());
-    for (int j = 0; j < n; ++j) {
-      const int h = kh * repeats + j / p.queries;
-      const int l = j % p.queries;
-      const int last = p.causal ? p.keys - p.queries + l : p.keys - 1;
+  for (int j = 0; j < n; ++j) {
+    const int h = kh * repeats + j / p.queries;
+    const int l = j % p.queries;
+    const int last = p.causal ? p.keys - p.queries + l : p.keys - 1;
+    float* row = scores.data() + static_cast<size_t>(j) * p.keys;
+    for (int s = 0; s < p.keys; ++s) {
       const bool seen = s <= last && (!p.has_mask || p.mask.visible(b, h, l, s));
-      scores[static_cast<size_t>(j) * p.keys + s] =
-          seen ? dot(queries.data() + static_cast<size_t>(j) * d, key, d) : minus_inf;
+      row[s] = seen ? 0.0f : minus_inf;
     }
   }
+  const RowSpan k = p.k.rows(b, kh, p.keys, d, key_rows);
+  key_scores(queries.data(), n, d, k.base, k.stride, p.keys, scores.data());
   // Softmax per query vector; a query that sees no key gets zeros.
   for (int j = 0; j < n; ++j) {
     float* row = scores.data() + static_cast<size_t>(j) * p.keys;
@@ -243,24 +319,13 @@ void attend(const Problem<Rows>& p, int task) {
     const float normalizer = 1.0f / sum;
     for (int s = 0; s < p.keys; ++s) row[s] *= normalizer;
   }
-  auto output = [&](int j) {
+  for (int j = 0; j < n; ++j) {
     const int h = kh * repeats + j / p.queries;
     const int l = j % p.queries;
-    return p.out + ((static_cast<int64_t>(b) * p.queries + l) * p.heads + h) * d;
-  };
-  for (int j = 0; j < n; ++j) {
-    float* o = output(j);
-    for (int i = 0; i < d; ++i) o[i] = 0.0f;
+    outputs[j] = p.out + ((static_cast<int64_t>(b) * p.queries + l) * p.heads + h) * d;
   }
-  for (int s = 0; s < p.keys; ++s) {
-    const float* value = nullptr;
-    for (int j = 0; j < n; ++j) {
-      const float weight = scores[static_cast<size_t>(j) * p.keys + s];
-      if (weight == 0.0f) continue;
-      if (value == nullptr) value = p.v.row(b, kh, s, d, scratch.data());
-      add_scaled(weight, value, output(j), d);
-    }
-  }
+  const RowSpan v = p.v.rows(b, kh, p.keys, d, value_rows);
+  weighted_values(scores.data(), n, p.keys, v.base, v.stride, d, outputs.data());
 }
 
 template <class Rows>
