@@ -48,6 +48,14 @@ fn compile_kernels() {
         .file("kernels/cpu/qkv_rope.cpp")
         // Same operation order as MLX's unfused ops: no contraction into FMAs.
         .flag("-ffp-contract=off");
+    // Floating-point exceptions are never read: without their ordering
+    // constraints the exponentials vectorize (the values are the same).
+    let log_softmax = base()
+        .file("kernels/cpu/log_softmax.cpp")
+        .flag("-ffp-contract=off")
+        .flag("-fno-trapping-math")
+        .compile_intermediates();
+    main.objects(log_softmax);
     if arch == "x86_64" {
         main.define("MLX_BUN_HAVE_AVX512", None)
             .define("MLX_BUN_HAVE_AVX2", None);

@@ -783,3 +783,51 @@ fn qkv_rope_equals_the_separate_operations() {
 fn planes(layer: &Layer) -> [&Array; 3] {
     [&layer.w, &layer.scales, &layer.biases]
 }
+
+/// The bits of each entry, every NaN alike.
+fn bits(a: &Array) -> Vec<u32> {
+    a.as_slice::<f32>()
+        .iter()
+        .map(|v| if v.is_nan() { u32::MAX } else { v.to_bits() })
+        .collect()
+}
+
+#[test]
+fn log_softmax_equals_mlx_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(11);
+    let vocab = 49_157;
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for scale in [1.0f32, 8.0, 30.0, 120.0] {
+        rows.push((0..vocab).map(|_| rng.gen_range(-scale..scale)).collect());
+    }
+    // Masked entries, a spike past exp's range, signed zeros, a NaN, a row
+    // with nothing visible.
+    let mut masked = rows[1].clone();
+    for v in masked.iter_mut().step_by(3) {
+        *v = f32::NEG_INFINITY;
+    }
+    masked[7] = 500.0;
+    masked[8] = -0.0;
+    masked[9] = 0.0;
+    rows.push(masked);
+    let mut nan = rows[0].clone();
+    nan[1234] = f32::NAN;
+    rows.push(nan);
+    rows.push(vec![f32::NEG_INFINITY; vocab]);
+    for (i, row) in rows.iter().enumerate() {
+        let x = Array::from_slice(row, &[1, vocab as i32]);
+        let ours = mlx_bun::kernels::log_softmax(&x).unwrap();
+        let mlx = &x - &mlx_rs::ops::logsumexp_axis(&x, -1, true).unwrap();
+        eval([&ours, &mlx]).unwrap();
+        assert_eq!(bits(&ours), bits(&mlx), "row {i}");
+    }
+    // Several rows at once, and a transposed (strided) input.
+    let data: Vec<f32> = (0..4 * 1000).map(|_| rng.gen_range(-20.0..20.0)).collect();
+    let x = Array::from_slice(&data, &[1000, 4])
+        .transpose_axes(&[1, 0])
+        .unwrap();
+    let ours = mlx_bun::kernels::log_softmax(&x).unwrap();
+    let mlx = &x - &mlx_rs::ops::logsumexp_axis(&x, -1, true).unwrap();
+    eval([&ours, &mlx]).unwrap();
+    assert_eq!(bits(&ours), bits(&mlx), "strided rows");
+}

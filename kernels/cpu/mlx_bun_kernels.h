@@ -43,6 +43,10 @@ int mlx_bun_cpu_silu_glu(
  * [d], as one CPU primitive (MLX 0.32 expands it into ~8 ops on the CPU). */
 int mlx_bun_cpu_rms_norm(mlx_array* res, mlx_array x, mlx_array weight, float eps);
 
+/* x - logsumexp(x) over the last axis of float32 x, bit for bit as MLX's CPU
+   logsumexp and subtraction compute it. */
+int mlx_bun_cpu_log_softmax(mlx_array* res, mlx_array x);
+
 /* res = fast::rope(x, dims, traditional=false, base, scale, offset, freqs)
  * for float32 x [..., L, d], as one CPU primitive. `freqs` may be an empty
  * handle (ctx NULL); then `base` sets the frequencies. */

@@ -48,6 +48,7 @@ extern "C" {
         weight: mlx_sys::mlx_array,
         eps: f32,
     ) -> c_int;
+    fn mlx_bun_cpu_log_softmax(res: *mut mlx_sys::mlx_array, x: mlx_sys::mlx_array) -> c_int;
     fn mlx_bun_cpu_rope(
         res: *mut mlx_sys::mlx_array,
         x: mlx_sys::mlx_array,
@@ -208,6 +209,20 @@ pub fn rms_norm(x: &Array, weight: &Array, eps: f32) -> Result<Array> {
     // SAFETY (inside `call`): valid handles owned by the caller.
     call("CPU rms_norm", |res| unsafe {
         mlx_bun_cpu_rms_norm(res, x.as_ptr(), weight.as_ptr(), eps)
+    })
+}
+
+/// `x - logsumexp(x)` over the last axis (log-probabilities from logits).
+/// On the CPU with float32 one primitive computes it with MLX's numbers bit
+/// for bit, its exponentials in SIMD lanes (MLX's CPU `logsumexp` takes them
+/// one at a time); elsewhere MLX's two operations.
+pub fn log_softmax(x: &Array) -> Result<Array> {
+    if !(enabled() && x.dtype() == Dtype::Float32 && x.ndim() >= 1) {
+        return Ok(x - &mlx_rs::ops::logsumexp_axis(x, -1, true)?);
+    }
+    // SAFETY (inside `call`): a valid handle owned by the caller.
+    call("CPU log_softmax", |res| unsafe {
+        mlx_bun_cpu_log_softmax(res, x.as_ptr())
     })
 }
 

@@ -11,7 +11,6 @@ use std::collections::HashMap;
 
 use anyhow::Result;
 use mlx_rs::ops::indexing::argmax_axis;
-use mlx_rs::ops::logsumexp_axis;
 use mlx_rs::Array;
 use serde::{Deserialize, Serialize};
 
@@ -221,7 +220,7 @@ impl Sampler {
 
 /// Log-probabilities of `logits` `[1, vocab]`.
 pub(crate) fn log_softmax(logits: &Array) -> Result<Array> {
-    Ok(logits - &logsumexp_axis(logits, -1, true)?)
+    crate::kernels::log_softmax(logits)
 }
 
 #[cfg(test)]
