@@ -186,7 +186,7 @@ struct FloatRows {
 
 // `out[i] = scale * q_i + bias` over one group of a packed row.
 template <int BITS>
-MLX_BUN_CLONES void dequantize_group(const uint8_t* bytes, float scale, float bias, float* out,
+MLX_BUN_INLINE void dequantize_group(const uint8_t* bytes, float scale, float bias, float* out,
                                      int group_size) {
   if constexpr (BITS == 8) {
     for (int i = 0; i < group_size; ++i) out[i] = scale * static_cast<float>(bytes[i]) + bias;
@@ -201,6 +201,47 @@ MLX_BUN_CLONES void dequantize_group(const uint8_t* bytes, float scale, float bi
         out[4 * i + j] = scale * static_cast<float>((bytes[i] >> (2 * j)) & 0x03) + bias;
       }
     }
+  }
+}
+
+template <int BITS>
+MLX_BUN_INLINE void dequantize_rows_of(const uint8_t* bytes, int64_t row_bytes,
+                                       const float* scales, int64_t scale_stride,
+                                       const float* biases, int64_t bias_stride, int count,
+                                       int d, int group_size, float* out) {
+  const int group_bytes = group_size * BITS / 8;
+  for (int s = 0; s < count; ++s) {
+    const uint8_t* row = bytes + s * row_bytes;
+    const float* sc = scales + s * scale_stride;
+    const float* bi = biases + s * bias_stride;
+    float* dst = out + static_cast<int64_t>(s) * d;
+    for (int g = 0; g * group_size < d; ++g) {
+      dequantize_group<BITS>(row + g * group_bytes, sc[g], bi[g], dst + g * group_size,
+                             group_size);
+    }
+  }
+}
+
+// `count` rows of `d` features into `out` (count x d): row s's packed bytes
+// at `bytes + s * row_bytes`, its groups' scales and biases at
+// `scales + s * scale_stride` and `biases + s * bias_stride`.
+MLX_BUN_CLONES void dequantize_rows(const uint8_t* bytes, int64_t row_bytes, const float* scales,
+                                    int64_t scale_stride, const float* biases,
+                                    int64_t bias_stride, int count, int d, int bits,
+                                    int group_size, float* out) {
+  switch (bits) {
+    case 8:
+      dequantize_rows_of<8>(bytes, row_bytes, scales, scale_stride, biases, bias_stride, count, d,
+                            group_size, out);
+      break;
+    case 4:
+      dequantize_rows_of<4>(bytes, row_bytes, scales, scale_stride, biases, bias_stride, count, d,
+                            group_size, out);
+      break;
+    default:
+      dequantize_rows_of<2>(bytes, row_bytes, scales, scale_stride, biases, bias_stride, count, d,
+                            group_size, out);
+      break;
   }
 }
 
@@ -219,35 +260,15 @@ struct QuantRows {
   int bits;
   int group_size;
 
-  // Row s of head h, dequantized into `scratch` (D floats).
-  const float* row(int b, int h, int s, int d, float* scratch) const {
-    const auto* bytes = reinterpret_cast<const uint8_t*>(
-        packed + b * packed_stride[0] + h * packed_stride[1] + s * packed_stride[2]);
-    const float* sc = scales + b * scale_stride[0] + h * scale_stride[1] + s * scale_stride[2];
-    const float* bi = biases + b * bias_stride[0] + h * bias_stride[1] + s * bias_stride[2];
-    const int group_bytes = group_size * bits / 8;
-    for (int g = 0; g * group_size < d; ++g) {
-      const uint8_t* src = bytes + g * group_bytes;
-      float* dst = scratch + g * group_size;
-      switch (bits) {
-        case 8:
-          dequantize_group<8>(src, sc[g], bi[g], dst, group_size);
-          break;
-        case 4:
-          dequantize_group<4>(src, sc[g], bi[g], dst, group_size);
-          break;
-        default:
-          dequantize_group<2>(src, sc[g], bi[g], dst, group_size);
-          break;
-      }
-    }
-    return scratch;
-  }
-
   // Rows 0..count of head h, dequantized into `scratch`.
   RowSpan rows(int b, int h, int count, int d, std::vector<float>& scratch) const {
     scratch.resize(static_cast<size_t>(count) * d);
-    for (int s = 0; s < count; ++s) row(b, h, s, d, scratch.data() + static_cast<size_t>(s) * d);
+    const auto* bytes =
+        reinterpret_cast<const uint8_t*>(packed + b * packed_stride[0] + h * packed_stride[1]);
+    dequantize_rows(bytes, packed_stride[2] * 4,
+                    scales + b * scale_stride[0] + h * scale_stride[1], scale_stride[2],
+                    biases + b * bias_stride[0] + h * bias_stride[1], bias_stride[2], count, d,
+                    bits, group_size, scratch.data());
     return {scratch.data(), d};
   }
 };
