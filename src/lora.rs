@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::decoder::{Block, FeedForward};
 use crate::model::layers::{Linear, Lora};
-use crate::model::moe::{SwitchLinear, EXPERT_PROJS};
+use crate::model::moe::{SparseMoe, SwitchLinear, EXPERT_PROJS};
 use crate::model::Model;
 
 /// `lora_parameters`: where adapters go and how large they are.
@@ -86,6 +86,16 @@ pub(crate) const BLOCK_LINEARS: [&str; 13] = [
 ];
 
 pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear> {
+    let key = our_key(key);
+    if let Some(mixer) = &block.linear_attn {
+        if key.starts_with("self_attn.") {
+            return None;
+        }
+        let linears = mixer.linears().unwrap_or_default();
+        if let Some((_, linear)) = linears.into_iter().find(|(k, _)| *k == key) {
+            return Some(linear);
+        }
+    }
     if crate::model::gemma4_text::absent_projection(block, key) {
         return None;
     }
@@ -101,11 +111,42 @@ pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear
         ("mlp.up_proj", FeedForward::Dense(m)) => &m.up_proj,
         ("mlp.down_proj", FeedForward::Dense(m)) => &m.down_proj,
         (k, FeedForward::Sparse(moe)) if k == moe.router_key => &moe.gate,
+        (k, FeedForward::Sparse(moe)) => {
+            return moe
+                .gated_shared_linears()
+                .into_iter()
+                .find_map(|(name, l)| (name == k).then_some(l))
+        }
         _ => return None,
     })
 }
 
 pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'a mut Linear> {
+    let key = our_key(key);
+    if let Some(mixer) = &block.linear_attn {
+        if key.starts_with("self_attn.") {
+            return None;
+        }
+        let linears = mixer.linears().unwrap_or_default();
+        if linears.iter().any(|(k, _)| *k == key) {
+            let mixer = block.linear_attn.as_mut()?;
+            let linears = mixer.linears_mut().unwrap_or_default();
+            return linears
+                .into_iter()
+                .find_map(|(k, l)| (k == key).then_some(l));
+        }
+    }
+    if let FeedForward::Sparse(moe) = &block.mlp {
+        if moe.gated_shared_linears().iter().any(|(k, _)| *k == key) {
+            let FeedForward::Sparse(moe) = &mut block.mlp else {
+                unreachable!("matched above")
+            };
+            let linears = moe.gated_shared_linears_mut();
+            return linears
+                .into_iter()
+                .find_map(|(k, l)| (k == key).then_some(l));
+        }
+    }
     if crate::model::gemma4_text::absent_projection(block, key) {
         return None;
     }
@@ -123,6 +164,46 @@ pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'
         (k, FeedForward::Sparse(moe)) if k == moe.router_key => &mut moe.gate,
         _ => return None,
     })
+}
+
+/// Module paths inside a block that some families name differently from
+/// the rest, as mlx-lm's classes do, with the path this crate's block uses:
+/// LFM2's `self_attn.out_proj` and `feed_forward.w1` / `w3` / `w2`, Llama 4's
+/// `feed_forward.*`.
+const FAMILY_KEYS: [(&str, &str, &str); 7] = [
+    ("lfm2", "self_attn.out_proj", "self_attn.o_proj"),
+    ("lfm2", "feed_forward.w1", "mlp.gate_proj"),
+    ("lfm2", "feed_forward.w3", "mlp.up_proj"),
+    ("lfm2", "feed_forward.w2", "mlp.down_proj"),
+    ("llama4_text", "feed_forward.gate_proj", "mlp.gate_proj"),
+    ("llama4_text", "feed_forward.up_proj", "mlp.up_proj"),
+    ("llama4_text", "feed_forward.down_proj", "mlp.down_proj"),
+];
+
+/// The block path of a (family-named) key.
+fn our_key(key: &str) -> &str {
+    FAMILY_KEYS
+        .iter()
+        .find_map(|(_, theirs, ours)| (*theirs == key).then_some(*ours))
+        .unwrap_or(key)
+}
+
+/// The key mlx-lm gives the block path `key` in a `model_type` model.
+fn family_key(model_type: &str, key: &str) -> String {
+    FAMILY_KEYS
+        .iter()
+        .find_map(|(family, theirs, ours)| {
+            (*family == model_type && *ours == key).then(|| theirs.to_string())
+        })
+        .unwrap_or_else(|| key.to_string())
+}
+
+/// Where a family's blocks sit in its checkpoint (and mlx-lm's parameter tree).
+fn layers_path(model: &Model) -> &'static str {
+    match model.args.model_type.as_str() {
+        "qwen3_5" | "qwen3_5_moe" | "gemma4" => "language_model.model.layers",
+        _ => "model.layers",
+    }
 }
 
 /// What a site adapts.
@@ -145,12 +226,15 @@ pub struct Site {
     pub key: String,
     /// What kind of module it is.
     pub kind: SiteKind,
+    /// Where the model's blocks sit (`model.layers`, or
+    /// `language_model.model.layers` in the nested multimodal checkpoints).
+    pub layers_path: &'static str,
 }
 
 impl Site {
     /// The module path mlx-lm uses, e.g. `model.layers.29.self_attn.q_proj`.
     pub fn path(&self) -> String {
-        format!("model.layers.{}.{}", self.layer, self.key)
+        format!("{}.{}.{}", self.layers_path, self.layer, self.key)
     }
 }
 
@@ -170,11 +254,28 @@ pub(crate) fn block_sites(model: &Model, block: &Block) -> Vec<(String, SiteKind
         .iter()
         .flat_map(|(_, parts)| parts.iter().copied())
         .collect();
+    let family = model.args.model_type.as_str();
     let mut out: Vec<(String, SiteKind)> = BLOCK_LINEARS
         .iter()
         .filter(|k| !split.contains(k) && block_linear(block, k).is_some())
-        .map(|k| (k.to_string(), SiteKind::Linear))
+        .map(|k| (family_key(family, k), SiteKind::Linear))
         .collect();
+    if let Some(mixer) = &block.linear_attn {
+        let linears = mixer.linears().unwrap_or_default();
+        out.extend(
+            linears
+                .iter()
+                .map(|(k, _)| (k.to_string(), SiteKind::Linear)),
+        );
+    }
+    if let FeedForward::Sparse(moe) = &block.mlp {
+        let shared = moe.gated_shared_linears();
+        out.extend(
+            shared
+                .iter()
+                .map(|(k, _)| (k.to_string(), SiteKind::Linear)),
+        );
+    }
     for (key, parts) in fused {
         if parts.iter().all(|p| block_linear(block, p).is_some()) {
             out.push((key.to_string(), SiteKind::Fused(parts)));
@@ -210,12 +311,25 @@ pub(crate) fn block_loras(block: &Block) -> Vec<&Lora> {
         .filter_map(|k| block_linear(block, k).and_then(|l| l.lora.as_ref()))
         .collect();
     out.extend((0..EXPERT_PROJS.len()).filter_map(|i| switch_linear(block, i)?.lora.as_ref()));
+    if let FeedForward::Sparse(moe) = &block.mlp {
+        let shared = moe.gated_shared_linears();
+        out.extend(shared.into_iter().filter_map(|(_, l)| l.lora.as_ref()));
+    }
+    if let Some(mixer) = &block.linear_attn {
+        let linears = mixer.linears().unwrap_or_default();
+        out.extend(linears.into_iter().filter_map(|(_, l)| l.lora.as_ref()));
+    }
     out
 }
 
 /// `block_loras`, mutable, in the same order.
 pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
-    let Block { self_attn, mlp, .. } = block;
+    let Block {
+        self_attn,
+        mlp,
+        linear_attn,
+        ..
+    } = block;
     let mut out: Vec<&mut Lora> = vec![
         &mut self_attn.q_proj,
         &mut self_attn.k_proj,
@@ -235,14 +349,32 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
                 .filter_map(|l| l.lora.as_mut()),
         ),
         FeedForward::Sparse(moe) => {
-            out.extend(moe.gate.lora.as_mut());
-            let s = &mut moe.switch_mlp;
+            let SparseMoe {
+                gate,
+                switch_mlp: s,
+                shared_experts,
+                shared_expert_gate,
+                ..
+            } = moe;
+            out.extend(gate.lora.as_mut());
             out.extend(
                 [&mut s.gate_proj, &mut s.up_proj, &mut s.down_proj]
                     .into_iter()
                     .filter_map(|l| l.lora.as_mut()),
             );
+            // In `gated_shared_linears` order.
+            if let (Some(m), Some(g)) = (shared_experts, shared_expert_gate) {
+                out.extend(
+                    [&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj, &mut **g]
+                        .into_iter()
+                        .filter_map(|l| l.lora.as_mut()),
+                );
+            }
         }
+    }
+    if let Some(mixer) = linear_attn {
+        let linears = mixer.linears_mut().unwrap_or_default();
+        out.extend(linears.into_iter().filter_map(|(_, l)| l.lora.as_mut()));
     }
     out
 }
@@ -265,7 +397,22 @@ impl AdapterLayout {
     /// positive, as mlx-lm does), for `params.keys` or, as mlx-lm, every
     /// linear layer and experts' projection of those blocks.
     pub fn new(model: &Model, num_layers: i64, params: &LoraParameters) -> Result<Self> {
-        model.refuse_recurrent_layers("LoRA")?;
+        let mamba = model
+            .decoder
+            .layers
+            .iter()
+            .filter(|b| {
+                b.linear_attn
+                    .as_ref()
+                    .is_some_and(|m| m.linears().is_none())
+            })
+            .count();
+        if mamba > 0 {
+            bail!(
+                "LoRA does not cover this model's {mamba} Mamba-2 layers yet ({})",
+                model.args.model_type
+            );
+        }
         let total = model.num_layers();
         if num_layers > total as i64 {
             bail!("requested to adapt {num_layers} layers but the model only has {total}");
@@ -303,7 +450,12 @@ impl AdapterLayout {
         for (layer, block) in blocks.iter().enumerate().skip(first) {
             for (key, kind) in block_sites(model, block) {
                 if params.keys.as_ref().is_none_or(|keys| keys.contains(&key)) {
-                    sites.push(Site { layer, key, kind });
+                    sites.push(Site {
+                        layer,
+                        key,
+                        kind,
+                        layers_path: layers_path(model),
+                    });
                 }
             }
         }

@@ -377,19 +377,36 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
     assert!(stderr.contains("cannot decode speculatively"), "{stderr}");
 }
 
-/// Tools that do not cover recurrent (gated DeltaNet, short convolution,
-/// Mamba-2) layers yet refuse hybrid models instead of silently skipping
-/// those layers.
+/// LoRA does not cover Mamba-2 layers yet: it refuses those models instead
+/// of silently skipping the layers (gated DeltaNet and short convolution
+/// layers are adapted, `tests/lora_families.rs`).
 #[test]
 fn tools_that_skip_recurrent_layers_refuse_hybrid_models() {
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["qwen3_next", "lfm2", "nemotron_h", "granitemoehybrid"] {
+    for case in ["nemotron_h", "granitemoehybrid"] {
         let model = Model::load(&common::arch_with_tokenizer(case, tmp.path())).unwrap();
         let Err(err) = AdapterLayout::new(&model, -1, &LoraParameters::default()) else {
-            panic!("{case}: LoRA on a hybrid model must be refused");
+            panic!("{case}: LoRA on a Mamba-2 model must be refused");
         };
         assert!(
-            format!("{err:#}").contains("LoRA does not cover this model's 2 recurrent"),
+            format!("{err:#}").contains("LoRA does not cover this model's 2 Mamba-2 layers"),
+            "{case}: {err:#}"
+        );
+    }
+    for case in ["qwen3_next", "lfm2"] {
+        let model = Model::load(&common::arch_with_tokenizer(case, tmp.path())).unwrap();
+        AdapterLayout::new(&model, -1, &LoraParameters::default()).unwrap();
+        // ORPO passes its shared prompt on as keys and values: refused.
+        let fwd = TrainForward {
+            decoder: &model.decoder,
+            checkpoint_from: None,
+        };
+        let ids = Array::from_slice(&[1i32, 17, 42], &[1, 3]);
+        let Err(err) = fwd.hidden(&ids, None, true) else {
+            panic!("{case}: a shared prompt state must be refused");
+        };
+        assert!(
+            format!("{err:#}").contains("does not cover recurrent layers"),
             "{case}: {err:#}"
         );
     }

@@ -1,5 +1,7 @@
-//! LoRA on Phi-3 (fused `qkv_proj` / `gate_up_proj`) and on Mixture-of-Experts
-//! models (per-expert adapters on the experts, as mlx-lm's `LoRASwitchLinear`),
+//! LoRA on Phi-3 (fused `qkv_proj` / `gate_up_proj`), on Mixture-of-Experts
+//! models (per-expert adapters on the experts, as mlx-lm's `LoRASwitchLinear`)
+//! and on the recurrent layers of the hybrid families (gated DeltaNet, short
+//! convolutions),
 //! against mlx-lm on the tiny checkpoints of `goldens/arch/` that mlx-lm's own
 //! model classes made: the same adapter names and shapes, the same loss and
 //! adapter gradients from the same adapter, each side loads the other's
@@ -281,10 +283,10 @@ fn check_family(case: &str) {
     let p: Vec<Array> = layout.names().iter().map(|n| file[n].clone()).collect();
     // The command lines: `mlx_lm.generate --adapter-path` with our adapter and
     // `mlx-bun generate --adapter-path` print the same greedy text. (Not for
-    // qwen3_moe: transformers gives its config a Qwen tokenizer class that
-    // encodes this test vocabulary's prompt to nothing; the token-level check
-    // above covers it.)
-    if case != "qwen3_moe" {
+    // the Qwen3 families: transformers gives their configs a Qwen tokenizer
+    // class that encodes this test vocabulary's prompt to nothing; the
+    // token-level check above covers them.)
+    if !case.starts_with("qwen3") {
         let prompt_text = PROMPT.map(|t| format!("t{t}")).join(" ");
         let a = ours.to_str().unwrap();
         let out = Command::new(&py)
@@ -458,6 +460,33 @@ fn mixtral_adapts_its_experts_as_mlx_lm() {
 #[test]
 fn gpt_oss_adapts_its_experts_as_mlx_lm() {
     check_family("gpt_oss");
+}
+
+#[test]
+fn qwen3_next_adapts_its_gated_deltanet_and_shared_expert_as_mlx_lm() {
+    check_family("qwen3_next");
+}
+
+#[test]
+fn qwen3_5_adapts_its_gated_deltanet_layers_as_mlx_lm() {
+    check_family("qwen3_5");
+}
+
+#[test]
+fn qwen3_5_moe_adapts_its_gated_deltanet_layers_and_experts_as_mlx_lm() {
+    check_family("qwen3_5_moe");
+}
+
+#[test]
+fn lfm2_adapts_its_short_convolutions_as_mlx_lm() {
+    check_family("lfm2");
+}
+
+#[test]
+fn quantized_hybrid_families_fuse_as_mlx_lm() {
+    check_quantized_fuse("qwen3_next_q4");
+    check_quantized_fuse("qwen3_5_q4");
+    check_quantized_fuse("lfm2_q4");
 }
 
 #[test]

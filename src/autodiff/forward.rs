@@ -40,6 +40,12 @@ impl TrainForward<'_> {
                 keep_state,
             );
         }
+        let recurrent = self.decoder.layers.iter().any(|b| b.linear_attn.is_some());
+        if recurrent && (keep_state || prefix.is_some()) {
+            anyhow::bail!(
+                "continuing from a shared prompt (ORPO) does not cover recurrent layers yet"
+            );
+        }
         let mut h = self.decoder.embed(inputs)?;
         let templates = self.decoder.make_caches();
         let mut state = keep_state.then(Vec::new);

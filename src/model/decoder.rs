@@ -524,6 +524,67 @@ impl Recurrent {
             Recurrent::Mamba2(mamba) => mamba.forward(x, cache),
         }
     }
+
+    /// The mixer's linear layers by their path inside the block, as mlx-lm
+    /// names them (the LoRA sites); `None` for a mixer LoRA does not cover.
+    pub(crate) fn linears(&self) -> Option<Vec<(&'static str, &Linear)>> {
+        Some(match self {
+            Recurrent::GatedDelta(delta) => {
+                let mut out = match &delta.in_proj {
+                    gated_delta::InProj::Grouped(p) => vec![
+                        ("linear_attn.in_proj_qkvz", &p.qkvz),
+                        ("linear_attn.in_proj_ba", &p.ba),
+                    ],
+                    gated_delta::InProj::Split(p) => vec![
+                        ("linear_attn.in_proj_qkv", &p.qkv),
+                        ("linear_attn.in_proj_z", &p.z),
+                        ("linear_attn.in_proj_b", &p.b),
+                        ("linear_attn.in_proj_a", &p.a),
+                    ],
+                };
+                out.push(("linear_attn.out_proj", &delta.out_proj));
+                out
+            }
+            Recurrent::ShortConv(conv) => vec![
+                ("conv.in_proj", &conv.in_proj),
+                ("conv.out_proj", &conv.out_proj),
+            ],
+            Recurrent::Mamba2(_) => return None,
+        })
+    }
+
+    /// `linears`, mutable, in the same order.
+    pub(crate) fn linears_mut(&mut self) -> Option<Vec<(&'static str, &mut Linear)>> {
+        Some(match self {
+            Recurrent::GatedDelta(delta) => {
+                let mut out = match &mut delta.in_proj {
+                    gated_delta::InProj::Grouped(p) => {
+                        let p = &mut **p;
+                        vec![
+                            ("linear_attn.in_proj_qkvz", &mut p.qkvz),
+                            ("linear_attn.in_proj_ba", &mut p.ba),
+                        ]
+                    }
+                    gated_delta::InProj::Split(p) => {
+                        let p = &mut **p;
+                        vec![
+                            ("linear_attn.in_proj_qkv", &mut p.qkv),
+                            ("linear_attn.in_proj_z", &mut p.z),
+                            ("linear_attn.in_proj_b", &mut p.b),
+                            ("linear_attn.in_proj_a", &mut p.a),
+                        ]
+                    }
+                };
+                out.push(("linear_attn.out_proj", &mut delta.out_proj));
+                out
+            }
+            Recurrent::ShortConv(conv) => vec![
+                ("conv.in_proj", &mut conv.in_proj),
+                ("conv.out_proj", &mut conv.out_proj),
+            ],
+            Recurrent::Mamba2(_) => return None,
+        })
+    }
 }
 
 /// How a block adds its attention and MLP outputs to the residual stream.

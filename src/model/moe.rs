@@ -376,6 +376,38 @@ impl SparseMoe {
         })
     }
 
+    /// The gated shared expert's linear layers by their path inside the
+    /// block, as mlx-lm names them (Qwen3-Next's `mlp.shared_expert.*` and
+    /// `mlp.shared_expert_gate`, LoRA sites); empty without a gate (the
+    /// shared experts of GLM-4.5 and DeepSeek-V3 are not adapted).
+    pub(crate) fn gated_shared_linears(&self) -> Vec<(&'static str, &Linear)> {
+        match (&self.shared_experts, &self.shared_expert_gate) {
+            (Some(mlp), Some(gate)) => vec![
+                ("mlp.shared_expert.gate_proj", &mlp.gate_proj),
+                ("mlp.shared_expert.up_proj", &mlp.up_proj),
+                ("mlp.shared_expert.down_proj", &mlp.down_proj),
+                ("mlp.shared_expert_gate", &**gate),
+            ],
+            _ => Vec::new(),
+        }
+    }
+
+    /// `gated_shared_linears`, mutable, in the same order.
+    pub(crate) fn gated_shared_linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        match (&mut self.shared_experts, &mut self.shared_expert_gate) {
+            (Some(mlp), Some(gate)) => {
+                let mlp = &mut **mlp;
+                vec![
+                    ("mlp.shared_expert.gate_proj", &mut mlp.gate_proj),
+                    ("mlp.shared_expert.up_proj", &mut mlp.up_proj),
+                    ("mlp.shared_expert.down_proj", &mut mlp.down_proj),
+                    ("mlp.shared_expert_gate", &mut **gate),
+                ]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     /// `Routing::SigmoidGroups`: the chosen experts and their weights.
     fn sigmoid_groups(
         &self,
