@@ -20,8 +20,9 @@ use mlx_rs::{random, Array};
 use serde::{Deserialize, Serialize};
 
 use crate::model::decoder::{Block, FeedForward};
+use crate::model::gemma4_text;
 use crate::model::layers::{Linear, Lora};
-use crate::model::moe::{SparseMoe, SwitchLinear, EXPERT_PROJS};
+use crate::model::moe::{SharedExperts, SparseMoe, SwitchLinear, EXPERT_PROJS};
 use crate::model::Model;
 
 /// `lora_parameters`: where adapters go and how large they are.
@@ -96,7 +97,11 @@ pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear
             return Some(linear);
         }
     }
-    if crate::model::gemma4_text::absent_projection(block, key) {
+    let gemma4 = gemma4_text::extra_linears(block);
+    if let Some((_, linear)) = gemma4.into_iter().find(|(k, _)| *k == key) {
+        return Some(linear);
+    }
+    if gemma4_text::absent_projection(block, key) {
         return None;
     }
     if let Some(linear) = crate::model::deepseek_v3::latent_linear(&block.self_attn, key) {
@@ -110,10 +115,10 @@ pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear
         ("mlp.gate_proj", FeedForward::Dense(m)) => &m.gate_proj,
         ("mlp.up_proj", FeedForward::Dense(m)) => &m.up_proj,
         ("mlp.down_proj", FeedForward::Dense(m)) => &m.down_proj,
-        (k, FeedForward::Sparse(moe)) if k == moe.router_key => &moe.gate,
+        (k, FeedForward::Sparse(moe)) if moe.router_is_linear && k == moe.router_key => &moe.gate,
         (k, FeedForward::Sparse(moe)) => {
             return moe
-                .gated_shared_linears()
+                .shared_linears()
                 .into_iter()
                 .find_map(|(name, l)| (name == k).then_some(l))
         }
@@ -137,17 +142,26 @@ pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'
         }
     }
     if let FeedForward::Sparse(moe) = &block.mlp {
-        if moe.gated_shared_linears().iter().any(|(k, _)| *k == key) {
+        if moe.shared_linears().iter().any(|(k, _)| k == key) {
             let FeedForward::Sparse(moe) = &mut block.mlp else {
                 unreachable!("matched above")
             };
-            let linears = moe.gated_shared_linears_mut();
+            let linears = moe.shared_linears_mut();
             return linears
                 .into_iter()
                 .find_map(|(k, l)| (k == key).then_some(l));
         }
     }
-    if crate::model::gemma4_text::absent_projection(block, key) {
+    if gemma4_text::extra_linears(block)
+        .iter()
+        .any(|(k, _)| *k == key)
+    {
+        let linears = gemma4_text::extra_linears_mut(block);
+        return linears
+            .into_iter()
+            .find_map(|(k, l)| (k == key).then_some(l));
+    }
+    if gemma4_text::absent_projection(block, key) {
         return None;
     }
     if block.self_attn.latent.is_some() && key.starts_with("self_attn.") {
@@ -161,7 +175,9 @@ pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'
         ("mlp.gate_proj", FeedForward::Dense(m)) => &mut m.gate_proj,
         ("mlp.up_proj", FeedForward::Dense(m)) => &mut m.up_proj,
         ("mlp.down_proj", FeedForward::Dense(m)) => &mut m.down_proj,
-        (k, FeedForward::Sparse(moe)) if k == moe.router_key => &mut moe.gate,
+        (k, FeedForward::Sparse(moe)) if moe.router_is_linear && k == moe.router_key => {
+            &mut moe.gate
+        }
         _ => return None,
     })
 }
@@ -269,7 +285,7 @@ pub(crate) fn block_sites(model: &Model, block: &Block) -> Vec<(String, SiteKind
         );
     }
     if let FeedForward::Sparse(moe) = &block.mlp {
-        let shared = moe.gated_shared_linears();
+        let shared = moe.shared_linears();
         out.extend(
             shared
                 .iter()
@@ -281,22 +297,37 @@ pub(crate) fn block_sites(model: &Model, block: &Block) -> Vec<(String, SiteKind
             out.push((key.to_string(), SiteKind::Fused(parts)));
         }
     }
-    if let FeedForward::Sparse(moe) = &block.mlp {
+    let experts_key = match &block.mlp {
+        FeedForward::Sparse(moe) => Some(moe.experts_key.as_str()),
+        FeedForward::Dense(_) => gemma4_text::experts(block).map(|_| gemma4_text::EXPERTS_KEY),
+    };
+    if let Some(experts_key) = experts_key {
         for (i, proj) in EXPERT_PROJS.iter().enumerate() {
-            out.push((format!("{}.{proj}", moe.experts_key), SiteKind::Experts(i)));
+            out.push((format!("{experts_key}.{proj}"), SiteKind::Experts(i)));
         }
     }
+    let gemma4 = gemma4_text::extra_linears(block);
+    out.extend(
+        gemma4
+            .iter()
+            .map(|(k, _)| (k.to_string(), SiteKind::Linear)),
+    );
     out
 }
 
+/// Projection `i` of the block's experts (a sparse MLP's, or Gemma 4's
+/// beside its dense one).
 fn switch_linear(block: &Block, i: usize) -> Option<&SwitchLinear> {
     match &block.mlp {
         FeedForward::Sparse(moe) => moe.switch_mlp.proj(i),
-        FeedForward::Dense(_) => None,
+        FeedForward::Dense(_) => gemma4_text::experts(block)?.proj(i),
     }
 }
 
 fn switch_linear_mut(block: &mut Block, i: usize) -> Option<&mut SwitchLinear> {
+    if matches!(block.mlp, FeedForward::Dense(_)) {
+        return gemma4_text::experts_mut(block)?.proj_mut(i);
+    }
     match &mut block.mlp {
         FeedForward::Sparse(moe) => moe.switch_mlp.proj_mut(i),
         FeedForward::Dense(_) => None,
@@ -310,15 +341,19 @@ pub(crate) fn block_loras(block: &Block) -> Vec<&Lora> {
         .iter()
         .filter_map(|k| block_linear(block, k).and_then(|l| l.lora.as_ref()))
         .collect();
-    out.extend((0..EXPERT_PROJS.len()).filter_map(|i| switch_linear(block, i)?.lora.as_ref()));
     if let FeedForward::Sparse(moe) = &block.mlp {
-        let shared = moe.gated_shared_linears();
+        let projs = (0..EXPERT_PROJS.len()).filter_map(|i| moe.switch_mlp.proj(i));
+        out.extend(projs.filter_map(|p| p.lora.as_ref()));
+    }
+    if let FeedForward::Sparse(moe) = &block.mlp {
+        let shared = moe.shared_linears();
         out.extend(shared.into_iter().filter_map(|(_, l)| l.lora.as_ref()));
     }
     if let Some(mixer) = &block.linear_attn {
         let linears = mixer.linears().unwrap_or_default();
         out.extend(linears.into_iter().filter_map(|(_, l)| l.lora.as_ref()));
     }
+    out.extend(gemma4_text::extra_loras(block));
     out
 }
 
@@ -328,6 +363,7 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
         self_attn,
         mlp,
         linear_attn,
+        residual,
         ..
     } = block;
     let mut out: Vec<&mut Lora> = vec![
@@ -352,8 +388,7 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
             let SparseMoe {
                 gate,
                 switch_mlp: s,
-                shared_experts,
-                shared_expert_gate,
+                shared,
                 ..
             } = moe;
             out.extend(gate.lora.as_mut());
@@ -362,11 +397,13 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
                     .into_iter()
                     .filter_map(|l| l.lora.as_mut()),
             );
-            // In `gated_shared_linears` order.
-            if let (Some(m), Some(g)) = (shared_experts, shared_expert_gate) {
+            // In `SparseMoe::shared_linears` order.
+            if let Some(shared) = shared {
+                let SharedExperts { mlp: m, gate, .. } = &mut **shared;
                 out.extend(
-                    [&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj, &mut **g]
+                    [&mut m.gate_proj, &mut m.up_proj, &mut m.down_proj]
                         .into_iter()
+                        .chain(gate.as_mut())
                         .filter_map(|l| l.lora.as_mut()),
                 );
             }
@@ -376,6 +413,7 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
         let linears = mixer.linears_mut().unwrap_or_default();
         out.extend(linears.into_iter().filter_map(|(_, l)| l.lora.as_mut()));
     }
+    out.extend(gemma4_text::extra_loras_mut(residual));
     out
 }
 

@@ -180,7 +180,17 @@ fn lora_gradients_on_attention_router_and_experts() {
                 assert!(!has("self_attn.k_proj") && !has("self_attn.v_proj"));
             }
             if let FeedForward::Sparse(moe) = &block.mlp {
-                assert!(has(moe.router_key), "{case} layer {i}: router not adapted");
+                // mlx-lm's GLM-4.5 and DeepSeek-V3 routers are bare matrices
+                // (not adapted); their shared experts are adapted.
+                assert_eq!(
+                    has(moe.router_key),
+                    moe.router_is_linear,
+                    "{case} layer {i}: router"
+                );
+                if let Some(shared) = moe.shared.as_ref().filter(|s| !s.key.is_empty()) {
+                    let shared = format!("{}.down_proj", shared.key);
+                    assert!(has(&shared), "{case} layer {i}: shared experts not adapted");
+                }
                 let experts = format!("{}.down_proj", moe.experts_key);
                 assert!(has(&experts), "{case} layer {i}: experts not adapted");
                 assert!(!has("mlp.gate_proj"), "{case} layer {i}");

@@ -478,6 +478,23 @@ fn qwen3_5_moe_adapts_its_gated_deltanet_layers_and_experts_as_mlx_lm() {
 }
 
 #[test]
+fn glm4_moe_adapts_its_shared_experts_not_its_router_as_mlx_lm() {
+    check_family("glm4_moe");
+}
+
+#[test]
+fn deepseek_v3_adapts_its_latent_attention_and_shared_experts_as_mlx_lm() {
+    check_family("deepseek_v3");
+    check_family("deepseek_v3_plain_q");
+}
+
+#[test]
+fn gemma4_adapts_its_experts_router_and_per_layer_gates_as_mlx_lm() {
+    check_family("gemma4_text");
+    check_family("gemma4");
+}
+
+#[test]
 fn lfm2_adapts_its_short_convolutions_as_mlx_lm() {
     check_family("lfm2");
 }

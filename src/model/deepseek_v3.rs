@@ -42,7 +42,7 @@ use serde::Deserialize;
 use super::config::{family_args, ModelArgs, RopeScaling};
 use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
 use super::layers::{Linear, LinearWeight, RmsNorm, Rope};
-use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe};
+use super::moe::{ExpertActivation, MoeLayout, Routing, SharedExperts, SparseMoe};
 use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
 use crate::cache::{KvCache, Mask, QuantizedState};
@@ -537,9 +537,10 @@ fn sparse_layer(
     let bias = w.take(&format!("{gate}.e_score_correction_bias"))?;
     moe.score_bias = Some(bias.as_dtype(Dtype::Float32)?);
     moe.routed_scale = extra.routed_scaling_factor;
+    moe.router_is_linear = false;
     if extra.n_shared_experts.is_some() {
         let shared = Mlp::load(w, &format!("{prefix}.shared_experts"))?;
-        moe.shared_experts = Some(Box::new(shared));
+        moe.shared = Some(Box::new(SharedExperts::new(shared, "mlp.shared_experts")));
     }
     Ok(moe)
 }

@@ -33,7 +33,7 @@ use super::decoder::{
     Activation, Attention, Block, Decoder, DecoderOptions, FeedForward, LogitsMap, Mlp, QkNormSpan,
     Residual,
 };
-use super::layers::{Embedding, Linear, LinearWeight, RmsNorm, Rope};
+use super::layers::{Embedding, Linear, LinearWeight, Lora, RmsNorm, Rope};
 use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe, SwitchGlu};
 use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
@@ -255,6 +255,102 @@ fn extras(block: &Block) -> Option<&Gemma4Layer> {
         Residual::Gemma4(g) => Some(g),
         _ => None,
     }
+}
+
+fn extras_mut(block: &mut Block) -> Option<&mut Gemma4Layer> {
+    match &mut block.residual {
+        Residual::Gemma4(g) => Some(g),
+        _ => None,
+    }
+}
+
+/// A Gemma 4 layer's linear layers outside the shared block (the experts'
+/// router and the per-layer input gate), by mlx-lm's path inside the layer:
+/// LoRA sites.
+pub(crate) fn extra_linears(block: &Block) -> Vec<(&'static str, &Linear)> {
+    let Some(ext) = extras(block) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Some(e) = &ext.experts {
+        out.push(("router.proj", &e.router));
+    }
+    if let Some(p) = &ext.per_layer {
+        out.push(("per_layer_input_gate", &p.gate));
+        out.push(("per_layer_projection", &p.projection));
+    }
+    out
+}
+
+/// `extra_linears`, mutable, in the same order.
+pub(crate) fn extra_linears_mut(block: &mut Block) -> Vec<(&'static str, &mut Linear)> {
+    let Some(ext) = extras_mut(block) else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    if let Some(e) = &mut ext.experts {
+        out.push(("router.proj", &mut e.router));
+    }
+    if let Some(p) = &mut ext.per_layer {
+        out.push(("per_layer_input_gate", &mut p.gate));
+        out.push(("per_layer_projection", &mut p.projection));
+    }
+    out
+}
+
+/// The experts beside a Gemma 4 layer's dense MLP (mlx-lm's
+/// `experts.switch_glu`).
+pub(crate) fn experts(block: &Block) -> Option<&SwitchGlu> {
+    Some(&extras(block)?.experts.as_ref()?.experts)
+}
+
+/// `experts`, mutable.
+pub(crate) fn experts_mut(block: &mut Block) -> Option<&mut SwitchGlu> {
+    Some(&mut extras_mut(block)?.experts.as_mut()?.experts)
+}
+
+/// The path of [`experts`] inside the layer.
+pub(crate) const EXPERTS_KEY: &str = "experts.switch_glu";
+
+/// The adapters of a Gemma 4 layer outside the shared block: the experts'
+/// (gate, up, down), then those of [`extra_linears`].
+pub(crate) fn extra_loras(block: &Block) -> Vec<&Lora> {
+    let mut out: Vec<&Lora> = Vec::new();
+    if let Some(e) = experts(block) {
+        let projs = [&e.gate_proj, &e.up_proj, &e.down_proj];
+        out.extend(projs.into_iter().filter_map(|p| p.lora.as_ref()));
+    }
+    let linears = extra_linears(block);
+    out.extend(linears.into_iter().filter_map(|(_, l)| l.lora.as_ref()));
+    out
+}
+
+/// `extra_loras`, mutable, in the same order, from the block's `residual`.
+pub(crate) fn extra_loras_mut(residual: &mut Residual) -> Vec<&mut Lora> {
+    let Residual::Gemma4(ext) = residual else {
+        return Vec::new();
+    };
+    let Gemma4Layer {
+        experts, per_layer, ..
+    } = &mut **ext;
+    let mut out: Vec<&mut Lora> = Vec::new();
+    if let Some(e) = experts {
+        let Gemma4Experts {
+            router, experts, ..
+        } = &mut **e;
+        let projs = [
+            &mut experts.gate_proj,
+            &mut experts.up_proj,
+            &mut experts.down_proj,
+        ];
+        out.extend(projs.into_iter().filter_map(|p| p.lora.as_mut()));
+        out.extend(router.lora.as_mut());
+    }
+    if let Some(p) = per_layer {
+        out.extend(p.gate.lora.as_mut());
+        out.extend(p.projection.lora.as_mut());
+    }
+    out
 }
 
 fn top(decoder: &Decoder) -> Option<&Gemma4Top> {

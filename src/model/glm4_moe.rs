@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::config::{family_args, ModelArgs};
 use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
 use super::layers::{Linear, LinearWeight, Rope};
-use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe};
+use super::moe::{ExpertActivation, MoeLayout, Routing, SharedExperts, SparseMoe};
 use super::weights::Weights;
 
 /// The GLM-4.5 fields of `config.json` (required as in mlx-lm).
@@ -120,9 +120,10 @@ fn sparse_layer(
     let bias = w.take(&format!("{gate}.e_score_correction_bias"))?;
     moe.score_bias = Some(bias.as_dtype(Dtype::Float32)?);
     moe.routed_scale = extra.routed_scaling_factor;
+    moe.router_is_linear = false;
     if extra.n_shared_experts.is_some() {
         let shared = Mlp::load(w, &format!("{prefix}.shared_experts"))?;
-        moe.shared_experts = Some(Box::new(shared));
+        moe.shared = Some(Box::new(SharedExperts::new(shared, "mlp.shared_experts")));
     }
     Ok(moe)
 }

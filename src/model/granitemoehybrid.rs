@@ -27,7 +27,7 @@ use super::decoder::{
 };
 use super::layers::{Embedding, Linear, RmsNorm, Rope};
 use super::mamba2::{Mamba2, Mamba2Dims, StepLimit};
-use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe};
+use super::moe::{ExpertActivation, MoeLayout, Routing, SharedExperts, SparseMoe};
 use super::weights::Weights;
 
 /// The Granite 4 fields of `config.json` (mlx-lm's `granitemoehybrid.ModelArgs`).
@@ -216,7 +216,7 @@ fn feed_forward(w: &mut Weights, prefix: &str, extra: &GraniteHybridArgs) -> Res
             );
         }
     }
-    sparse.shared_experts = Some(Box::new(shared));
+    sparse.shared = Some(Box::new(SharedExperts::new(shared, "")));
     Ok(FeedForward::Sparse(sparse))
 }
 

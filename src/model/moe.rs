@@ -304,11 +304,37 @@ pub struct SparseMoe {
     pub score_bias: Option<Array>,
     /// Multiplies the expert weights (`routed_scaling_factor`); 1 elsewhere.
     pub routed_scale: f32,
-    /// A dense MLP every token also goes through (GLM-4.5's `shared_experts`).
-    pub shared_experts: Option<Box<Mlp>>,
-    /// A one-output linear whose sigmoid scales the shared experts' output
+    /// Whether the router is a linear layer in mlx-lm's class, which LoRA
+    /// adapts (GLM-4.5's and DeepSeek-V3's are bare weight matrices).
+    pub router_is_linear: bool,
+    /// Experts every token also goes through.
+    pub shared: Option<Box<SharedExperts>>,
+}
+
+/// The shared experts of a sparse block: a dense MLP every token goes
+/// through (GLM-4.5's `shared_experts`, Qwen3-Next's gated `shared_expert`).
+#[derive(Clone)]
+pub struct SharedExperts {
+    /// The MLP.
+    pub mlp: Mlp,
+    /// A one-output linear whose sigmoid scales the MLP's output
     /// (Qwen3-Next's `shared_expert_gate`).
-    pub shared_expert_gate: Option<Box<Linear>>,
+    pub gate: Option<Linear>,
+    /// The MLP's path inside the block (`mlp.shared_experts`, Qwen3-Next's
+    /// `mlp.shared_expert`), its adapters' names; empty where it is not
+    /// adapted.
+    pub key: &'static str,
+}
+
+impl SharedExperts {
+    /// An ungated shared MLP at `key`.
+    pub(crate) fn new(mlp: Mlp, key: &'static str) -> Self {
+        Self {
+            mlp,
+            gate: None,
+            key,
+        }
+    }
 }
 
 impl SparseMoe {
@@ -371,41 +397,42 @@ impl SparseMoe {
             hf_names: layout.hf_names,
             score_bias: None,
             routed_scale: 1.0,
-            shared_experts: None,
-            shared_expert_gate: None,
+            router_is_linear: true,
+            shared: None,
         })
     }
 
-    /// The gated shared expert's linear layers by their path inside the
-    /// block, as mlx-lm names them (Qwen3-Next's `mlp.shared_expert.*` and
-    /// `mlp.shared_expert_gate`, LoRA sites); empty without a gate (the
-    /// shared experts of GLM-4.5 and DeepSeek-V3 are not adapted).
-    pub(crate) fn gated_shared_linears(&self) -> Vec<(&'static str, &Linear)> {
-        match (&self.shared_experts, &self.shared_expert_gate) {
-            (Some(mlp), Some(gate)) => vec![
-                ("mlp.shared_expert.gate_proj", &mlp.gate_proj),
-                ("mlp.shared_expert.up_proj", &mlp.up_proj),
-                ("mlp.shared_expert.down_proj", &mlp.down_proj),
-                ("mlp.shared_expert_gate", &**gate),
-            ],
-            _ => Vec::new(),
-        }
+    /// The shared experts' linear layers by their path inside the block, as
+    /// mlx-lm names them (LoRA sites): `{key}.{gate,up,down}_proj`, then
+    /// Qwen3-Next's `{key}_gate`.
+    pub(crate) fn shared_linears(&self) -> Vec<(String, &Linear)> {
+        let Some(shared) = self.shared.as_deref().filter(|s| !s.key.is_empty()) else {
+            return Vec::new();
+        };
+        let (key, mlp) = (shared.key, &shared.mlp);
+        let mut out = vec![
+            (format!("{key}.gate_proj"), &mlp.gate_proj),
+            (format!("{key}.up_proj"), &mlp.up_proj),
+            (format!("{key}.down_proj"), &mlp.down_proj),
+        ];
+        out.extend(shared.gate.as_ref().map(|g| (format!("{key}_gate"), g)));
+        out
     }
 
-    /// `gated_shared_linears`, mutable, in the same order.
-    pub(crate) fn gated_shared_linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
-        match (&mut self.shared_experts, &mut self.shared_expert_gate) {
-            (Some(mlp), Some(gate)) => {
-                let mlp = &mut **mlp;
-                vec![
-                    ("mlp.shared_expert.gate_proj", &mut mlp.gate_proj),
-                    ("mlp.shared_expert.up_proj", &mut mlp.up_proj),
-                    ("mlp.shared_expert.down_proj", &mut mlp.down_proj),
-                    ("mlp.shared_expert_gate", &mut **gate),
-                ]
-            }
-            _ => Vec::new(),
-        }
+    /// `shared_linears`, mutable, in the same order.
+    pub(crate) fn shared_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let Some(shared) = self.shared.as_deref_mut().filter(|s| !s.key.is_empty()) else {
+            return Vec::new();
+        };
+        let SharedExperts { mlp, gate, key } = shared;
+        let key = *key;
+        let mut out = vec![
+            (format!("{key}.gate_proj"), &mut mlp.gate_proj),
+            (format!("{key}.up_proj"), &mut mlp.up_proj),
+            (format!("{key}.down_proj"), &mut mlp.down_proj),
+        ];
+        out.extend(gate.as_mut().map(|g| (format!("{key}_gate"), g)));
+        out
     }
 
     /// `Routing::SigmoidGroups`: the chosen experts and their weights.
@@ -483,13 +510,13 @@ impl SparseMoe {
         let y = self.switch_mlp.forward(x, &inds)?;
         let weighted = &y * &expand_dims_axes(&scores, &[-1])?;
         let out = weighted.sum_axis(-2, false)?.as_dtype(y.dtype())?;
-        let Some(mlp) = &self.shared_experts else {
+        let Some(shared) = &self.shared else {
             return Ok(out);
         };
-        let shared = mlp.forward(x)?;
-        match &self.shared_expert_gate {
-            Some(gate) => Ok(&out + &(&sigmoid(&gate.forward(x)?)? * &shared)),
-            None => Ok(&out + &shared),
+        let y = shared.mlp.forward(x)?;
+        match &shared.gate {
+            Some(gate) => Ok(&out + &(&sigmoid(&gate.forward(x)?)? * &y)),
+            None => Ok(&out + &y),
         }
     }
 }

@@ -21,7 +21,7 @@ use super::config::{family_args, ModelArgs, RopeScaling};
 use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp, Recurrent};
 use super::gated_delta::{DeltaDims, GatedDeltaNet};
 use super::layers::{Linear, RmsNorm, Rope};
-use super::moe::{ExpertActivation, MoeLayout, Routing, SparseMoe};
+use super::moe::{ExpertActivation, MoeLayout, Routing, SharedExperts, SparseMoe};
 use super::weights::Weights;
 
 fn one() -> usize {
@@ -153,11 +153,11 @@ fn sparse_layer(
         routing,
         LAYOUT,
     )?;
-    moe.shared_experts = Some(Box::new(Mlp::load(w, &format!("{prefix}.shared_expert"))?));
-    moe.shared_expert_gate = Some(Box::new(Linear::load(
-        w,
-        &format!("{prefix}.shared_expert_gate"),
-    )?));
+    moe.shared = Some(Box::new(SharedExperts {
+        mlp: Mlp::load(w, &format!("{prefix}.shared_expert"))?,
+        gate: Some(Linear::load(w, &format!("{prefix}.shared_expert_gate"))?),
+        key: "mlp.shared_expert",
+    }));
     Ok(moe)
 }
 
