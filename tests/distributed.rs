@@ -154,6 +154,146 @@ fn sharded_refusals_name_the_flag() {
     );
 }
 
+/// `generate` on a tiny checkpoint of goldens/arch, by one process or by
+/// two ranks: its greedy token ids, or its standard error when it failed.
+fn tiny_tokens(model: &std::path::Path, launch: bool, flags: &[&str]) -> Result<Value, String> {
+    let mut cmd = bin();
+    if launch {
+        cmd.args(LAUNCH);
+    }
+    cmd.arg("generate")
+        .args([
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "t1 t2 t3 t4",
+        ])
+        .args([
+            "--max-tokens",
+            "8",
+            "--temp",
+            "0",
+            "--ignore-chat-template",
+            "--json",
+        ])
+        .args(flags);
+    let out = cmd.output().expect("running mlx-bun");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one JSON line, got {stdout:?}");
+    let v: Value = serde_json::from_str(lines[0]).unwrap();
+    Ok(v["token_ids"].clone())
+}
+
+/// Each `modes` (flags of `generate`) on two ranks gives the single
+/// process's tokens for `model`; tokens only (the checkpoints are tiny).
+fn check_tiny_sharded(model: &std::path::Path, modes: &[&[&str]]) {
+    let single = tiny_tokens(model, false, &[]).unwrap();
+    assert_eq!(single.as_array().map(Vec::len), Some(8), "{model:?}");
+    for flags in modes {
+        let sharded = tiny_tokens(model, true, flags)
+            .unwrap_or_else(|e| panic!("{model:?} {flags:?} failed: {e}"));
+        assert_eq!(sharded, single, "{model:?} {flags:?}");
+    }
+}
+
+/// Two ranks refuse `model` under `flags` with an error containing `reason`.
+fn check_tiny_refused(model: &std::path::Path, flags: &[&str], reason: &str) {
+    let err = tiny_tokens(model, true, flags).expect_err("sharding should be refused");
+    assert!(err.contains(reason), "{model:?} {flags:?}: {err}");
+}
+
+const BOTH_SPLITS: [&[&str]; 2] = [&[], &["--pipeline"]];
+
+#[test]
+fn dense_families_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Gemma's sandwich norms and soft-capping, Phi-3's fused q/k/v and
+    // gate/up (dense and 4-bit), Llama 4's `feed_forward`, biases, NoPE
+    // layers, scaled residuals, post-norm blocks, query scaling.
+    for case in [
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "phi3_q4",
+        "llama4_text",
+        "smollm3",
+        "granite",
+        "seed_oss_q4",
+        "exaone4",
+        "ministral3",
+    ] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
+#[test]
+fn mixture_of_experts_families_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Experts split by intermediate columns (4-bit along whole groups),
+    // GPT-OSS's expert biases and attention sinks, GLM-4.5's shared
+    // experts and dense first layer.
+    for case in [
+        "qwen3_moe",
+        "mixtral",
+        "mixtral_q4",
+        "gpt_oss",
+        "gpt_oss_q4",
+        "glm4_moe",
+    ] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
+#[test]
+fn families_tensor_parallelism_refuses_split_by_layers() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (case, reason) in [
+        ("olmo3", "its query/key RMS norms span all heads"),
+        ("qwen3_next", "its gated DeltaNet layers are not split"),
+        ("lfm2", "its short-convolution layers are not split"),
+        ("nemotron_h", "its Mamba-2 layers are not split"),
+        (
+            "deepseek_v3",
+            "its multi-head latent attention is not split",
+        ),
+        // One quantization group of expert columns cannot be halved.
+        (
+            "qwen3_moe_q4",
+            "1 quantization group(s) of 32, which cannot be split across 2 ranks",
+        ),
+    ] {
+        let model = common::arch_with_tokenizer(case, tmp.path());
+        check_tiny_refused(&model, &[], reason);
+        check_tiny_sharded(&model, &[&["--pipeline"]]);
+    }
+}
+
+#[test]
+fn unsplittable_models_are_refused_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gemma4 = common::arch_with_tokenizer("gemma4_text", tmp.path());
+    for flags in BOTH_SPLITS {
+        check_tiny_refused(&gemma4, flags, "share keys and values across layers");
+    }
+    // The llama checkpoint read as 2 heads of 32 sharing one KV head.
+    let one_kv = common::arch_with_tokenizer("llama", tmp.path());
+    let config = one_kv.join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["num_attention_heads"] = json!(2);
+    c["num_key_value_heads"] = json!(1);
+    std::fs::write(&config, c.to_string()).unwrap();
+    check_tiny_refused(
+        &one_kv,
+        &[],
+        "1 cannot be split across 2 ranks (use --pipeline)",
+    );
+    check_tiny_sharded(&one_kv, &[&["--pipeline"]]);
+}
+
 const LAUNCH: [&str; 6] = ["launch", "-n", "2", "--backend", "ring", "--"];
 
 /// Greedy requests of a few tokens, over both APIs, streaming and not.

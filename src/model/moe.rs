@@ -309,6 +309,10 @@ pub struct SparseMoe {
     /// A one-output linear whose sigmoid scales the shared experts' output
     /// (Qwen3-Next's `shared_expert_gate`).
     pub shared_expert_gate: Option<Box<Linear>>,
+    /// Under tensor parallelism every expert keeps a share of its
+    /// intermediate columns: the output (routed and shared experts) is this
+    /// rank's partial sum, summed across the group.
+    pub all_sum: Option<crate::collective::Group>,
 }
 
 impl SparseMoe {
@@ -373,6 +377,7 @@ impl SparseMoe {
             routed_scale: 1.0,
             shared_experts: None,
             shared_expert_gate: None,
+            all_sum: None,
         })
     }
 
@@ -484,12 +489,21 @@ impl SparseMoe {
         let weighted = &y * &expand_dims_axes(&scores, &[-1])?;
         let out = weighted.sum_axis(-2, false)?.as_dtype(y.dtype())?;
         let Some(mlp) = &self.shared_experts else {
-            return Ok(out);
+            return self.summed(out);
         };
         let shared = mlp.forward(x)?;
-        match &self.shared_expert_gate {
-            Some(gate) => Ok(&out + &(&sigmoid(&gate.forward(x)?)? * &shared)),
-            None => Ok(&out + &shared),
+        let out = match &self.shared_expert_gate {
+            Some(gate) => &out + &(&sigmoid(&gate.forward(x)?)? * &shared),
+            None => &out + &shared,
+        };
+        self.summed(out)
+    }
+
+    /// `y` summed across the ranks when the experts are split.
+    fn summed(&self, y: Array) -> Result<Array> {
+        match &self.all_sum {
+            Some(group) => group.all_sum(&y),
+            None => Ok(y),
         }
     }
 }
