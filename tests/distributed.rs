@@ -248,6 +248,62 @@ fn mixture_of_experts_families_split_by_tensors_and_layers_match_single_process(
     }
 }
 
+/// Rewrites `dir`'s model.safetensors with its stacked experts
+/// (`…mlp.switch_mlp.{proj}.weight` `[experts, out, in]`) stored one by one
+/// as Hugging Face does (`…mlp.experts.{e}.{proj}.weight`).
+fn unstack_experts(dir: &std::path::Path) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let (mut out_header, mut out_data) = (serde_json::Map::new(), Vec::new());
+    let mut push = |name: String, dtype: &Value, shape: &[Value], bytes: &[u8]| {
+        let start = out_data.len();
+        out_data.extend_from_slice(bytes);
+        let offsets = json!([start, out_data.len()]);
+        let info = json!({"dtype": dtype, "shape": shape, "data_offsets": offsets});
+        out_header.insert(name, info);
+    };
+    for (name, info) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let [start, end] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
+        let shape = info["shape"].as_array().unwrap();
+        match name.split_once(".switch_mlp.") {
+            Some((layer, proj)) => {
+                let experts = shape[0].as_u64().unwrap() as usize;
+                let each = (end - start) / experts;
+                for e in 0..experts {
+                    let at = start + e * each;
+                    let name = format!("{layer}.experts.{e}.{proj}");
+                    push(name, &info["dtype"], &shape[1..], &data[at..at + each]);
+                }
+            }
+            None => push(name.clone(), &info["dtype"], shape, &data[start..end]),
+        }
+    }
+    let mut header = Value::Object(out_header).to_string().into_bytes();
+    header.resize(header.len().div_ceil(8) * 8, b' ');
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header);
+    file.extend(out_data);
+    std::fs::write(&path, file).unwrap();
+}
+
+#[test]
+fn experts_stored_one_by_one_split_as_stacked_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::arch_with_tokenizer("qwen3_moe", tmp.path());
+    let stacked = tiny_tokens(&model, false, &[]).unwrap();
+    unstack_experts(&model);
+    let header = std::fs::read(model.join("model.safetensors")).unwrap();
+    assert!(String::from_utf8_lossy(&header).contains("model.layers.0.mlp.experts.7.down_proj"));
+    assert_eq!(tiny_tokens(&model, false, &[]).unwrap(), stacked);
+    check_tiny_sharded(&model, &BOTH_SPLITS);
+}
+
 #[test]
 fn families_tensor_parallelism_refuses_split_by_layers() {
     let tmp = tempfile::tempdir().unwrap();

@@ -30,7 +30,7 @@ use mlx_rs::Array;
 use crate::collective::Group;
 use crate::model::decoder::{Attention, FeedForward, Mlp, QkNormSpan};
 use crate::model::layers::{Linear, LinearWeight, Lora};
-use crate::model::moe::{SparseMoe, SwitchLinear, SwitchWeight};
+use crate::model::moe::{SparseMoe, SwitchLinear, SwitchWeight, EXPERT_PROJS};
 use crate::model::pipeline::PipelineStage;
 use crate::model::Model;
 use crate::quant::QuantSpec;
@@ -317,26 +317,59 @@ impl Cut<'_> {
     /// split (gate/up by rows, down by columns), shared experts as a dense
     /// MLP, and one sum across ranks of the block's output.
     fn moe(&self, moe: &mut SparseMoe, layer: &str) -> Result<()> {
+        let parent = moe.router_key.rsplit_once('.').map_or("", |(p, _)| p);
+        let stacked = format!("{layer}.{}", moe.experts_key);
+        let count = moe.switch_mlp.gate_proj.shape().0;
+        let source = |i: usize| {
+            let prefix = format!("{stacked}.{}", EXPERT_PROJS[i]);
+            if self.files.contains(&format!("{prefix}.weight")) {
+                return Experts::Stacked(prefix);
+            }
+            let hf = moe.hf_names[i];
+            Experts::Each(
+                (0..count)
+                    .map(|e| format!("{layer}.{parent}.experts.{e}.{hf}"))
+                    .collect(),
+            )
+        };
+        let [gate, up, down] = [source(0), source(1), source(2)];
         let s = &mut moe.switch_mlp;
         let (_, inter, _) = s.gate_proj.shape();
         let unit = match &s.down_proj.weight {
             SwitchWeight::Quantized { spec, .. } => spec.group_size,
             SwitchWeight::Dense(_) => 1,
         };
-        let experts = format!("{layer}.{}", moe.experts_key);
-        let cols = self.intermediate(inter, unit, &experts)?;
-        let name = |n: &str| format!("{experts}.{n}");
-        self.expert_rows(&mut s.gate_proj, &name("gate_proj"), cols.clone())?;
-        self.expert_rows(&mut s.up_proj, &name("up_proj"), cols.clone())?;
-        self.expert_columns(&mut s.down_proj, &name("down_proj"), cols)?;
+        let cols = self.intermediate(inter, unit, &stacked)?;
+        self.expert_rows(&mut s.gate_proj, &gate, cols.clone())?;
+        self.expert_rows(&mut s.up_proj, &up, cols.clone())?;
+        self.expert_columns(&mut s.down_proj, &down, cols)?;
         if let Some(shared) = &mut moe.shared_experts {
-            let parent = moe.router_key.rsplit_once('.').map_or("", |(p, _)| p);
             self.mlp(shared, &format!("{layer}.{parent}.shared_experts"), false)?;
             // Summed with the routed experts, once.
             shared.down_proj.all_sum = None;
         }
         moe.all_sum = Some(self.group.clone());
         Ok(())
+    }
+
+    /// `part` (`weight`, `scales`, …) of every expert, `rows` × `cols` of each.
+    fn read_experts(
+        &self,
+        src: &Experts,
+        part: &str,
+        rows: Option<Range<i32>>,
+        cols: Option<Range<i32>>,
+    ) -> Result<Array> {
+        match src {
+            Experts::Stacked(prefix) => self.read(&format!("{prefix}.{part}"), rows, cols),
+            Experts::Each(prefixes) => {
+                let each = prefixes
+                    .iter()
+                    .map(|p| self.read(&format!("{p}.{part}"), rows.clone(), cols.clone()))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(mlx_rs::ops::stack(&each, 0)?)
+            }
+        }
     }
 
     /// Column-parallel: output rows `rows` (weight, scales, biases, bias).
@@ -387,22 +420,31 @@ impl Cut<'_> {
 
     /// Column-parallel experts: output rows `rows` of every expert
     /// (`[experts, out, in]`; the bias `[experts, out]` by its columns).
-    fn expert_rows(&self, linear: &mut SwitchLinear, prefix: &str, rows: Range<i32>) -> Result<()> {
-        Self::check_lora(linear.lora.as_ref(), prefix)?;
-        let r = || Some(rows.clone());
+    fn expert_rows(
+        &self,
+        linear: &mut SwitchLinear,
+        src: &Experts,
+        rows: Range<i32>,
+    ) -> Result<()> {
+        Self::check_lora(linear.lora.as_ref(), src.name())?;
+        let read = |part: &str| self.read_experts(src, part, Some(rows.clone()), None);
         linear.weight = match &linear.weight {
-            SwitchWeight::Dense(_) => {
-                SwitchWeight::Dense(self.read(&format!("{prefix}.weight"), r(), None)?)
-            }
+            SwitchWeight::Dense(_) => SwitchWeight::Dense(read("weight")?),
             SwitchWeight::Quantized { spec, .. } => SwitchWeight::Quantized {
-                weight: self.read(&format!("{prefix}.weight"), r(), None)?,
-                scales: self.read(&format!("{prefix}.scales"), r(), None)?,
-                biases: self.read_biases(prefix, *spec, r(), None)?,
+                weight: read("weight")?,
+                scales: read("scales")?,
+                biases: spec.mode.has_biases().then(|| read("biases")).transpose()?,
                 spec: *spec,
             },
         };
         if linear.bias.is_some() {
-            linear.bias = Some(self.read(&format!("{prefix}.bias"), None, r())?);
+            let Experts::Stacked(prefix) = src else {
+                bail!(
+                    "{}: biases of experts stored one by one are not split",
+                    src.name()
+                );
+            };
+            linear.bias = Some(self.read(&format!("{prefix}.bias"), None, Some(rows))?);
         }
         Ok(())
     }
@@ -412,20 +454,23 @@ impl Cut<'_> {
     fn expert_columns(
         &self,
         linear: &mut SwitchLinear,
-        prefix: &str,
+        src: &Experts,
         cols: Range<i32>,
     ) -> Result<()> {
-        Self::check_lora(linear.lora.as_ref(), prefix)?;
+        Self::check_lora(linear.lora.as_ref(), src.name())?;
+        let read = |part: &str, cols: Range<i32>| self.read_experts(src, part, None, Some(cols));
         linear.weight = match &linear.weight {
-            SwitchWeight::Dense(_) => {
-                SwitchWeight::Dense(self.read(&format!("{prefix}.weight"), None, Some(cols))?)
-            }
+            SwitchWeight::Dense(_) => SwitchWeight::Dense(read("weight", cols)?),
             SwitchWeight::Quantized { spec, .. } => {
-                let (packed, groups) = quantized_columns(prefix, *spec, &cols)?;
+                let (packed, groups) = quantized_columns(src.name(), *spec, &cols)?;
                 SwitchWeight::Quantized {
-                    weight: self.read(&format!("{prefix}.weight"), None, Some(packed))?,
-                    scales: self.read(&format!("{prefix}.scales"), None, Some(groups.clone()))?,
-                    biases: self.read_biases(prefix, *spec, None, Some(groups))?,
+                    weight: read("weight", packed)?,
+                    scales: read("scales", groups.clone())?,
+                    biases: spec
+                        .mode
+                        .has_biases()
+                        .then(|| read("biases", groups))
+                        .transpose()?,
                     spec: *spec,
                 }
             }
@@ -434,6 +479,24 @@ impl Cut<'_> {
             linear.bias = None;
         }
         Ok(())
+    }
+}
+
+/// Where one projection of every expert lies in the files.
+enum Experts {
+    /// Stacked `[experts, …]` under one prefix (mlx-lm's layout).
+    Stacked(String),
+    /// One tensor per expert, by prefix (Hugging Face's layout).
+    Each(Vec<String>),
+}
+
+impl Experts {
+    /// A name for errors: the stacked prefix, or the first expert's.
+    fn name(&self) -> &str {
+        match self {
+            Experts::Stacked(prefix) => prefix,
+            Experts::Each(prefixes) => prefixes.first().map_or("", String::as_str),
+        }
     }
 }
 
@@ -498,6 +561,10 @@ impl TensorFiles {
             }
         }
         Ok(Self { tensors })
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
     }
 
     /// Reads `rows` × `cols` of the last two axes of a 1-, 2- or 3-D tensor
