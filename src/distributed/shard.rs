@@ -5,7 +5,11 @@
 //! (row-parallel, an `all_sum` after them); quantized weights split with
 //! their scales and biases along whole groups. Heads are split by key/value
 //! head, each rank keeping the query heads that share its key/value heads, so
-//! uneven counts (9 heads, 3 KV heads on 2 ranks) split as 6+3.
+//! uneven counts (9 heads, 3 KV heads on 2 ranks) split as 6+3. Mixtures
+//! of experts keep the router whole and split every expert's intermediate
+//! columns, with one `all_sum` of the block's output. Families whose layers
+//! cannot be split so (recurrent mixers, latent attention, norms over all
+//! heads) are refused with the reason; pipeline parallelism splits them.
 //!
 //! Pipeline parallel (as mlx-lm's `PipelineMixin`): each rank keeps a
 //! contiguous range of layers, rank 0 the last ones; activations go from rank
