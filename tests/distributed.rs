@@ -154,6 +154,202 @@ fn sharded_refusals_name_the_flag() {
     );
 }
 
+/// `generate` on a tiny checkpoint of goldens/arch, by one process or by
+/// two ranks: its greedy token ids, or its standard error when it failed.
+fn tiny_tokens(model: &std::path::Path, launch: bool, flags: &[&str]) -> Result<Value, String> {
+    let mut cmd = bin();
+    if launch {
+        cmd.args(LAUNCH);
+    }
+    cmd.arg("generate")
+        .args([
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "t1 t2 t3 t4",
+        ])
+        .args([
+            "--max-tokens",
+            "8",
+            "--temp",
+            "0",
+            "--ignore-chat-template",
+            "--json",
+        ])
+        .args(flags);
+    let out = cmd.output().expect("running mlx-bun");
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "expected one JSON line, got {stdout:?}");
+    let v: Value = serde_json::from_str(lines[0]).unwrap();
+    Ok(v["token_ids"].clone())
+}
+
+/// Each `modes` (flags of `generate`) on two ranks gives the single
+/// process's tokens for `model`; tokens only (the checkpoints are tiny).
+fn check_tiny_sharded(model: &std::path::Path, modes: &[&[&str]]) {
+    let single = tiny_tokens(model, false, &[]).unwrap();
+    assert_eq!(single.as_array().map(Vec::len), Some(8), "{model:?}");
+    for flags in modes {
+        let sharded = tiny_tokens(model, true, flags)
+            .unwrap_or_else(|e| panic!("{model:?} {flags:?} failed: {e}"));
+        assert_eq!(sharded, single, "{model:?} {flags:?}");
+    }
+}
+
+/// Two ranks refuse `model` under `flags` with an error containing `reason`.
+fn check_tiny_refused(model: &std::path::Path, flags: &[&str], reason: &str) {
+    let err = tiny_tokens(model, true, flags).expect_err("sharding should be refused");
+    assert!(err.contains(reason), "{model:?} {flags:?}: {err}");
+}
+
+const BOTH_SPLITS: [&[&str]; 2] = [&[], &["--pipeline"]];
+
+#[test]
+fn dense_families_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Gemma's sandwich norms and soft-capping, Phi-3's fused q/k/v and
+    // gate/up (dense and 4-bit), Llama 4's `feed_forward`, biases, NoPE
+    // layers, scaled residuals, post-norm blocks, query scaling.
+    for case in [
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "phi3_q4",
+        "llama4_text",
+        "smollm3",
+        "granite",
+        "seed_oss_q4",
+        "exaone4",
+        "ministral3",
+    ] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
+#[test]
+fn mixture_of_experts_families_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Experts split by intermediate columns (4-bit along whole groups),
+    // GPT-OSS's expert biases and attention sinks, GLM-4.5's shared
+    // experts and dense first layer.
+    for case in [
+        "qwen3_moe",
+        "mixtral",
+        "mixtral_q4",
+        "gpt_oss",
+        "gpt_oss_q4",
+        "glm4_moe",
+    ] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
+/// Rewrites `dir`'s model.safetensors with its stacked experts
+/// (`…mlp.switch_mlp.{proj}.weight` `[experts, out, in]`) stored one by one
+/// as Hugging Face does (`…mlp.experts.{e}.{proj}.weight`).
+fn unstack_experts(dir: &std::path::Path) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let (mut out_header, mut out_data) = (serde_json::Map::new(), Vec::new());
+    let mut push = |name: String, dtype: &Value, shape: &[Value], bytes: &[u8]| {
+        let start = out_data.len();
+        out_data.extend_from_slice(bytes);
+        let offsets = json!([start, out_data.len()]);
+        let info = json!({"dtype": dtype, "shape": shape, "data_offsets": offsets});
+        out_header.insert(name, info);
+    };
+    for (name, info) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let [start, end] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
+        let shape = info["shape"].as_array().unwrap();
+        match name.split_once(".switch_mlp.") {
+            Some((layer, proj)) => {
+                let experts = shape[0].as_u64().unwrap() as usize;
+                let each = (end - start) / experts;
+                for e in 0..experts {
+                    let at = start + e * each;
+                    let name = format!("{layer}.experts.{e}.{proj}");
+                    push(name, &info["dtype"], &shape[1..], &data[at..at + each]);
+                }
+            }
+            None => push(name.clone(), &info["dtype"], shape, &data[start..end]),
+        }
+    }
+    let mut header = Value::Object(out_header).to_string().into_bytes();
+    header.resize(header.len().div_ceil(8) * 8, b' ');
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header);
+    file.extend(out_data);
+    std::fs::write(&path, file).unwrap();
+}
+
+#[test]
+fn experts_stored_one_by_one_split_as_stacked_ones() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::arch_with_tokenizer("qwen3_moe", tmp.path());
+    let stacked = tiny_tokens(&model, false, &[]).unwrap();
+    unstack_experts(&model);
+    let header = std::fs::read(model.join("model.safetensors")).unwrap();
+    assert!(String::from_utf8_lossy(&header).contains("model.layers.0.mlp.experts.7.down_proj"));
+    assert_eq!(tiny_tokens(&model, false, &[]).unwrap(), stacked);
+    check_tiny_sharded(&model, &BOTH_SPLITS);
+}
+
+#[test]
+fn families_tensor_parallelism_refuses_split_by_layers() {
+    let tmp = tempfile::tempdir().unwrap();
+    for (case, reason) in [
+        ("olmo3", "its query/key RMS norms span all heads"),
+        ("qwen3_next", "its gated DeltaNet layers are not split"),
+        ("lfm2", "its short-convolution layers are not split"),
+        ("nemotron_h", "its Mamba-2 layers are not split"),
+        (
+            "deepseek_v3",
+            "its multi-head latent attention is not split",
+        ),
+        // One quantization group of expert columns cannot be halved.
+        (
+            "qwen3_moe_q4",
+            "1 quantization group(s) of 32, which cannot be split across 2 ranks",
+        ),
+    ] {
+        let model = common::arch_with_tokenizer(case, tmp.path());
+        check_tiny_refused(&model, &[], reason);
+        check_tiny_sharded(&model, &[&["--pipeline"]]);
+    }
+}
+
+#[test]
+fn unsplittable_models_are_refused_with_the_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let gemma4 = common::arch_with_tokenizer("gemma4_text", tmp.path());
+    for flags in BOTH_SPLITS {
+        check_tiny_refused(&gemma4, flags, "share keys and values across layers");
+    }
+    // The llama checkpoint read as 2 heads of 32 sharing one KV head.
+    let one_kv = common::arch_with_tokenizer("llama", tmp.path());
+    let config = one_kv.join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["num_attention_heads"] = json!(2);
+    c["num_key_value_heads"] = json!(1);
+    std::fs::write(&config, c.to_string()).unwrap();
+    check_tiny_refused(
+        &one_kv,
+        &[],
+        "1 cannot be split across 2 ranks (use --pipeline)",
+    );
+    check_tiny_sharded(&one_kv, &[&["--pipeline"]]);
+}
+
 const LAUNCH: [&str; 6] = ["launch", "-n", "2", "--backend", "ring", "--"];
 
 /// Greedy requests of a few tokens, over both APIs, streaming and not.

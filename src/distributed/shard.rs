@@ -5,7 +5,11 @@
 //! (row-parallel, an `all_sum` after them); quantized weights split with
 //! their scales and biases along whole groups. Heads are split by key/value
 //! head, each rank keeping the query heads that share its key/value heads, so
-//! uneven counts (9 heads, 3 KV heads on 2 ranks) split as 6+3.
+//! uneven counts (9 heads, 3 KV heads on 2 ranks) split as 6+3. Mixtures
+//! of experts keep the router whole and split every expert's intermediate
+//! columns, with one `all_sum` of the block's output. Families whose layers
+//! cannot be split so (recurrent mixers, latent attention, norms over all
+//! heads) are refused with the reason; pipeline parallelism splits them.
 //!
 //! Pipeline parallel (as mlx-lm's `PipelineMixin`): each rank keeps a
 //! contiguous range of layers, rank 0 the last ones; activations go from rank
@@ -28,8 +32,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use mlx_rs::Array;
 
 use crate::collective::Group;
-use crate::model::decoder::FeedForward;
-use crate::model::layers::{Linear, LinearWeight};
+use crate::model::decoder::{Attention, FeedForward, Mlp, QkNormSpan};
+use crate::model::layers::{Linear, LinearWeight, Lora};
+use crate::model::moe::{SparseMoe, SwitchLinear, SwitchWeight, EXPERT_PROJS};
 use crate::model::pipeline::PipelineStage;
 use crate::model::Model;
 use crate::quant::QuantSpec;
@@ -49,14 +54,7 @@ pub fn shard_model(model: &mut Model, group: &Group, mode: Parallelism) -> Resul
     if group.size() < 2 {
         return Ok(());
     }
-    const SHARDABLE: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
-    if !SHARDABLE.contains(&model.args.model_type.as_str()) {
-        bail!(
-            "sharding {} models is not supported yet (supported: {})",
-            model.args.model_type,
-            SHARDABLE.join(", ")
-        );
-    }
+    check_family(&model.args.model_type, mode)?;
     let files = TensorFiles::open(&model.path)?;
     match mode {
         Parallelism::Tensor => shard_tensor(model, group, &files),
@@ -69,6 +67,64 @@ pub fn shard_model(model: &mut Model, group: &Group, mode: Parallelism) -> Resul
             group.size()
         )
     })
+}
+
+/// Families whose layers are the shared attention and a dense MLP or a
+/// mixture of experts: both kinds of parallelism split them.
+const TENSOR_FAMILIES: &[&str] = &[
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "gemma2",
+    "gemma3_text",
+    "phi3",
+    "smollm3",
+    "granite",
+    "seed_oss",
+    "exaone4",
+    "ministral3",
+    "llama4_text",
+    "qwen3_moe",
+    "mixtral",
+    "gpt_oss",
+    "glm4_moe",
+];
+
+/// Refuses a family `mode` cannot split, saying why.
+fn check_family(model_type: &str, mode: Parallelism) -> Result<()> {
+    if TENSOR_FAMILIES.contains(&model_type) {
+        return Ok(());
+    }
+    let reason = match model_type {
+        "olmo3" => {
+            "its query/key RMS norms span all heads at once, which a split of the heads changes"
+        }
+        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => "its gated DeltaNet layers are not split",
+        "lfm2" => "its short-convolution layers are not split",
+        "nemotron_h" | "granitemoehybrid" => "its Mamba-2 layers are not split",
+        "deepseek_v3" | "kimi_k2" => "its multi-head latent attention is not split",
+        "gemma4" | "gemma4_text" => {
+            return Err(anyhow!(
+                "sharding {model_type} models is not supported: its layers share keys and values \
+                 across layers in a forward pass of its own"
+            ))
+        }
+        other => {
+            return Err(anyhow!(
+                "sharding {other} models is not supported (supported: {}; with --pipeline also \
+                 olmo3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, nemotron_h, granitemoehybrid, \
+                 deepseek_v3)",
+                TENSOR_FAMILIES.join(", ")
+            ))
+        }
+    };
+    match mode {
+        Parallelism::Pipeline => Ok(()),
+        Parallelism::Tensor => {
+            bail!("tensor parallelism cannot split {model_type} models: {reason} (use --pipeline)")
+        }
+    }
 }
 
 /// The layer range rank `rank` of `size` runs: even split, lower ranks take
@@ -113,82 +169,40 @@ fn scaled(r: &Range<i32>, k: i32) -> Range<i32> {
     r.start * k..r.end * k
 }
 
+/// `r` moved `by` units on (a part's rows inside a fused tensor).
+fn shifted(r: &Range<i32>, by: i32) -> Range<i32> {
+    r.start + by..r.end + by
+}
+
 fn shard_tensor(model: &mut Model, group: &Group, files: &TensorFiles) -> Result<()> {
-    let (rank, size) = (group.rank(), group.size());
-    let args = &model.args;
-    let (heads, kv_heads) = (args.num_attention_heads, args.kv_heads());
-    if kv_heads < size as i32 {
-        bail!(
-            "tensor parallelism splits key/value heads: {kv_heads} cannot be split across {size} \
-             ranks (use --pipeline)"
-        );
-    }
-    let head_dim = args.head_dim();
-    let kv = part(kv_heads, rank, size);
-    let q = scaled(&kv, heads / kv_heads);
-    let dtype = model.dtype;
+    let model_type = model.args.model_type.as_str();
+    // Phi-3 stores q/k/v fused in `qkv_proj` and gate/up in `gate_up_proj`.
+    let fused = model_type == "phi3";
+    let mlp_name = match model_type {
+        "llama4_text" => "feed_forward",
+        _ => "mlp",
+    };
+    let cut = Cut {
+        files,
+        dtype: model.dtype,
+        group,
+    };
     for (i, layer) in model.decoder.layers.iter_mut().enumerate() {
         let p = format!("model.layers.{i}");
-        let attn = &mut layer.self_attn;
-        let cut = Cut { files, dtype };
-        cut.rows(
-            &mut attn.q_proj,
-            &format!("{p}.self_attn.q_proj"),
-            scaled(&q, head_dim),
-        )?;
-        cut.rows(
-            &mut attn.k_proj,
-            &format!("{p}.self_attn.k_proj"),
-            scaled(&kv, head_dim),
-        )?;
-        cut.rows(
-            &mut attn.v_proj,
-            &format!("{p}.self_attn.v_proj"),
-            scaled(&kv, head_dim),
-        )?;
-        cut.columns(
-            &mut attn.o_proj,
-            &format!("{p}.self_attn.o_proj"),
-            scaled(&q, head_dim),
-            group,
-        )?;
-        attn.n_heads = q.len() as i32;
-        attn.n_kv_heads = kv.len() as i32;
-        let mlp = match &mut layer.mlp {
-            FeedForward::Dense(mlp) => mlp,
-            FeedForward::Sparse(_) => {
-                bail!("{p}: tensor parallelism does not split mixture-of-experts layers yet")
-            }
-        };
-        let (hidden, _) = mlp.gate_proj.shape();
-        let unit = match &mlp.down_proj.weight {
-            LinearWeight::Quantized { spec, .. } => spec.group_size,
-            LinearWeight::Dense(_) => 1,
-        };
-        if hidden % unit != 0 {
-            bail!("{p}.mlp: {hidden} columns are not whole groups of {unit}");
+        cut.attention(&mut layer.self_attn, &format!("{p}.self_attn"), fused)?;
+        match &mut layer.mlp {
+            FeedForward::Dense(mlp) => cut.mlp(mlp, &format!("{p}.{mlp_name}"), fused)?,
+            FeedForward::Sparse(moe) => cut.moe(moe, &p)?,
         }
-        let cols = scaled(&part(hidden / unit, rank, size), unit);
-        cut.rows(
-            &mut mlp.gate_proj,
-            &format!("{p}.mlp.gate_proj"),
-            cols.clone(),
-        )?;
-        cut.rows(&mut mlp.up_proj, &format!("{p}.mlp.up_proj"), cols.clone())?;
-        cut.columns(
-            &mut mlp.down_proj,
-            &format!("{p}.mlp.down_proj"),
-            cols,
-            group,
-        )?;
     }
     Ok(())
 }
 
-/// Replaces a Linear's tensors by this rank's slice, read from the files.
+/// Replaces a layer's tensors by this rank's slice, read from the files.
 struct Cut<'a> {
     files: &'a TensorFiles,
     dtype: mlx_rs::Dtype,
+    group: &'a Group,
 }
 
 impl Cut<'_> {
@@ -216,16 +230,159 @@ impl Cut<'_> {
         Ok(Some(self.read(&format!("{prefix}.biases"), rows, cols)?))
     }
 
-    fn check_lora(linear: &Linear, prefix: &str) -> Result<()> {
-        if linear.lora.is_some() {
+    fn check_lora(lora: Option<&Lora>, prefix: &str) -> Result<()> {
+        if lora.is_some() {
             bail!("{prefix} has a LoRA adapter; fuse it first (adapters are not sharded)");
         }
         Ok(())
     }
 
+    /// This rank's part of `n` intermediate columns, in whole units of
+    /// `unit` (the down projection's quantization group).
+    fn intermediate(&self, n: i32, unit: i32, prefix: &str) -> Result<Range<i32>> {
+        let size = self.group.size();
+        if n % unit != 0 {
+            bail!("{prefix}: {n} columns are not whole groups of {unit}");
+        }
+        if n / unit < size as i32 {
+            bail!(
+                "{prefix}: {n} intermediate columns are {} quantization group(s) of {unit}, \
+                 which cannot be split across {size} ranks (use --pipeline)",
+                n / unit
+            );
+        }
+        Ok(scaled(&part(n / unit, self.group.rank(), size), unit))
+    }
+
+    /// Splits the heads by key/value head: q/k/v (and the query heads'
+    /// sinks) by rows, o by columns. `fused`: q/k/v are rows of one
+    /// `{prefix}.qkv_proj`.
+    fn attention(&self, attn: &mut Attention, prefix: &str, fused: bool) -> Result<()> {
+        let (rank, size) = (self.group.rank(), self.group.size());
+        if attn.latent.is_some() || attn.output_gate || attn.qk_norm_span == QkNormSpan::AllHeads {
+            bail!("{prefix}: this attention (latent, gated or normed over all heads) is not split");
+        }
+        let (heads, kv_heads, d) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
+        if kv_heads < size as i32 {
+            bail!(
+                "tensor parallelism splits key/value heads: {kv_heads} cannot be split across \
+                 {size} ranks (use --pipeline)"
+            );
+        }
+        let kv = part(kv_heads, rank, size);
+        let q = scaled(&kv, heads / kv_heads);
+        let (q_rows, kv_rows) = (scaled(&q, d), scaled(&kv, d));
+        let name = |n: &str| format!("{prefix}.{n}");
+        if fused {
+            let qkv = name("qkv_proj");
+            self.rows(&mut attn.q_proj, &qkv, q_rows.clone())?;
+            self.rows(&mut attn.k_proj, &qkv, shifted(&kv_rows, heads * d))?;
+            self.rows(
+                &mut attn.v_proj,
+                &qkv,
+                shifted(&kv_rows, (heads + kv_heads) * d),
+            )?;
+        } else {
+            self.rows(&mut attn.q_proj, &name("q_proj"), q_rows.clone())?;
+            self.rows(&mut attn.k_proj, &name("k_proj"), kv_rows.clone())?;
+            self.rows(&mut attn.v_proj, &name("v_proj"), kv_rows)?;
+        }
+        self.columns(&mut attn.o_proj, &name("o_proj"), q_rows)?;
+        if attn.sinks.is_some() {
+            attn.sinks = Some(self.read(&name("sinks"), Some(q.clone()), None)?);
+        }
+        attn.n_heads = q.len() as i32;
+        attn.n_kv_heads = kv.len() as i32;
+        Ok(())
+    }
+
+    /// Splits the intermediate columns: gate/up by rows, down by columns.
+    /// `fused`: gate and up are rows of one `{prefix}.gate_up_proj`.
+    fn mlp(&self, mlp: &mut Mlp, prefix: &str, fused: bool) -> Result<()> {
+        let (hidden, _) = mlp.gate_proj.shape();
+        let unit = match &mlp.down_proj.weight {
+            LinearWeight::Quantized { spec, .. } => spec.group_size,
+            LinearWeight::Dense(_) => 1,
+        };
+        let cols = self.intermediate(hidden, unit, prefix)?;
+        let name = |n: &str| format!("{prefix}.{n}");
+        if fused {
+            let gate_up = name("gate_up_proj");
+            self.rows(&mut mlp.gate_proj, &gate_up, cols.clone())?;
+            self.rows(&mut mlp.up_proj, &gate_up, shifted(&cols, hidden))?;
+        } else {
+            self.rows(&mut mlp.gate_proj, &name("gate_proj"), cols.clone())?;
+            self.rows(&mut mlp.up_proj, &name("up_proj"), cols.clone())?;
+        }
+        self.columns(&mut mlp.down_proj, &name("down_proj"), cols)
+    }
+
+    /// As mlx-lm: the router whole, every expert's intermediate columns
+    /// split (gate/up by rows, down by columns), shared experts as a dense
+    /// MLP, and one sum across ranks of the block's output.
+    fn moe(&self, moe: &mut SparseMoe, layer: &str) -> Result<()> {
+        let parent = moe.router_key.rsplit_once('.').map_or("", |(p, _)| p);
+        let stacked = format!("{layer}.{}", moe.experts_key);
+        let count = moe.switch_mlp.gate_proj.shape().0;
+        let source = |i: usize| {
+            let prefix = format!("{stacked}.{}", EXPERT_PROJS[i]);
+            if self.files.contains(&format!("{prefix}.weight")) {
+                return Experts::Stacked(prefix);
+            }
+            let hf = moe.hf_names[i];
+            Experts::Each(
+                (0..count)
+                    .map(|e| format!("{layer}.{parent}.experts.{e}.{hf}"))
+                    .collect(),
+            )
+        };
+        let [gate, up, down] = [source(0), source(1), source(2)];
+        let s = &mut moe.switch_mlp;
+        let (_, inter, _) = s.gate_proj.shape();
+        let unit = match &s.down_proj.weight {
+            SwitchWeight::Quantized { spec, .. } => spec.group_size,
+            SwitchWeight::Dense(_) => 1,
+        };
+        let cols = self.intermediate(inter, unit, &stacked)?;
+        self.expert_rows(&mut s.gate_proj, &gate, cols.clone())?;
+        self.expert_rows(&mut s.up_proj, &up, cols.clone())?;
+        self.expert_columns(&mut s.down_proj, &down, cols)?;
+        if let Some(shared) = &mut moe.shared {
+            self.mlp(
+                &mut shared.mlp,
+                &format!("{layer}.{parent}.shared_experts"),
+                false,
+            )?;
+            // Summed with the routed experts, once.
+            shared.mlp.down_proj.all_sum = None;
+        }
+        moe.all_sum = Some(self.group.clone());
+        Ok(())
+    }
+
+    /// `part` (`weight`, `scales`, …) of every expert, `rows` × `cols` of each.
+    fn read_experts(
+        &self,
+        src: &Experts,
+        part: &str,
+        rows: Option<Range<i32>>,
+        cols: Option<Range<i32>>,
+    ) -> Result<Array> {
+        match src {
+            Experts::Stacked(prefix) => self.read(&format!("{prefix}.{part}"), rows, cols),
+            Experts::Each(prefixes) => {
+                let each = prefixes
+                    .iter()
+                    .map(|p| self.read(&format!("{p}.{part}"), rows.clone(), cols.clone()))
+                    .collect::<Result<Vec<_>>>()?;
+                Ok(mlx_rs::ops::stack(&each, 0)?)
+            }
+        }
+    }
+
     /// Column-parallel: output rows `rows` (weight, scales, biases, bias).
     fn rows(&self, linear: &mut Linear, prefix: &str, rows: Range<i32>) -> Result<()> {
-        Self::check_lora(linear, prefix)?;
+        Self::check_lora(linear.lora.as_ref(), prefix)?;
         let r = || Some(rows.clone());
         linear.weight = match &linear.weight {
             LinearWeight::Dense(_) => {
@@ -246,29 +403,14 @@ impl Cut<'_> {
 
     /// Row-parallel: input columns `cols`; the partial products are summed
     /// across ranks, and the bias is added once (by rank 0).
-    fn columns(
-        &self,
-        linear: &mut Linear,
-        prefix: &str,
-        cols: Range<i32>,
-        group: &Group,
-    ) -> Result<()> {
-        Self::check_lora(linear, prefix)?;
+    fn columns(&self, linear: &mut Linear, prefix: &str, cols: Range<i32>) -> Result<()> {
+        Self::check_lora(linear.lora.as_ref(), prefix)?;
         linear.weight = match &linear.weight {
             LinearWeight::Dense(_) => {
                 LinearWeight::Dense(self.read(&format!("{prefix}.weight"), None, Some(cols))?)
             }
             LinearWeight::Quantized { spec, .. } => {
-                let (gs, per_word) = (spec.group_size, 32 / spec.bits);
-                if cols.start % gs != 0 || cols.end % gs != 0 || 32 % spec.bits != 0 {
-                    bail!(
-                        "{prefix}: columns {cols:?} do not fall on quantization groups of {gs} \
-                         ({} bits)",
-                        spec.bits
-                    );
-                }
-                let packed = cols.start / per_word..cols.end / per_word;
-                let groups = cols.start / gs..cols.end / gs;
+                let (packed, groups) = quantized_columns(prefix, *spec, &cols)?;
                 LinearWeight::Quantized {
                     weight: self.read(&format!("{prefix}.weight"), None, Some(packed))?,
                     scales: self.read(&format!("{prefix}.scales"), None, Some(groups.clone()))?,
@@ -277,12 +419,114 @@ impl Cut<'_> {
                 }
             }
         };
-        if group.rank() != 0 {
+        if self.group.rank() != 0 {
             linear.bias = None;
         }
-        linear.all_sum = Some(group.clone());
+        linear.all_sum = Some(self.group.clone());
         Ok(())
     }
+
+    /// Column-parallel experts: output rows `rows` of every expert
+    /// (`[experts, out, in]`; the bias `[experts, out]` by its columns).
+    fn expert_rows(
+        &self,
+        linear: &mut SwitchLinear,
+        src: &Experts,
+        rows: Range<i32>,
+    ) -> Result<()> {
+        Self::check_lora(linear.lora.as_ref(), src.name())?;
+        let read = |part: &str| self.read_experts(src, part, Some(rows.clone()), None);
+        linear.weight = match &linear.weight {
+            SwitchWeight::Dense(_) => SwitchWeight::Dense(read("weight")?),
+            SwitchWeight::Quantized { spec, .. } => SwitchWeight::Quantized {
+                weight: read("weight")?,
+                scales: read("scales")?,
+                biases: spec.mode.has_biases().then(|| read("biases")).transpose()?,
+                spec: *spec,
+            },
+        };
+        if linear.bias.is_some() {
+            let Experts::Stacked(prefix) = src else {
+                bail!(
+                    "{}: biases of experts stored one by one are not split",
+                    src.name()
+                );
+            };
+            linear.bias = Some(self.read(&format!("{prefix}.bias"), None, Some(rows))?);
+        }
+        Ok(())
+    }
+
+    /// Row-parallel experts: input columns `cols` of every expert; the
+    /// bias is added once (by rank 0) before the block's sum.
+    fn expert_columns(
+        &self,
+        linear: &mut SwitchLinear,
+        src: &Experts,
+        cols: Range<i32>,
+    ) -> Result<()> {
+        Self::check_lora(linear.lora.as_ref(), src.name())?;
+        let read = |part: &str, cols: Range<i32>| self.read_experts(src, part, None, Some(cols));
+        linear.weight = match &linear.weight {
+            SwitchWeight::Dense(_) => SwitchWeight::Dense(read("weight", cols)?),
+            SwitchWeight::Quantized { spec, .. } => {
+                let (packed, groups) = quantized_columns(src.name(), *spec, &cols)?;
+                SwitchWeight::Quantized {
+                    weight: read("weight", packed)?,
+                    scales: read("scales", groups.clone())?,
+                    biases: spec
+                        .mode
+                        .has_biases()
+                        .then(|| read("biases", groups))
+                        .transpose()?,
+                    spec: *spec,
+                }
+            }
+        };
+        if self.group.rank() != 0 {
+            linear.bias = None;
+        }
+        Ok(())
+    }
+}
+
+/// Where one projection of every expert lies in the files.
+enum Experts {
+    /// Stacked `[experts, …]` under one prefix (mlx-lm's layout).
+    Stacked(String),
+    /// One tensor per expert, by prefix (Hugging Face's layout).
+    Each(Vec<String>),
+}
+
+impl Experts {
+    /// A name for errors: the stacked prefix, or the first expert's.
+    fn name(&self) -> &str {
+        match self {
+            Experts::Stacked(prefix) => prefix,
+            Experts::Each(prefixes) => prefixes.first().map_or("", String::as_str),
+        }
+    }
+}
+
+/// The packed `uint32` columns and the groups of input columns `cols` of a
+/// quantized weight, which must fall on whole groups.
+fn quantized_columns(
+    prefix: &str,
+    spec: QuantSpec,
+    cols: &Range<i32>,
+) -> Result<(Range<i32>, Range<i32>)> {
+    let gs = spec.group_size;
+    if cols.start % gs != 0 || cols.end % gs != 0 || 32 % spec.bits != 0 {
+        bail!(
+            "{prefix}: columns {cols:?} do not fall on quantization groups of {gs} ({} bits)",
+            spec.bits
+        );
+    }
+    let per_word = 32 / spec.bits;
+    Ok((
+        cols.start / per_word..cols.end / per_word,
+        cols.start / gs..cols.end / gs,
+    ))
 }
 
 /// Where each tensor of a model directory lies in its safetensors files.
@@ -327,7 +571,13 @@ impl TensorFiles {
         Ok(Self { tensors })
     }
 
-    /// Reads `rows` × `cols` of a 1- or 2-D tensor (`None`: all of that axis).
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Reads `rows` × `cols` of the last two axes of a 1-, 2- or 3-D tensor
+    /// (a 1-D tensor's axis is its rows; a 3-D one keeps every matrix of
+    /// its first axis, e.g. every expert); `None`: all of that axis.
     fn read(
         &self,
         name: &str,
@@ -340,10 +590,11 @@ impl TensorFiles {
             .ok_or_else(|| anyhow!("tensor {name} is not in the weight files"))?;
         let (item, dtype) =
             dtype_of(&info.dtype).with_context(|| format!("{}: tensor {name}", path.display()))?;
-        let (n_rows, n_cols) = match info.shape[..] {
-            [r] => (r, 1),
-            [r, c] => (r, c),
-            _ => bail!("{}: tensor {name} is not 1- or 2-D", path.display()),
+        let (batch, n_rows, n_cols) = match info.shape[..] {
+            [r] => (1, r, 1),
+            [r, c] => (1, r, c),
+            [b, r, c] => (b, r, c),
+            _ => bail!("{}: tensor {name} is not 1-, 2- or 3-D", path.display()),
         };
         let rows = rows.map_or(0..n_rows, |r| r.start as i64..r.end as i64);
         let cols = cols.map_or(0..n_cols, |c| c.start as i64..c.end as i64);
@@ -354,7 +605,7 @@ impl TensorFiles {
                 info.shape
             );
         }
-        let expected = (n_rows * n_cols) as u64 * item as u64;
+        let expected = (batch * n_rows * n_cols) as u64 * item as u64;
         if info.data_offsets[1] - info.data_offsets[0] != expected {
             bail!(
                 "{}: tensor {name} has the wrong number of bytes",
@@ -364,26 +615,30 @@ impl TensorFiles {
         let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
         let base = info.data_start + info.data_offsets[0];
         let row_bytes = (cols.end - cols.start) as usize * item;
-        let mut data = vec![0u8; (rows.end - rows.start) as usize * row_bytes];
-        if cols.start == 0 && cols.end == n_cols {
-            let at = base + (rows.start * n_cols) as u64 * item as u64;
-            file.read_exact_at(&mut data, at)
-        } else {
-            data.chunks_mut(row_bytes)
-                .zip(rows.clone())
-                .try_for_each(|(out, r)| {
-                    let at = base + (r * n_cols + cols.start) as u64 * item as u64;
-                    file.read_exact_at(out, at)
-                })
-        }
-        .with_context(|| format!("reading tensor {name} from {}", path.display()))?;
-        let shape: Vec<i32> = if info.shape.len() == 1 {
-            vec![(rows.end - rows.start) as i32]
-        } else {
-            vec![
-                (rows.end - rows.start) as i32,
-                (cols.end - cols.start) as i32,
-            ]
+        let matrix_bytes = (rows.end - rows.start) as usize * row_bytes;
+        let mut data = vec![0u8; batch as usize * matrix_bytes];
+        let at =
+            |b: i64, r: i64| base + ((b * n_rows + r) * n_cols + cols.start) as u64 * item as u64;
+        data.chunks_mut(matrix_bytes)
+            .zip(0..batch)
+            .try_for_each(|(matrix, b)| {
+                if cols.start == 0 && cols.end == n_cols {
+                    return file.read_exact_at(matrix, at(b, rows.start));
+                }
+                matrix
+                    .chunks_mut(row_bytes)
+                    .zip(rows.clone())
+                    .try_for_each(|(out, r)| file.read_exact_at(out, at(b, r)))
+            })
+            .with_context(|| format!("reading tensor {name} from {}", path.display()))?;
+        let (r, c) = (
+            (rows.end - rows.start) as i32,
+            (cols.end - cols.start) as i32,
+        );
+        let shape: Vec<i32> = match info.shape.len() {
+            1 => vec![r],
+            2 => vec![r, c],
+            _ => vec![batch as i32, r, c],
         };
         // SAFETY: `data` holds exactly product(shape) elements of `dtype`;
         // MLX copies it into a new array.

@@ -456,6 +456,9 @@ impl Mlp {
 }
 
 /// A layer's feed-forward: one gated MLP, or a sparse mixture of experts.
+// One per layer, built once: boxing the larger variant would only add an
+// indirection on every step.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone)]
 pub enum FeedForward {
     /// One gated MLP for every token.

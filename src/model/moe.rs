@@ -309,6 +309,10 @@ pub struct SparseMoe {
     pub router_is_linear: bool,
     /// Experts every token also goes through.
     pub shared: Option<Box<SharedExperts>>,
+    /// Under tensor parallelism every expert keeps a share of its
+    /// intermediate columns: the output (routed and shared experts) is this
+    /// rank's partial sum, summed across the group.
+    pub all_sum: Option<crate::collective::Group>,
 }
 
 /// The shared experts of a sparse block: a dense MLP every token goes
@@ -399,6 +403,7 @@ impl SparseMoe {
             routed_scale: 1.0,
             router_is_linear: true,
             shared: None,
+            all_sum: None,
         })
     }
 
@@ -511,12 +516,21 @@ impl SparseMoe {
         let weighted = &y * &expand_dims_axes(&scores, &[-1])?;
         let out = weighted.sum_axis(-2, false)?.as_dtype(y.dtype())?;
         let Some(shared) = &self.shared else {
-            return Ok(out);
+            return self.summed(out);
         };
         let y = shared.mlp.forward(x)?;
-        match &shared.gate {
-            Some(gate) => Ok(&out + &(&sigmoid(&gate.forward(x)?)? * &y)),
-            None => Ok(&out + &y),
+        let out = match &shared.gate {
+            Some(gate) => &out + &(&sigmoid(&gate.forward(x)?)? * &y),
+            None => &out + &y,
+        };
+        self.summed(out)
+    }
+
+    /// `y` summed across the ranks when the experts are split.
+    fn summed(&self, y: Array) -> Result<Array> {
+        match &self.all_sum {
+            Some(group) => group.all_sum(&y),
+            None => Ok(y),
         }
     }
 }
