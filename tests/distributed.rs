@@ -248,6 +248,17 @@ fn mixture_of_experts_families_split_by_tensors_and_layers_match_single_process(
     }
 }
 
+#[test]
+fn gated_deltanet_families_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // DeltaNet layers split by key head (Qwen3-Next's grouped projections,
+    // Qwen3.5's split ones and their q | k | v convolution channels),
+    // attention with an output gate, experts with a gated shared expert.
+    for case in ["qwen3_next", "qwen3_5", "qwen3_5_q4", "qwen3_5_moe"] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
 /// Rewrites `dir`'s model.safetensors with its stacked experts
 /// (`…mlp.switch_mlp.{proj}.weight` `[experts, out, in]`) stored one by one
 /// as Hugging Face does (`…mlp.experts.{e}.{proj}.weight`).
@@ -309,7 +320,6 @@ fn families_tensor_parallelism_refuses_split_by_layers() {
     let tmp = tempfile::tempdir().unwrap();
     for (case, reason) in [
         ("olmo3", "its query/key RMS norms span all heads"),
-        ("qwen3_next", "its gated DeltaNet layers are not split"),
         ("lfm2", "its short-convolution layers are not split"),
         ("nemotron_h", "its Mamba-2 layers are not split"),
         (

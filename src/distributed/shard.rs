@@ -29,10 +29,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
+use mlx_rs::ops::concatenate;
+use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use crate::collective::Group;
-use crate::model::decoder::{Attention, FeedForward, Mlp, QkNormSpan};
+use crate::model::decoder::{Attention, FeedForward, Mlp, QkNormSpan, Recurrent};
+use crate::model::gated_delta::{GatedDeltaNet, InProj};
 use crate::model::layers::{Linear, LinearWeight, Lora};
 use crate::model::moe::{SparseMoe, SwitchLinear, SwitchWeight, EXPERT_PROJS};
 use crate::model::pipeline::PipelineStage;
@@ -89,6 +92,9 @@ const TENSOR_FAMILIES: &[&str] = &[
     "mixtral",
     "gpt_oss",
     "glm4_moe",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
 ];
 
 /// Refuses a family `mode` cannot split, saying why.
@@ -100,7 +106,6 @@ fn check_family(model_type: &str, mode: Parallelism) -> Result<()> {
         "olmo3" => {
             "its query/key RMS norms span all heads at once, which a split of the heads changes"
         }
-        "qwen3_next" | "qwen3_5" | "qwen3_5_moe" => "its gated DeltaNet layers are not split",
         "lfm2" => "its short-convolution layers are not split",
         "nemotron_h" | "granitemoehybrid" => "its Mamba-2 layers are not split",
         "deepseek_v3" | "kimi_k2" => "its multi-head latent attention is not split",
@@ -113,8 +118,7 @@ fn check_family(model_type: &str, mode: Parallelism) -> Result<()> {
         other => {
             return Err(anyhow!(
                 "sharding {other} models is not supported (supported: {}; with --pipeline also \
-                 olmo3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, nemotron_h, granitemoehybrid, \
-                 deepseek_v3)",
+                 olmo3, lfm2, nemotron_h, granitemoehybrid, deepseek_v3)",
                 TENSOR_FAMILIES.join(", ")
             ))
         }
@@ -187,9 +191,20 @@ fn shard_tensor(model: &mut Model, group: &Group, files: &TensorFiles) -> Result
         dtype: model.dtype,
         group,
     };
+    // Qwen3.5 keeps its decoder under `language_model.`.
+    let root = match model_type {
+        "qwen3_5" | "qwen3_5_moe" => "language_model.",
+        _ => "",
+    };
     for (i, layer) in model.decoder.layers.iter_mut().enumerate() {
-        let p = format!("model.layers.{i}");
-        cut.attention(&mut layer.self_attn, &format!("{p}.self_attn"), fused)?;
+        let p = format!("{root}model.layers.{i}");
+        match layer.linear_attn.as_deref_mut() {
+            Some(Recurrent::GatedDelta(delta)) => {
+                cut.gated_delta(delta, &format!("{p}.linear_attn"))?
+            }
+            Some(_) => bail!("{p}: this recurrent layer is not split (use --pipeline)"),
+            None => cut.attention(&mut layer.self_attn, &format!("{p}.self_attn"), fused)?,
+        }
         match &mut layer.mlp {
             FeedForward::Dense(mlp) => cut.mlp(mlp, &format!("{p}.{mlp_name}"), fused)?,
             FeedForward::Sparse(moe) => cut.moe(moe, &p)?,
@@ -259,8 +274,8 @@ impl Cut<'_> {
     /// `{prefix}.qkv_proj`.
     fn attention(&self, attn: &mut Attention, prefix: &str, fused: bool) -> Result<()> {
         let (rank, size) = (self.group.rank(), self.group.size());
-        if attn.latent.is_some() || attn.output_gate || attn.qk_norm_span == QkNormSpan::AllHeads {
-            bail!("{prefix}: this attention (latent, gated or normed over all heads) is not split");
+        if attn.latent.is_some() || attn.qk_norm_span == QkNormSpan::AllHeads {
+            bail!("{prefix}: this attention (latent, or normed over all heads) is not split");
         }
         let (heads, kv_heads, d) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
         if kv_heads < size as i32 {
@@ -272,6 +287,8 @@ impl Cut<'_> {
         let kv = part(kv_heads, rank, size);
         let q = scaled(&kv, heads / kv_heads);
         let (q_rows, kv_rows) = (scaled(&q, d), scaled(&kv, d));
+        // With an output gate each head's rows are its query, then its gate.
+        let q_proj_rows = scaled(&q, if attn.output_gate { 2 * d } else { d });
         let name = |n: &str| format!("{prefix}.{n}");
         if fused {
             let qkv = name("qkv_proj");
@@ -283,7 +300,7 @@ impl Cut<'_> {
                 shifted(&kv_rows, (heads + kv_heads) * d),
             )?;
         } else {
-            self.rows(&mut attn.q_proj, &name("q_proj"), q_rows.clone())?;
+            self.rows(&mut attn.q_proj, &name("q_proj"), q_proj_rows)?;
             self.rows(&mut attn.k_proj, &name("k_proj"), kv_rows.clone())?;
             self.rows(&mut attn.v_proj, &name("v_proj"), kv_rows)?;
         }
@@ -293,6 +310,91 @@ impl Cut<'_> {
         }
         attn.n_heads = q.len() as i32;
         attn.n_kv_heads = kv.len() as i32;
+        Ok(())
+    }
+
+    /// Splits a gated DeltaNet layer by key head, each rank keeping the
+    /// value heads of its key heads (as mlx-lm's Qwen3.5 `shard`): the input
+    /// projections and the convolution's channels by rows (q, k and v
+    /// segments each), the per-head decay parameters with their heads,
+    /// `out_proj` by columns. The recurrent state then holds this rank's heads.
+    fn gated_delta(&self, delta: &mut GatedDeltaNet, prefix: &str) -> Result<()> {
+        let (rank, size) = (self.group.rank(), self.group.size());
+        let d = delta.dims;
+        if d.num_k_heads < size as i32 {
+            bail!(
+                "{prefix}: {} key heads cannot be split across {size} ranks (use --pipeline)",
+                d.num_k_heads
+            );
+        }
+        let per = d.num_v_heads / d.num_k_heads;
+        let (dk, dv) = (d.head_k_dim, d.head_v_dim);
+        let kh = part(d.num_k_heads, rank, size);
+        let vh = scaled(&kh, per);
+        let key_dim = d.num_k_heads * dk;
+        // The convolution's channels, as q | k | v.
+        let channels = [
+            scaled(&kh, dk),
+            shifted(&scaled(&kh, dk), key_dim),
+            shifted(&scaled(&vh, dv), 2 * key_dim),
+        ];
+        let name = |n: &str| format!("{prefix}.{n}");
+        match &mut delta.in_proj {
+            // Rows grouped per key head: q, k, its value heads' v and z (b, a).
+            InProj::Grouped(p) => {
+                self.rows(
+                    &mut p.qkvz,
+                    &name("in_proj_qkvz"),
+                    scaled(&kh, 2 * dk + 2 * per * dv),
+                )?;
+                self.rows(&mut p.ba, &name("in_proj_ba"), scaled(&kh, 2 * per))?;
+            }
+            InProj::Split(p) => {
+                self.row_segments(&mut p.qkv, &name("in_proj_qkv"), &channels)?;
+                self.rows(&mut p.z, &name("in_proj_z"), scaled(&vh, dv))?;
+                self.rows(&mut p.b, &name("in_proj_b"), vh.clone())?;
+                self.rows(&mut p.a, &name("in_proj_a"), vh.clone())?;
+            }
+        }
+        // Small per-channel and per-head arrays: sliced as loaded.
+        let conv: Vec<Array> = channels
+            .iter()
+            .map(|r| delta.conv1d.index(r.start..r.end))
+            .collect();
+        delta.conv1d = concatenate(&conv, 0)?;
+        delta.dt_bias = delta.dt_bias.index(vh.start..vh.end);
+        delta.a_log = delta.a_log.index(vh.start..vh.end);
+        self.columns(&mut delta.out_proj, &name("out_proj"), scaled(&vh, dv))?;
+        delta.dims.num_k_heads = kh.len() as i32;
+        delta.dims.num_v_heads = vh.len() as i32;
+        Ok(())
+    }
+
+    /// Column-parallel over several row ranges of one tensor, concatenated.
+    fn row_segments(&self, linear: &mut Linear, prefix: &str, parts: &[Range<i32>]) -> Result<()> {
+        Self::check_lora(linear.lora.as_ref(), prefix)?;
+        let read = |field: &str| -> Result<Array> {
+            let pieces = parts
+                .iter()
+                .map(|r| self.read(&format!("{prefix}.{field}"), Some(r.clone()), None))
+                .collect::<Result<Vec<_>>>()?;
+            Ok(concatenate(&pieces, 0)?)
+        };
+        linear.weight = match &linear.weight {
+            LinearWeight::Dense(_) => LinearWeight::Dense(read("weight")?),
+            LinearWeight::Quantized { spec, .. } => LinearWeight::Quantized {
+                weight: read("weight")?,
+                scales: read("scales")?,
+                biases: match spec.mode.has_biases() {
+                    true => Some(read("biases")?),
+                    false => None,
+                },
+                spec: *spec,
+            },
+        };
+        if linear.bias.is_some() {
+            linear.bias = Some(read("bias")?);
+        }
         Ok(())
     }
 
@@ -348,11 +450,13 @@ impl Cut<'_> {
         self.expert_rows(&mut s.up_proj, &up, cols.clone())?;
         self.expert_columns(&mut s.down_proj, &down, cols)?;
         if let Some(shared) = &mut moe.shared {
-            self.mlp(
-                &mut shared.mlp,
-                &format!("{layer}.{parent}.shared_experts"),
-                false,
-            )?;
+            // Their path inside the block (`mlp.shared_experts`, Qwen3-Next's
+            // `mlp.shared_expert`).
+            let key = match shared.key {
+                "" => format!("{parent}.shared_experts"),
+                key => key.to_string(),
+            };
+            self.mlp(&mut shared.mlp, &format!("{layer}.{key}"), false)?;
             // Summed with the routed experts, once.
             shared.mlp.down_proj.all_sum = None;
         }
