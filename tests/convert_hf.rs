@@ -1,5 +1,5 @@
 //! `mlx-bun convert --hf-path` against `mlx_lm.convert` on tiny random
-//! Hugging Face checkpoints (llama, qwen2, qwen3; two shards with an index):
+//! Hugging Face checkpoints (one per family convert knows; two shards with an index):
 //! every option set must give the same tensors (bit for bit), the same config,
 //! index and model card. Plus the refusals.
 
@@ -41,21 +41,37 @@ fn family(name: &str) -> PathBuf {
     tiny().join("hf").join(name)
 }
 
+/// The families past llama and qwen, each converted plain, 4-bit and with a
+/// mixed recipe.
+const MORE_FAMILIES: &[&str] = &[
+    "mistral",
+    "gemma2",
+    "gemma3_text",
+    "smollm3",
+    "granite",
+    "seed_oss",
+    "olmo3",
+    "exaone4",
+    "ministral3",
+    "phi3",
+    "llama4_text",
+];
+
 struct Case {
-    name: &'static str,
+    name: String,
     family: &'static str,
-    ours: &'static [&'static str],
+    ours: Vec<&'static str>,
     theirs: Value,
 }
 
 fn cases() -> Vec<Case> {
-    let c = |name, family, ours, theirs| Case {
-        name,
+    let c = |name: &str, family, ours: &[&'static str], theirs| Case {
+        name: name.to_string(),
         family,
-        ours,
+        ours: ours.to_vec(),
         theirs,
     };
-    vec![
+    let mut cases = vec![
         c("llama-plain", "llama", &[], json!({})),
         c(
             "llama-f32",
@@ -161,7 +177,27 @@ fn cases() -> Vec<Case> {
             ],
             json!({"quantize": true, "quant_predicate": "mixed_4_6", "q_group_size": 64}),
         ),
-    ]
+        // granite's own predicate keeps some layers affine 8-bit under mxfp4.
+        c(
+            "granite-mxfp4",
+            "granite",
+            &["-q", "--q-mode", "mxfp4"],
+            json!({"quantize": true, "q_mode": "mxfp4"}),
+        ),
+    ];
+    let recipes = ["mixed_2_6", "mixed_3_4", "mixed_3_6", "mixed_4_6"];
+    for (i, &f) in MORE_FAMILIES.iter().enumerate() {
+        let recipe = recipes[i % recipes.len()];
+        cases.push(c(&format!("{f}-plain"), f, &[], json!({})));
+        cases.push(c(&format!("{f}-q4"), f, &["-q"], json!({"quantize": true})));
+        cases.push(c(
+            &format!("{f}-{recipe}"),
+            f,
+            &["-q", "--quant-predicate", recipe],
+            json!({"quantize": true, "quant_predicate": recipe}),
+        ));
+    }
+    cases
 }
 
 fn convert(args: &[&str]) -> std::process::Output {
@@ -307,11 +343,11 @@ fn every_option_set_matches_mlx_lm_tensor_for_tensor() {
     oracle_convert(&jobs);
     for case in &cases {
         let ours = work.path().join(format!("ours-{}", case.name));
-        convert_ok(&family(case.family), &ours, case.ours);
+        convert_ok(&family(case.family), &ours, &case.ours);
         assert_same_model(
             &ours,
             &work.path().join(format!("theirs-{}", case.name)),
-            case.name,
+            &case.name,
         );
     }
     // The quantized configs say what mlx-lm's loader needs.
@@ -339,6 +375,28 @@ fn every_option_set_matches_mlx_lm_tensor_for_tensor() {
         3
     );
     assert_eq!(mixed["quantization"]["lm_head"]["bits"], 6);
+    // granite's predicate: o_proj, down_proj and the untied head at 8 bits.
+    let granite = read_json(&work.path().join("ours-granite-q4/config.json"));
+    for layer in [
+        "model.layers.1.self_attn.o_proj",
+        "model.layers.3.mlp.down_proj",
+        "lm_head",
+    ] {
+        assert_eq!(
+            granite["quantization"][layer],
+            json!({"group_size": 64, "bits": 8}),
+            "{layer}"
+        );
+    }
+    assert!(granite["quantization"]
+        .get("model.layers.1.self_attn.q_proj")
+        .is_none());
+    // gemma3_text keeps an lm_head.weight the config calls tied.
+    let gemma3 = load_all(&work.path().join("ours-gemma3_text-plain"));
+    assert!(gemma3.contains_key("lm_head.weight"));
+    let smol = load_all(&work.path().join("ours-smollm3-plain"));
+    assert!(!smol.contains_key("lm_head.weight"));
+    assert!(!smol.keys().any(|k| k.contains("rotary_emb")));
 }
 
 #[test]
@@ -483,6 +541,26 @@ fn quantized_input_is_never_quantized_again_and_bad_options_are_refused() {
     );
 }
 
+fn generates(model: &Path) {
+    let gen = common::run_ok(&[
+        "generate",
+        "--model",
+        model.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "-n",
+        "3",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_slice(&gen.stdout).unwrap();
+    assert_eq!(
+        v["token_ids"].as_array().map(Vec::len),
+        Some(3),
+        "{}: {v}",
+        model.display()
+    );
+}
+
 #[test]
 fn a_converted_tiny_model_generates() {
     let work = tempfile::tempdir().unwrap();
@@ -492,16 +570,15 @@ fn a_converted_tiny_model_generates() {
         &out,
         &["-q", "--q-bits", "8", "--dtype", "float32"],
     );
-    let gen = common::run_ok(&[
-        "generate",
-        "--model",
-        out.to_str().unwrap(),
-        "--prompt",
-        "hi",
-        "-n",
-        "3",
-        "--json",
-    ]);
-    let v: Value = serde_json::from_slice(&gen.stdout).unwrap();
-    assert_eq!(v["token_ids"].as_array().map(Vec::len), Some(3), "{v}");
+    generates(&out);
+}
+
+#[test]
+fn converted_models_of_every_family_generate() {
+    let work = tempfile::tempdir().unwrap();
+    for f in MORE_FAMILIES {
+        let out = work.path().join(f);
+        convert_ok(&family(f), &out, &["-q"]);
+        generates(&out);
+    }
 }

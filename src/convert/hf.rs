@@ -442,7 +442,9 @@ struct Plan {
     quantization: Option<Map<String, Value>>,
 }
 
-fn plan(source: &Source, opts: &HfOptions, overrides: &LayerOverrides) -> Result<Plan> {
+/// `overrides` None: the family's own predicate, as mlx-lm uses the model's
+/// `quant_predicate` when the recipe names none.
+fn plan(source: &Source, opts: &HfOptions, overrides: Option<&LayerOverrides>) -> Result<Plan> {
     let tied = source.family.tied(&Value::Object(source.config.clone()))?;
     let mut names: Vec<String> = source
         .tensors
@@ -478,8 +480,13 @@ fn plan(source: &Source, opts: &HfOptions, overrides: &LayerOverrides) -> Result
                 Some((prefix, (q, named))) => {
                     // mlx-lm records a layer its predicate gave parameters
                     // as exactly those parameters (no mode).
-                    let q = match overrides.get(&prefix) {
-                        Some(&(group_size, bits)) => {
+                    let chosen = match overrides {
+                        Some(o) => o.get(&prefix).copied(),
+                        None if recipe.mixed.is_none() => source.family.predicate(&prefix),
+                        None => None,
+                    };
+                    let q = match chosen {
+                        Some((group_size, bits)) => {
                             entry.insert(
                                 prefix.clone(),
                                 json!({"bits": bits, "group_size": group_size}),
@@ -621,7 +628,7 @@ pub type LayerOverrides = BTreeMap<String, (i32, i32)>;
 
 /// Converts the model folder `dir` into `opts.output`.
 pub fn convert(dir: &Path, opts: &HfOptions, report: &mut dyn FnMut(Event)) -> Result<HfSummary> {
-    convert_with_overrides(dir, opts, &LayerOverrides::new(), report)
+    convert_layers(dir, opts, None, report)
 }
 
 /// `convert`, with some layers quantized as `overrides` says.
@@ -629,6 +636,15 @@ pub(crate) fn convert_with_overrides(
     dir: &Path,
     opts: &HfOptions,
     overrides: &LayerOverrides,
+    report: &mut dyn FnMut(Event),
+) -> Result<HfSummary> {
+    convert_layers(dir, opts, Some(overrides), report)
+}
+
+fn convert_layers(
+    dir: &Path,
+    opts: &HfOptions,
+    overrides: Option<&LayerOverrides>,
     report: &mut dyn FnMut(Event),
 ) -> Result<HfSummary> {
     if opts.dequantize && opts.quantize.is_some() {
