@@ -8,6 +8,9 @@
 #   scripts/gpu-real-models.sh serve  BUNDLE WORK OUT
 #   scripts/gpu-real-models.sh bench  BUNDLE WORK OUT
 #   scripts/gpu-real-models.sh spec   BUNDLE WORK OUT   (speculative parity only)
+#   scripts/gpu-real-models.sh oracle BUNDLE WHEELS WORK  (the oracle alone, no models)
+#   scripts/gpu-real-models.sh families BUNDLE WORK OUT  (goldens/arch in bf16 and f16)
+#   scripts/gpu-real-models.sh batch-bench BUNDLE MODEL OUT  (feature matrix: batch cells)
 #
 # BUNDLE: from scripts/gpu-build.sh. WHEELS: the `mlx==0.32.2` and
 # `mlx-lm==0.32.2` wheels (mlx's CUDA library comes from the bundle).
@@ -46,15 +49,47 @@ wait_ready() {  # PORT PID -> prints seconds and the /health codes seen
   echo "ready after $(since "$t0") s (health: $(echo $codes | tr ' ' '\n' | uniq -c | tr -s ' \n' ' '))"
 }
 
+install_oracle() {  # BUNDLE WHEELS WORK
+  mkdir -p "$3/site"
+  python3 -m pip install --quiet --no-deps --target "$3/site" "$2"/*.whl
+  mkdir -p "$3/site/mlx/lib" "$3/site/mlx_cuda_13.libs"
+  cp "$1/lib/libmlx.so" "$3/site/mlx/lib/"
+  cp "$1"/lib/lib{blas,gfortran,lapack,quadmath}* "$3/site/mlx_cuda_13.libs/"
+  mkdir -p "$3/site/mlx/include" && cp -r "$1"/include/* "$3/site/mlx/include/"
+}
+
 case "$phase" in
+oracle)
+  BUNDLE="$1"; WHEELS="$2"; WORK="$3"
+  install_oracle "$BUNDLE" "$WHEELS" "$WORK"
+  WORK="$WORK" oracle_env
+  python3 -c 'import mlx.core as mx, mlx_lm; print("oracle:", mx.__version__, mx.default_device())'
+  ;;
+families)
+  # Every tiny checkpoint of goldens/arch/, cast to bf16 and f16: greedy
+  # tokens alone and in a four-row batch against mlx-lm on this GPU.
+  BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
+  cases=$(ls "$here/../goldens/arch")
+  for dtype in bfloat16 float16; do
+    python3 "$here/oracle/gpu_families.py" --bin "$BUNDLE/run.sh" --work "$WORK/families" \
+      --dtype $dtype --out "$OUT/families-$dtype.json" $cases >"$OUT/families-$dtype.log" 2>&1
+    note "families $dtype: rc=$? $(tail -1 "$OUT/families-$dtype.log")"
+    grep -v ": serial EQUAL, batch EQUAL" "$OUT/families-$dtype.log" | head -40 >>"$OUT/summary.txt"
+  done
+  ;;
+batch-bench)
+  # Speculation and a quantized KV cache inside the batch, on the default model.
+  BUNDLE="$1"; MODEL="$2"; OUT="$3"; mkdir -p "$OUT"
+  "$BUNDLE/run.sh" bench feature-matrix -m "$MODEL" --cells batch4,batch4+spec,batch4+kv8 \
+    --workloads copy,extraction --rounds 3 --out "$OUT/feature-matrix" --db "$OUT/evals.db" \
+    >"$OUT/batch-bench.log" 2>&1
+  note "batch-bench: rc=$?"
+  tail -40 "$OUT/batch-bench.log" >>"$OUT/summary.txt"
+  ;;
 setup)
   BUNDLE="$1"; WHEELS="$2"; TOKENIZER="$3"; WORK="$4"; OUT="$WORK"
   mkdir -p "$WORK/site" "$WORK/models"
-  python3 -m pip install --quiet --no-deps --target "$WORK/site" "$WHEELS"/*.whl
-  mkdir -p "$WORK/site/mlx/lib" "$WORK/site/mlx_cuda_13.libs"
-  cp "$BUNDLE/lib/libmlx.so" "$WORK/site/mlx/lib/"
-  cp "$BUNDLE"/lib/lib{blas,gfortran,lapack,quadmath}* "$WORK/site/mlx_cuda_13.libs/"
-  mkdir -p "$WORK/site/mlx/include" && cp -r "$BUNDLE"/include/* "$WORK/site/mlx/include/"
+  install_oracle "$BUNDLE" "$WHEELS" "$WORK"
   oracle_env
   python3 -c 'import mlx.core as mx, mlx_lm; print("oracle:", mx.__version__, mx.default_device())'
   python3 "$here/oracle/make_random_llama.py" "$WORK/models/llama8b-bf16" "$TOKENIZER" --dtype bfloat16 --bits 0
