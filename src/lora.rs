@@ -1,11 +1,12 @@
-//! Where LoRA adapters sit in a model (the "sites": block index + module
-//! path, mlx-lm's names), how they are initialized, and moving their arrays
-//! in and out of a model as the flat parameter list the optimizer and
-//! autodiff work on.
+//! Where LoRA adapters sit in a model (the "sites": mlx-lm's layer index +
+//! module path, mlx-lm's names), how they are initialized, and moving their
+//! arrays in and out of a model as the flat parameter list the optimizer and
+//! autodiff work on. mlx-lm's layers are our blocks, except in Nemotron-H,
+//! whose blocks each hold a mixer layer and the MLP layers around it.
 //!
 //! A site is what mlx-lm's `linear_to_lora_layers` wraps: a linear layer
-//! (`LoRALinear`, `a [in, r]`, `b [r, out]`), a fused Phi-3 projection the
-//! loader split (one `LoRALinear` over the fused layer: `a` shared, `b`'s
+//! (`LoRALinear`, `a [in, r]`, `b [r, out]`), a fused projection the
+//! loader split (Phi-3's, Granite 4's shared MLP input) (one `LoRALinear` over the fused layer: `a` shared, `b`'s
 //! columns split among the parts), or one projection of a sparse layer's
 //! experts (`LoRASwitchLinear`: `a [experts, r, in]`, `b [experts, out, r]`).
 //!
@@ -19,10 +20,11 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::{random, Array};
 use serde::{Deserialize, Serialize};
 
-use crate::model::decoder::{Block, FeedForward};
+use crate::model::decoder::{Block, FeedForward, Residual};
 use crate::model::gemma4_text;
 use crate::model::layers::{Linear, Lora};
 use crate::model::moe::{SharedExperts, SparseMoe, SwitchLinear, EXPERT_PROJS};
+use crate::model::nemotron_h::{MlpStack, ReluSquaredMlp};
 use crate::model::Model;
 
 /// `lora_parameters`: where adapters go and how large they are.
@@ -92,8 +94,7 @@ pub(crate) fn block_linear<'a>(block: &'a Block, key: &str) -> Option<&'a Linear
         if key.starts_with("self_attn.") {
             return None;
         }
-        let linears = mixer.linears().unwrap_or_default();
-        if let Some((_, linear)) = linears.into_iter().find(|(k, _)| *k == key) {
+        if let Some((_, linear)) = mixer.linears().into_iter().find(|(k, _)| *k == key) {
             return Some(linear);
         }
     }
@@ -132,11 +133,10 @@ pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'
         if key.starts_with("self_attn.") {
             return None;
         }
-        let linears = mixer.linears().unwrap_or_default();
-        if linears.iter().any(|(k, _)| *k == key) {
+        if mixer.linears().iter().any(|(k, _)| *k == key) {
             let mixer = block.linear_attn.as_mut()?;
-            let linears = mixer.linears_mut().unwrap_or_default();
-            return linears
+            return mixer
+                .linears_mut()
                 .into_iter()
                 .find_map(|(k, l)| (k == key).then_some(l));
         }
@@ -185,8 +185,9 @@ pub(crate) fn block_linear_mut<'a>(block: &'a mut Block, key: &str) -> Option<&'
 /// Module paths inside a block that some families name differently from
 /// the rest, as mlx-lm's classes do, with the path this crate's block uses:
 /// LFM2's `self_attn.out_proj` and `feed_forward.w1` / `w3` / `w2`, Llama 4's
-/// `feed_forward.*`.
-const FAMILY_KEYS: [(&str, &str, &str); 7] = [
+/// `feed_forward.*`, Granite 4's `shared_mlp.output_linear`, and Nemotron-H's
+/// `mixer.*` (every layer's one module).
+const FAMILY_KEYS: [(&str, &str, &str); 14] = [
     ("lfm2", "self_attn.out_proj", "self_attn.o_proj"),
     ("lfm2", "feed_forward.w1", "mlp.gate_proj"),
     ("lfm2", "feed_forward.w3", "mlp.up_proj"),
@@ -194,6 +195,17 @@ const FAMILY_KEYS: [(&str, &str, &str); 7] = [
     ("llama4_text", "feed_forward.gate_proj", "mlp.gate_proj"),
     ("llama4_text", "feed_forward.up_proj", "mlp.up_proj"),
     ("llama4_text", "feed_forward.down_proj", "mlp.down_proj"),
+    (
+        "granitemoehybrid",
+        "shared_mlp.output_linear",
+        "shared_mlp.down_proj",
+    ),
+    ("nemotron_h", "mixer.in_proj", "mamba.in_proj"),
+    ("nemotron_h", "mixer.out_proj", "mamba.out_proj"),
+    ("nemotron_h", "mixer.q_proj", "self_attn.q_proj"),
+    ("nemotron_h", "mixer.k_proj", "self_attn.k_proj"),
+    ("nemotron_h", "mixer.v_proj", "self_attn.v_proj"),
+    ("nemotron_h", "mixer.o_proj", "self_attn.o_proj"),
 ];
 
 /// The block path of a (family-named) key.
@@ -218,6 +230,7 @@ fn family_key(model_type: &str, key: &str) -> String {
 fn layers_path(model: &Model) -> &'static str {
     match model.args.model_type.as_str() {
         "qwen3_5" | "qwen3_5_moe" | "gemma4" => "language_model.model.layers",
+        "nemotron_h" => "backbone.layers",
         _ => "model.layers",
     }
 }
@@ -233,11 +246,26 @@ pub enum SiteKind {
     Experts(usize),
 }
 
+/// What part of one of our blocks one of mlx-lm's layers is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerPart {
+    /// The whole block (every family but Nemotron-H).
+    Block,
+    /// Nemotron-H: the block's mixer layer (Mamba-2 or attention).
+    Mixer,
+    /// Nemotron-H: MLP layer `i` of the block's stack (`before`, then `after`).
+    Mlp(usize),
+}
+
 /// One adapted module.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Site {
-    /// Index of the transformer block.
+    /// Index of the layer in mlx-lm's `model.layers` (its adapter names).
     pub layer: usize,
+    /// Index of our block that holds it.
+    pub block: usize,
+    /// What part of that block the layer is.
+    pub part: LayerPart,
     /// Module path inside the block, e.g. `self_attn.q_proj`.
     pub key: String,
     /// What kind of module it is.
@@ -258,6 +286,7 @@ impl Site {
 fn fused_linears(model: &Model) -> &'static [(&'static str, &'static [&'static str])] {
     match model.args.model_type.as_str() {
         "phi3" => &crate::model::phi3::FUSED_LINEARS,
+        "granitemoehybrid" => &crate::model::granitemoehybrid::FUSED_LINEARS,
         _ => &[],
     }
 }
@@ -277,19 +306,23 @@ pub(crate) fn block_sites(model: &Model, block: &Block) -> Vec<(String, SiteKind
         .map(|k| (family_key(family, k), SiteKind::Linear))
         .collect();
     if let Some(mixer) = &block.linear_attn {
-        let linears = mixer.linears().unwrap_or_default();
+        let linears = mixer.linears();
         out.extend(
             linears
                 .iter()
-                .map(|(k, _)| (k.to_string(), SiteKind::Linear)),
+                .map(|(k, _)| (family_key(family, k), SiteKind::Linear)),
         );
     }
     if let FeedForward::Sparse(moe) = &block.mlp {
+        if moe.router_is_linear && !BLOCK_LINEARS.contains(&moe.router_key) {
+            out.push((moe.router_key.to_string(), SiteKind::Linear));
+        }
         let shared = moe.shared_linears();
         out.extend(
             shared
                 .iter()
-                .map(|(k, _)| (k.to_string(), SiteKind::Linear)),
+                .filter(|(k, _)| !split.contains(&k.as_str()))
+                .map(|(k, _)| (family_key(family, k), SiteKind::Linear)),
         );
     }
     for (key, parts) in fused {
@@ -334,30 +367,8 @@ fn switch_linear_mut(block: &mut Block, i: usize) -> Option<&mut SwitchLinear> {
     }
 }
 
-/// Every adapter a block holds, in a fixed order (its linear layers', then
-/// its experts'): the arrays a checkpointed layer takes as inputs.
-pub(crate) fn block_loras(block: &Block) -> Vec<&Lora> {
-    let mut out: Vec<&Lora> = BLOCK_LINEARS
-        .iter()
-        .filter_map(|k| block_linear(block, k).and_then(|l| l.lora.as_ref()))
-        .collect();
-    if let FeedForward::Sparse(moe) = &block.mlp {
-        let projs = (0..EXPERT_PROJS.len()).filter_map(|i| moe.switch_mlp.proj(i));
-        out.extend(projs.filter_map(|p| p.lora.as_ref()));
-    }
-    if let FeedForward::Sparse(moe) = &block.mlp {
-        let shared = moe.shared_linears();
-        out.extend(shared.into_iter().filter_map(|(_, l)| l.lora.as_ref()));
-    }
-    if let Some(mixer) = &block.linear_attn {
-        let linears = mixer.linears().unwrap_or_default();
-        out.extend(linears.into_iter().filter_map(|(_, l)| l.lora.as_ref()));
-    }
-    out.extend(gemma4_text::extra_loras(block));
-    out
-}
-
-/// `block_loras`, mutable, in the same order.
+/// Every adapter a block holds, in a fixed order: the arrays a
+/// checkpointed layer takes as inputs.
 pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
     let Block {
         self_attn,
@@ -410,11 +421,75 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
         }
     }
     if let Some(mixer) = linear_attn {
-        let linears = mixer.linears_mut().unwrap_or_default();
+        let linears = mixer.linears_mut();
         out.extend(linears.into_iter().filter_map(|(_, l)| l.lora.as_mut()));
     }
-    out.extend(gemma4_text::extra_loras_mut(residual));
+    match residual {
+        Residual::Stack(stack) => out.extend(stack_loras_mut(stack)),
+        other => out.extend(gemma4_text::extra_loras_mut(other)),
+    }
     out
+}
+
+fn stack_loras_mut(stack: &mut MlpStack) -> impl Iterator<Item = &mut Lora> {
+    stack
+        .mlps_mut()
+        .flat_map(ReluSquaredMlp::linears_mut)
+        .filter_map(|(_, l)| l.lora.as_mut())
+}
+
+/// Nemotron-H's stack of MLP layers around the block's mixer.
+fn mlp_stack(block: &Block) -> Option<&MlpStack> {
+    match &block.residual {
+        Residual::Stack(stack) => Some(stack),
+        _ => None,
+    }
+}
+
+/// mlx-lm's `model.layers` as our blocks hold them: per layer, its block
+/// and what part of it the layer is. One layer per block, but for
+/// Nemotron-H, whose blocks hold the MLP layers around each mixer.
+pub(crate) fn model_layers(model: &Model) -> Vec<(usize, LayerPart)> {
+    let mut out = Vec::new();
+    for (b, block) in model.decoder.layers.iter().enumerate() {
+        let Some(stack) = mlp_stack(block) else {
+            out.push((b, LayerPart::Block));
+            continue;
+        };
+        let before = stack.before.len();
+        out.extend((0..before).map(|i| (b, LayerPart::Mlp(i))));
+        out.push((b, LayerPart::Mixer));
+        out.extend((0..stack.after.len()).map(|i| (b, LayerPart::Mlp(before + i))));
+    }
+    out
+}
+
+/// The LoRA keys of one of mlx-lm's layers with what each adapts.
+fn part_sites(model: &Model, block: &Block, part: LayerPart) -> Vec<(String, SiteKind)> {
+    match part {
+        LayerPart::Block => block_sites(model, block),
+        // The block's own feed-forward slot is unused: only the mixer's linears.
+        LayerPart::Mixer => block_sites(model, block)
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("mixer."))
+            .collect(),
+        LayerPart::Mlp(i) => stack_mlp(block, i)
+            .map(|m| m.linears().map(|(k, _)| (k.to_string(), SiteKind::Linear)))
+            .into_iter()
+            .flatten()
+            .collect(),
+    }
+}
+
+fn stack_mlp(block: &Block, i: usize) -> Option<&ReluSquaredMlp> {
+    mlp_stack(block)?.mlps().nth(i)
+}
+
+fn stack_mlp_mut(block: &mut Block, i: usize) -> Option<&mut ReluSquaredMlp> {
+    match &mut block.residual {
+        Residual::Stack(stack) => stack.mlps_mut().nth(i),
+        _ => None,
+    }
 }
 
 /// The adapters of a model: their sites, rank and scale.
@@ -431,27 +506,13 @@ pub struct AdapterLayout {
 }
 
 impl AdapterLayout {
-    /// Sites on the last `num_layers` blocks (all blocks when it is not
-    /// positive, as mlx-lm does), for `params.keys` or, as mlx-lm, every
-    /// linear layer and experts' projection of those blocks.
+    /// Sites on the last `num_layers` of mlx-lm's layers (all of them when
+    /// it is not positive, as mlx-lm does; see `model_layers`), for
+    /// `params.keys` or, as mlx-lm, every linear layer and experts'
+    /// projection of those layers.
     pub fn new(model: &Model, num_layers: i64, params: &LoraParameters) -> Result<Self> {
-        let mamba = model
-            .decoder
-            .layers
-            .iter()
-            .filter(|b| {
-                b.linear_attn
-                    .as_ref()
-                    .is_some_and(|m| m.linears().is_none())
-            })
-            .count();
-        if mamba > 0 {
-            bail!(
-                "LoRA does not cover this model's {mamba} Mamba-2 layers yet ({})",
-                model.args.model_type
-            );
-        }
-        let total = model.num_layers();
+        let layers = model_layers(model);
+        let total = layers.len();
         if num_layers > total as i64 {
             bail!("requested to adapt {num_layers} layers but the model only has {total}");
         }
@@ -466,8 +527,8 @@ impl AdapterLayout {
                 bail!("lora_parameters.keys is empty");
             }
             let mut known: Vec<String> = Vec::new();
-            for block in blocks {
-                for (k, _) in block_sites(model, block) {
+            for &(b, part) in &layers {
+                for (k, _) in part_sites(model, &blocks[b], part) {
                     if !known.contains(&k) {
                         known.push(k);
                     }
@@ -485,11 +546,13 @@ impl AdapterLayout {
         }
         // Each block adapts the keys it has (a sparse layer has no dense MLP).
         let mut sites = Vec::new();
-        for (layer, block) in blocks.iter().enumerate().skip(first) {
-            for (key, kind) in block_sites(model, block) {
+        for (layer, &(block, part)) in layers.iter().enumerate().skip(first) {
+            for (key, kind) in part_sites(model, &blocks[block], part) {
                 if params.keys.as_ref().is_none_or(|keys| keys.contains(&key)) {
                     sites.push(Site {
                         layer,
+                        block,
+                        part,
                         key,
                         kind,
                         layers_path: layers_path(model),
@@ -572,10 +635,11 @@ impl AdapterLayout {
             dropout,
         };
         for (site, ab) in self.sites.iter().zip(params.chunks(2)) {
-            let block = &mut model.decoder.layers[site.layer];
+            let block = &mut model.decoder.layers[site.block];
             match site.kind {
                 SiteKind::Linear => {
-                    linear_mut(block, &site.key).lora = Some(lora(&ab[0], ab[1].clone()))
+                    site_linear_mut(block, site.part, &site.key).lora =
+                        Some(lora(&ab[0], ab[1].clone()))
                 }
                 SiteKind::Fused(parts) => {
                     let mut start = 0;
@@ -599,11 +663,12 @@ impl AdapterLayout {
     pub fn params(&self, model: &Model) -> Result<Vec<Array>> {
         let mut out = Vec::with_capacity(2 * self.sites.len());
         for site in &self.sites {
-            let block = &model.decoder.layers[site.layer];
+            let block = &model.decoder.layers[site.block];
             let missing = || anyhow::anyhow!("{} has no adapter", site.path());
             match site.kind {
                 SiteKind::Linear => {
-                    let l = linear(block, &site.key).lora.as_ref().ok_or_else(missing)?;
+                    let l = site_linear(block, site.part, &site.key);
+                    let l = l.lora.as_ref().ok_or_else(missing)?;
                     out.extend([l.a.clone(), l.b.clone()]);
                 }
                 SiteKind::Fused(parts) => {
@@ -659,10 +724,10 @@ impl AdapterLayout {
 }
 
 fn site_dims(model: &Model, site: &Site) -> (Option<i32>, i32, i32) {
-    let block = &model.decoder.layers[site.layer];
+    let block = &model.decoder.layers[site.block];
     match site.kind {
         SiteKind::Linear => {
-            let (out, inp) = linear(block, &site.key).shape();
+            let (out, inp) = site_linear(block, site.part, &site.key).shape();
             (None, inp, out)
         }
         SiteKind::Fused(parts) => {
@@ -685,4 +750,29 @@ fn linear<'a>(block: &'a Block, key: &str) -> &'a Linear {
 
 fn linear_mut<'a>(block: &'a mut Block, key: &str) -> &'a mut Linear {
     block_linear_mut(block, key).expect("sites come from block_sites")
+}
+
+/// The linear layer of a `SiteKind::Linear` site.
+fn site_linear<'a>(block: &'a Block, part: LayerPart, key: &str) -> &'a Linear {
+    let found = match part {
+        LayerPart::Mlp(i) => stack_mlp(block, i).and_then(|m| {
+            m.linears()
+                .into_iter()
+                .find_map(|(k, l)| (k == key).then_some(l))
+        }),
+        LayerPart::Block | LayerPart::Mixer => block_linear(block, key),
+    };
+    found.expect("sites come from part_sites")
+}
+
+fn site_linear_mut<'a>(block: &'a mut Block, part: LayerPart, key: &str) -> &'a mut Linear {
+    let found = match part {
+        LayerPart::Mlp(i) => stack_mlp_mut(block, i).and_then(|m| {
+            m.linears_mut()
+                .into_iter()
+                .find_map(|(k, l)| (k == key).then_some(l))
+        }),
+        LayerPart::Block | LayerPart::Mixer => block_linear_mut(block, key),
+    };
+    found.expect("sites come from part_sites")
 }

@@ -1,7 +1,7 @@
 //! LoRA on Phi-3 (fused `qkv_proj` / `gate_up_proj`), on Mixture-of-Experts
 //! models (per-expert adapters on the experts, as mlx-lm's `LoRASwitchLinear`)
 //! and on the recurrent layers of the hybrid families (gated DeltaNet, short
-//! convolutions),
+//! convolutions, Mamba-2),
 //! against mlx-lm on the tiny checkpoints of `goldens/arch/` that mlx-lm's own
 //! model classes made: the same adapter names and shapes, the same loss and
 //! adapter gradients from the same adapter, each side loads the other's
@@ -128,7 +128,8 @@ struct Trained {
     ours: PathBuf,
 }
 
-fn train_from_mlx_lm_adapter(py: &Path, case: &str) -> Trained {
+fn train_from_mlx_lm_adapter(py: &Path, case: &str, num_layers: i64) -> Trained {
+    let layers = num_layers.to_string();
     let work = tempfile::tempdir().unwrap();
     let dir = common::arch_with_tokenizer(case, work.path());
     // Naming the tokenizer class keeps transformers from reading the tiny
@@ -136,6 +137,7 @@ fn train_from_mlx_lm_adapter(py: &Path, case: &str) -> Trained {
     // to pick one, and from picking the Qwen class for the Qwen3 families.
     let class = serde_json::json!({ "tokenizer_class": "PreTrainedTokenizerFast" });
     std::fs::write(dir.join("tokenizer_config.json"), class.to_string()).unwrap();
+    satisfy_transformers_granite_checks(&dir);
     let d = dir.to_str().unwrap();
     let init = work.path().join("init");
     let ours = work.path().join("ours");
@@ -152,7 +154,7 @@ fn train_from_mlx_lm_adapter(py: &Path, case: &str) -> Trained {
             "--adapter-path",
             init.to_str().unwrap(),
             "--num-layers",
-            "2",
+            &layers,
             "--rank",
             "4",
             "--scale",
@@ -168,7 +170,7 @@ fn train_from_mlx_lm_adapter(py: &Path, case: &str) -> Trained {
         dropout: 0.0,
         keys: None,
     };
-    let layout = AdapterLayout::new(&base, 2, &params).unwrap();
+    let layout = AdapterLayout::new(&base, num_layers, &params).unwrap();
     let mine: BTreeMap<String, Vec<i32>> = layout
         .names()
         .into_iter()
@@ -189,7 +191,7 @@ fn train_from_mlx_lm_adapter(py: &Path, case: &str) -> Trained {
         "--batch-size",
         "1",
         "--num-layers",
-        "2",
+        &layers,
         "--lora-rank",
         "4",
         "--lora-scale",
@@ -213,7 +215,30 @@ fn train_from_mlx_lm_adapter(py: &Path, case: &str) -> Trained {
     }
 }
 
+/// Granite 4's tiny configs leave `mamba_expand` out and hold nulls (the
+/// dense variant's experts), which neither side reads but transformers
+/// checks while mlx-lm loads the tokenizer: the expansion is written as the
+/// Mamba-2 heads' width implies, the nulls left out (both sides' default).
+fn satisfy_transformers_granite_checks(dir: &Path) {
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    if config["model_type"] != "granitemoehybrid" {
+        return;
+    }
+    let width = |k: &str| config[k].as_i64().unwrap();
+    let expand = width("mamba_n_heads") * width("mamba_d_head") / width("hidden_size");
+    let obj = config.as_object_mut().unwrap();
+    obj.retain(|_, v| !v.is_null());
+    obj.entry("mamba_expand").or_insert(expand.into());
+    std::fs::write(&path, config.to_string()).unwrap();
+}
+
 fn check_family(case: &str) {
+    check_family_layers(case, 2);
+}
+
+/// `check_family` with adapters on the last `num_layers` of mlx-lm's layers.
+fn check_family_layers(case: &str, num_layers: i64) {
     let Some(py) = common::oracle_python() else {
         return;
     };
@@ -224,7 +249,7 @@ fn check_family(case: &str) {
         layout,
         init,
         ours,
-    } = train_from_mlx_lm_adapter(&py, case);
+    } = train_from_mlx_lm_adapter(&py, case, num_layers);
     let d = dir.to_str().unwrap();
     let init_file = init.join("adapters.safetensors");
     let fused_theirs = work.path().join("fused-theirs");
@@ -416,7 +441,7 @@ fn check_quantized_fuse(case: &str) {
     };
     let Trained {
         work, dir, ours, ..
-    } = train_from_mlx_lm_adapter(&py, case);
+    } = train_from_mlx_lm_adapter(&py, case, 2);
     let d = dir.to_str().unwrap();
     let (fused_ours, fused_theirs) = (
         work.path().join("fused-ours"),
@@ -520,6 +545,25 @@ fn the_dense_attention_families_adapt_as_mlx_lm() {
 #[test]
 fn lfm2_adapts_its_short_convolutions_as_mlx_lm() {
     check_family("lfm2");
+}
+
+/// Nemotron-H's last four layers (attention, two MLP layers, Mamba-2),
+/// which our blocks group around their mixers.
+#[test]
+fn nemotron_h_adapts_its_mamba2_attention_and_mlp_layers_as_mlx_lm() {
+    check_family_layers("nemotron_h", 4);
+}
+
+#[test]
+fn granitemoehybrid_adapts_its_mamba2_layers_experts_and_shared_mlp_as_mlx_lm() {
+    check_family("granitemoehybrid");
+    check_family("granitemoehybrid_dense");
+}
+
+#[test]
+fn quantized_mamba2_families_fuse_as_mlx_lm() {
+    check_quantized_fuse("nemotron_h_q4");
+    check_quantized_fuse("granitemoehybrid_q4");
 }
 
 #[test]

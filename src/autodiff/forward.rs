@@ -7,7 +7,7 @@ use mlx_rs::Array;
 
 use super::remat::checkpointed;
 use crate::cache::KvCache;
-use crate::lora::{block_loras, block_loras_mut};
+use crate::lora::block_loras_mut;
 use crate::model::decoder::{Block, Decoder};
 
 /// Keys and values per layer (`[B, kv_heads, P, head_dim]`) of processed positions.
@@ -88,11 +88,11 @@ fn layer_checkpointed(
 ) -> Result<(Array, Option<(Array, Array)>)> {
     // Adapter arrays are passed as inputs, not captured: the checkpoint
     // differentiates only with respect to its inputs.
-    let lora_inputs: Vec<Array> = block_loras(layer)
+    let mut layer = layer.clone();
+    let lora_inputs: Vec<Array> = block_loras_mut(&mut layer)
         .into_iter()
         .flat_map(|l| [l.a.clone(), l.b.clone()])
         .collect();
-    let mut layer = layer.clone();
     let has_past = past.is_some();
     let first_lora = if has_past { 3 } else { 1 };
     let body = move |args: &[Array]| -> Result<Vec<Array>> {

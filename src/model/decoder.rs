@@ -513,7 +513,7 @@ pub enum Recurrent {
     GatedDelta(GatedDeltaNet),
     /// LFM2's gated short causal convolution.
     ShortConv(ShortConv),
-    /// The Mamba-2 mixer of Nemotron-H.
+    /// The Mamba-2 mixer of Nemotron-H and Granite 4.
     Mamba2(super::mamba2::Mamba2),
 }
 
@@ -529,9 +529,10 @@ impl Recurrent {
     }
 
     /// The mixer's linear layers by their path inside the block, as mlx-lm
-    /// names them (the LoRA sites); `None` for a mixer LoRA does not cover.
-    pub(crate) fn linears(&self) -> Option<Vec<(&'static str, &Linear)>> {
-        Some(match self {
+    /// names them (the LoRA sites; Granite 4's names for a Mamba-2 mixer,
+    /// which Nemotron-H calls `mixer.*`).
+    pub(crate) fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        match self {
             Recurrent::GatedDelta(delta) => {
                 let mut out = match &delta.in_proj {
                     gated_delta::InProj::Grouped(p) => vec![
@@ -552,13 +553,16 @@ impl Recurrent {
                 ("conv.in_proj", &conv.in_proj),
                 ("conv.out_proj", &conv.out_proj),
             ],
-            Recurrent::Mamba2(_) => return None,
-        })
+            Recurrent::Mamba2(mamba) => vec![
+                ("mamba.in_proj", &mamba.in_proj),
+                ("mamba.out_proj", &mamba.out_proj),
+            ],
+        }
     }
 
     /// `linears`, mutable, in the same order.
-    pub(crate) fn linears_mut(&mut self) -> Option<Vec<(&'static str, &mut Linear)>> {
-        Some(match self {
+    pub(crate) fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        match self {
             Recurrent::GatedDelta(delta) => {
                 let mut out = match &mut delta.in_proj {
                     gated_delta::InProj::Grouped(p) => {
@@ -585,8 +589,11 @@ impl Recurrent {
                 ("conv.in_proj", &mut conv.in_proj),
                 ("conv.out_proj", &mut conv.out_proj),
             ],
-            Recurrent::Mamba2(_) => return None,
-        })
+            Recurrent::Mamba2(mamba) => vec![
+                ("mamba.in_proj", &mut mamba.in_proj),
+                ("mamba.out_proj", &mut mamba.out_proj),
+            ],
+        }
     }
 }
 

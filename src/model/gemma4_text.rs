@@ -312,20 +312,9 @@ pub(crate) fn experts_mut(block: &mut Block) -> Option<&mut SwitchGlu> {
 /// The path of [`experts`] inside the layer.
 pub(crate) const EXPERTS_KEY: &str = "experts.switch_glu";
 
-/// The adapters of a Gemma 4 layer outside the shared block: the experts'
-/// (gate, up, down), then those of [`extra_linears`].
-pub(crate) fn extra_loras(block: &Block) -> Vec<&Lora> {
-    let mut out: Vec<&Lora> = Vec::new();
-    if let Some(e) = experts(block) {
-        let projs = [&e.gate_proj, &e.up_proj, &e.down_proj];
-        out.extend(projs.into_iter().filter_map(|p| p.lora.as_ref()));
-    }
-    let linears = extra_linears(block);
-    out.extend(linears.into_iter().filter_map(|(_, l)| l.lora.as_ref()));
-    out
-}
-
-/// `extra_loras`, mutable, in the same order, from the block's `residual`.
+/// The adapters of a Gemma 4 layer outside the shared block, from the
+/// block's `residual`: the experts' (gate, up, down), then those of
+/// [`extra_linears`].
 pub(crate) fn extra_loras_mut(residual: &mut Residual) -> Vec<&mut Lora> {
     let Residual::Gemma4(ext) = residual else {
         return Vec::new();

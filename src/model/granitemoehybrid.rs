@@ -152,6 +152,13 @@ fn attention(
     Ok(attn)
 }
 
+/// The shared MLP's `input_linear`, which the loader splits into the
+/// gate and up projections: one LoRA site over both, as mlx-lm adapts it.
+pub(crate) const FUSED_LINEARS: [(&str, &[&str]); 1] = [(
+    "shared_mlp.input_linear",
+    &["shared_mlp.gate_proj", "shared_mlp.up_proj"],
+)];
+
 /// `shared_mlp`: `output_linear(silu(gate) · up)` with gate and up the two
 /// halves of `input_linear`, as a gated MLP.
 fn shared_mlp(w: &mut Weights, prefix: &str) -> Result<Mlp> {
@@ -216,7 +223,9 @@ fn feed_forward(w: &mut Weights, prefix: &str, extra: &GraniteHybridArgs) -> Res
             );
         }
     }
-    sparse.shared = Some(Box::new(SharedExperts::new(shared, "")));
+    // mlx-lm's paths of the experts and the shared MLP (their LoRA keys).
+    sparse.experts_key = "block_sparse_moe.switch_mlp".into();
+    sparse.shared = Some(Box::new(SharedExperts::new(shared, "shared_mlp")));
     Ok(FeedForward::Sparse(sparse))
 }
 

@@ -264,6 +264,23 @@ impl ReluSquaredMlp {
         })
     }
 
+    /// Its linear layers by their path inside its layer, as mlx-lm names
+    /// them (the LoRA sites).
+    pub(crate) fn linears(&self) -> [(&'static str, &Linear); 2] {
+        [
+            ("mixer.up_proj", &self.up_proj),
+            ("mixer.down_proj", &self.down_proj),
+        ]
+    }
+
+    /// `linears`, mutable, in the same order.
+    pub(crate) fn linears_mut(&mut self) -> [(&'static str, &mut Linear); 2] {
+        [
+            ("mixer.up_proj", &mut self.up_proj),
+            ("mixer.down_proj", &mut self.down_proj),
+        ]
+    }
+
     /// The layer's output: `h` plus the MLP of its norm.
     pub fn forward(&self, h: &Array) -> Result<Array> {
         let up = self.up_proj.forward(&self.norm.forward(h)?)?;
@@ -286,6 +303,16 @@ pub struct MlpStack {
 }
 
 impl MlpStack {
+    /// The MLP layers in stack order: `before`, then `after`.
+    pub(crate) fn mlps(&self) -> impl Iterator<Item = &ReluSquaredMlp> {
+        self.before.iter().chain(&self.after)
+    }
+
+    /// `mlps`, mutable, in the same order.
+    pub(crate) fn mlps_mut(&mut self) -> impl Iterator<Item = &mut ReluSquaredMlp> {
+        self.before.iter_mut().chain(&mut self.after)
+    }
+
     /// The block's output: `before`, the mixer of `block` (updating `cache`) as
     /// a residual layer, then `after`.
     pub fn forward(&self, block: &Block, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {

@@ -134,7 +134,7 @@ fn per_expert_source(model: &Model, site: &Site) -> Option<((String, String), i3
     let SiteKind::Experts(i) = site.kind else {
         return None;
     };
-    let FeedForward::Sparse(moe) = &model.decoder.layers[site.layer].mlp else {
+    let FeedForward::Sparse(moe) = &model.decoder.layers[site.block].mlp else {
         return None;
     };
     let parent = moe.router_key.rsplit_once('.')?.0;

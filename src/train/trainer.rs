@@ -185,7 +185,7 @@ impl Trainer {
         mlx_rs::random::seed(cfg.seed)?;
         let checkpoint_from = cfg
             .grad_checkpoint
-            .then(|| layout.sites.iter().map(|s| s.layer).min())
+            .then(|| layout.sites.iter().map(|s| s.block).min())
             .flatten();
         let mut model = model;
         layout.set_params(&mut model, &params)?;
