@@ -55,6 +55,11 @@ const MORE_FAMILIES: &[&str] = &[
     "ministral3",
     "phi3",
     "llama4_text",
+    "mixtral",
+    "qwen3_moe",
+    "qwen3_next",
+    "qwen3_5",
+    "qwen3_5_moe",
 ];
 
 struct Case {
@@ -314,7 +319,9 @@ fn assert_same_model(ours: &Path, theirs: &Path, what: &str) {
     );
     // mlx-lm keeps the source's torch_dtype after --dtype; we record the new one.
     let mut cb = cb;
-    cb["torch_dtype"] = ca["torch_dtype"].clone();
+    if let Some(dtype) = ca.get("torch_dtype") {
+        cb["torch_dtype"] = dtype.clone();
+    }
     assert_eq!(ca, cb, "{what}: config.json");
     assert_eq!(
         std::fs::read_to_string(ours.join("README.md")).unwrap(),

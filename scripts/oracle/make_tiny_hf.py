@@ -14,11 +14,24 @@ from pathlib import Path
 import mlx.core as mx
 
 HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 128, 256, 4, 4, 2, 32, 256
+EXPERTS, TOP_K, MOE_INTER = 4, 2, 128
+# Gated DeltaNet layers (three of every four): key and value heads, head sizes, kernel.
+LIN_K_HEADS, LIN_V_HEADS, LIN_HEAD_DIM, CONV_KERNEL = 2, 4, 32, 4
 
 BASE = dict(
     tied=False, extra_head=False, qkv_bias=False, qk_norm=None, inv_freq=False,
-    norms=("input_layernorm", "post_attention_layernorm"), fused=False, mlp="mlp",
+    norms=("input_layernorm", "post_attention_layernorm"), fused=False, mlp="mlp", moe=None,
+    hybrid=False, mtp=False, split_in_proj=False, nested=False,
 )
+# Sparse feed-forwards as Hugging Face stores them: a router `gate` and each
+# expert's projections apart, `{block}.experts.{e}.{gate,up,down names}`.
+MIXTRAL_MOE = dict(block="block_sparse_moe", names=("w1", "w3", "w2"), inter=INTER)
+QWEN3_MOE = dict(block="mlp", names=("gate_proj", "up_proj", "down_proj"), inter=MOE_INTER)
+# ... plus a shared expert scaled by a one-output gate (Qwen3-Next).
+QWEN3_NEXT_MOE = dict(QWEN3_MOE, shared=True)
+# ... with the experts fused: `experts.gate_up_proj` [experts, 2 x inter, hidden]
+# and `experts.down_proj`, no `.weight` suffix (Qwen3.5-MoE).
+QWEN3_5_MOE = dict(QWEN3_NEXT_MOE, fused_experts=True)
 GEMMA_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
 POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
 
@@ -47,6 +60,20 @@ FAMILIES = {
     "phi3": dict(dtype="bfloat16", fused=True),
     # MLP under feed_forward; q/k norms without weights
     "llama4_text": dict(dtype="bfloat16", tied=True, mlp="feed_forward"),
+    # per-expert w1/w3/w2 that mlx-lm stacks into switch_mlp
+    "mixtral": dict(dtype="bfloat16", moe=MIXTRAL_MOE),
+    # per-expert projections, q/k norms; its predicate keeps the routers at 8 bits
+    "qwen3_moe": dict(dtype="bfloat16", qk_norm="head", moe=QWEN3_MOE),
+    # gated DeltaNet layers (convolution [channels, 1, kernel]), gated attention,
+    # norms stored as offsets from 1, shared experts, mtp.* tensors mlx-lm drops
+    "qwen3_next": dict(dtype="bfloat16", qk_norm="head", moe=QWEN3_NEXT_MOE, hybrid=True, mtp=True),
+    # Qwen3-Next's decoder with the DeltaNet projections apart, inside a
+    # vision-language checkpoint: tensors under model.language_model., a vision
+    # tensor and mtp.* mlx-lm drops, the decoder's config in text_config
+    "qwen3_5": dict(dtype="bfloat16", qk_norm="head", hybrid=True, mtp=True, split_in_proj=True, nested=True),
+    "qwen3_5_moe": dict(
+        dtype="bfloat16", qk_norm="head", moe=QWEN3_5_MOE, hybrid=True, mtp=True, split_in_proj=True, nested=True,
+    ),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -65,6 +92,11 @@ ARCHITECTURES = {
     "ministral3": "Ministral3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "llama4_text": "Llama4ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen3_next": "Qwen3NextForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+    "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
 }
 
 
@@ -72,8 +104,8 @@ def tensors(spec):
     dt = getattr(mx, spec["dtype"])
     w = {}
 
-    def rnd(name, *shape, scale=0.05):
-        w[name] = (mx.random.normal(shape) * scale).astype(dt)
+    def rnd(name, *shape, scale=0.05, dtype=dt):
+        w[name] = (mx.random.normal(shape) * scale).astype(dtype)
 
     def norm(name, size):
         w[name] = (1 + mx.random.normal((size,)) * 0.1).astype(dt)
@@ -81,18 +113,23 @@ def tensors(spec):
     rnd("model.embed_tokens.weight", VOCAB, HIDDEN, scale=0.5)
     for i in range(LAYERS):
         p = f"model.layers.{i}"
-        if spec["fused"]:
+        if spec["hybrid"] and i % 4 != 3:
+            delta_net(rnd, norm, f"{p}.linear_attn", spec["split_in_proj"])
+        elif spec["fused"]:
             rnd(f"{p}.self_attn.qkv_proj.weight", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN)
         else:
-            rnd(f"{p}.self_attn.q_proj.weight", HEADS * HEAD_DIM, HIDDEN)
+            # a gated attention's q_proj also yields the output gate
+            q_rows = HEADS * HEAD_DIM * (2 if spec["hybrid"] else 1)
+            rnd(f"{p}.self_attn.q_proj.weight", q_rows, HIDDEN)
             rnd(f"{p}.self_attn.k_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
             rnd(f"{p}.self_attn.v_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
-        rnd(f"{p}.self_attn.o_proj.weight", HIDDEN, HEADS * HEAD_DIM)
+        if not spec["hybrid"] or i % 4 == 3:
+            rnd(f"{p}.self_attn.o_proj.weight", HIDDEN, HEADS * HEAD_DIM)
         if spec["qkv_bias"]:
             rnd(f"{p}.self_attn.q_proj.bias", HEADS * HEAD_DIM)
             rnd(f"{p}.self_attn.k_proj.bias", KV_HEADS * HEAD_DIM)
             rnd(f"{p}.self_attn.v_proj.bias", KV_HEADS * HEAD_DIM)
-        if spec["qk_norm"] == "head":
+        if spec["qk_norm"] == "head" and (not spec["hybrid"] or i % 4 == 3):
             norm(f"{p}.self_attn.q_norm.weight", HEAD_DIM)
             norm(f"{p}.self_attn.k_norm.weight", HEAD_DIM)
         elif spec["qk_norm"] == "full":
@@ -100,19 +137,82 @@ def tensors(spec):
             norm(f"{p}.self_attn.k_norm.weight", KV_HEADS * HEAD_DIM)
         if spec["inv_freq"]:
             w[f"{p}.self_attn.rotary_emb.inv_freq"] = mx.arange(HEAD_DIM // 2).astype(mx.float32)
-        m = f"{p}.{spec['mlp']}"
-        if spec["fused"]:
-            rnd(f"{m}.gate_up_proj.weight", 2 * INTER, HIDDEN)
+        if spec["moe"]:
+            moe = spec["moe"]
+            block = f"{p}.{moe['block']}"
+            rnd(f"{block}.gate.weight", EXPERTS, HIDDEN)
+            gate, up, down = moe["names"]
+            if moe.get("fused_experts"):
+                rnd(f"{block}.experts.gate_up_proj", EXPERTS, 2 * moe["inter"], HIDDEN)
+                rnd(f"{block}.experts.down_proj", EXPERTS, HIDDEN, moe["inter"])
+            for e in range(0 if moe.get("fused_experts") else EXPERTS):
+                x = f"{block}.experts.{e}"
+                rnd(f"{x}.{gate}.weight", moe["inter"], HIDDEN)
+                rnd(f"{x}.{up}.weight", moe["inter"], HIDDEN)
+                rnd(f"{x}.{down}.weight", HIDDEN, moe["inter"])
+            if moe.get("shared"):
+                rnd(f"{block}.shared_expert.gate_proj.weight", MOE_INTER, HIDDEN)
+                rnd(f"{block}.shared_expert.up_proj.weight", MOE_INTER, HIDDEN)
+                rnd(f"{block}.shared_expert.down_proj.weight", HIDDEN, MOE_INTER)
+                rnd(f"{block}.shared_expert_gate.weight", 1, HIDDEN)
         else:
-            rnd(f"{m}.gate_proj.weight", INTER, HIDDEN)
-            rnd(f"{m}.up_proj.weight", INTER, HIDDEN)
-        rnd(f"{m}.down_proj.weight", HIDDEN, INTER)
+            m = f"{p}.{spec['mlp']}"
+            if spec["fused"]:
+                rnd(f"{m}.gate_up_proj.weight", 2 * INTER, HIDDEN)
+            else:
+                rnd(f"{m}.gate_proj.weight", INTER, HIDDEN)
+                rnd(f"{m}.up_proj.weight", INTER, HIDDEN)
+            rnd(f"{m}.down_proj.weight", HIDDEN, INTER)
         for n in spec["norms"]:
             norm(f"{p}.{n}.weight", HIDDEN)
     norm("model.norm.weight", HIDDEN)
+    if spec["mtp"]:
+        rnd("mtp.fc.weight", HIDDEN, 2 * HIDDEN)
+        norm("mtp.norm.weight", HIDDEN)
     if not spec["tied"] or spec["extra_head"]:
         rnd("lm_head.weight", VOCAB, HIDDEN)
+    if spec["nested"]:
+        w = {(f"model.language_model.{k[6:]}" if k.startswith("model.") else k): v for k, v in w.items()}
+        rnd("model.visual.patch_embed.proj.weight", HIDDEN, 3 * 2 * 16 * 16)
     return w
+
+
+def delta_net(rnd, norm, prefix, split_in_proj):
+    """A gated DeltaNet as Hugging Face's Qwen3-Next (or, split_in_proj, Qwen3.5) stores it."""
+    key_dim, value_dim = LIN_K_HEADS * LIN_HEAD_DIM, LIN_V_HEADS * LIN_HEAD_DIM
+    if split_in_proj:
+        rnd(f"{prefix}.in_proj_qkv.weight", 2 * key_dim + value_dim, HIDDEN)
+        rnd(f"{prefix}.in_proj_z.weight", value_dim, HIDDEN)
+        rnd(f"{prefix}.in_proj_b.weight", LIN_V_HEADS, HIDDEN)
+        rnd(f"{prefix}.in_proj_a.weight", LIN_V_HEADS, HIDDEN)
+    else:
+        rnd(f"{prefix}.in_proj_qkvz.weight", 2 * key_dim + 2 * value_dim, HIDDEN)
+        rnd(f"{prefix}.in_proj_ba.weight", 2 * LIN_V_HEADS, HIDDEN)
+    rnd(f"{prefix}.conv1d.weight", 2 * key_dim + value_dim, 1, CONV_KERNEL, scale=0.3)
+    rnd(f"{prefix}.dt_bias", LIN_V_HEADS, scale=1.0)
+    # kept in float32 (mlx-lm casts it for qwen3_next, not for qwen3_5)
+    rnd(f"{prefix}.A_log", LIN_V_HEADS, scale=1.0, dtype=mx.float32)
+    norm(f"{prefix}.norm.weight", LIN_HEAD_DIM)
+    rnd(f"{prefix}.out_proj.weight", HIDDEN, value_dim)
+
+
+HYBRID_TEXT = dict(
+    full_attention_interval=4, linear_num_key_heads=LIN_K_HEADS, linear_num_value_heads=LIN_V_HEADS,
+    linear_key_head_dim=LIN_HEAD_DIM, linear_value_head_dim=LIN_HEAD_DIM, linear_conv_kernel_dim=CONV_KERNEL,
+    rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+        "mrope_section": [2, 1, 1], "mrope_interleaved": True,
+    },
+)
+
+
+def nest_text_config(family, c):
+    """Qwen3.5's layout: the decoder's fields in text_config."""
+    top = ("architectures", "model_type", "tie_word_embeddings", "_name_or_path")
+    text = {k: v for k, v in c.items() if k not in top}
+    text["model_type"] = f"{family}_text"
+    text["dtype"] = text.pop("torch_dtype")
+    return {**{k: c[k] for k in top}, "text_config": text}
 
 
 def config(family, spec):
@@ -166,9 +266,27 @@ def config(family, spec):
             ),
             "phi3": dict(rope_scaling=None),
             "llama4_text": dict(intermediate_size_mlp=INTER, no_rope_layers=[1, 1, 1, 0], use_qk_norm=True),
+            "mixtral": dict(num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, sliding_window=None),
+            "qwen3_moe": dict(
+                num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
+                decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, attention_bias=False,
+            ),
+            "qwen3_5": HYBRID_TEXT,
+            "qwen3_5_moe": dict(
+                HYBRID_TEXT, num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
+                shared_expert_intermediate_size=MOE_INTER,
+            ),
+            "qwen3_next": dict(
+                num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
+                shared_expert_intermediate_size=MOE_INTER, decoder_sparse_step=1, mlp_only_layers=[],
+                norm_topk_prob=True, full_attention_interval=4, partial_rotary_factor=0.25,
+                linear_num_key_heads=LIN_K_HEADS, linear_num_value_heads=LIN_V_HEADS,
+                linear_key_head_dim=LIN_HEAD_DIM, linear_value_head_dim=LIN_HEAD_DIM,
+                linear_conv_kernel_dim=CONV_KERNEL,
+            ),
         }.get(family, {})
     )
-    return c
+    return nest_text_config(family, c) if spec["nested"] else c
 
 
 def write(out, family, spec, tokenizer_dir):

@@ -3,8 +3,16 @@
 //! `nn.quantize` turns into quantized ones. A new architecture adds one
 //! entry to `FAMILIES`.
 
+use std::collections::HashMap;
+
 use anyhow::{bail, Result};
-use serde_json::Value;
+use mlx_rs::Array;
+use serde_json::{Map, Value};
+
+use crate::model::gated_delta::conv_weight_for_mlx;
+use crate::model::moe::MoeLayout;
+use crate::model::qwen3_next::norm_from_offset;
+use crate::model::{mixtral, qwen3_5, qwen3_moe, qwen3_next};
 
 /// One architecture (`model_type` in `config.json`).
 pub(crate) struct Family {
@@ -19,7 +27,17 @@ pub(crate) struct Family {
     /// The model's own `quant_predicate`: affine `(group_size, bits)` for the
     /// layers it sets apart, used when no recipe names a predicate.
     predicate: fn(&str) -> Option<(i32, i32)>,
+    /// What mlx-lm's `sanitize` does besides dropping tensors: renames,
+    /// stacked experts.
+    rewrite: fn(&mut Tensors) -> Result<()>,
+    /// Whether `--dtype` (or the config's dtype) casts this tensor: mlx-lm's
+    /// `cast_predicate`.
+    cast: fn(&str) -> bool,
+    /// What loading the model changes in the config mlx-lm writes back.
+    config_edit: fn(&mut Map<String, Value>),
 }
+
+pub(crate) type Tensors = HashMap<String, Array>;
 
 /// How a family treats the output head.
 enum Head {
@@ -45,8 +63,144 @@ fn linear_or_embedding(name: &str, ndim: usize) -> bool {
     ndim == 2 && name.ends_with(".weight")
 }
 
+/// The sparse decoders: the dense layers plus the stacked experts
+/// (`SwitchLinear`, `[experts, out, in]`).
+fn linear_embedding_or_experts(name: &str, ndim: usize) -> bool {
+    linear_or_embedding(name, ndim) || (ndim == 3 && name.contains(".switch_mlp."))
+}
+
 fn recipe_only(_: &str) -> Option<(i32, i32)> {
     None
+}
+
+fn as_read(_: &mut Map<String, Value>) {}
+
+/// Qwen3.5's arguments rename `rope_parameters.rope_type` to `type` in the
+/// config dict mlx-lm then saves.
+fn rope_type_as_type(config: &mut Map<String, Value>) {
+    let text = match config.get_mut("text_config") {
+        Some(Value::Object(text)) => text,
+        _ => config,
+    };
+    let Some(Value::Object(rope)) = text.get_mut("rope_parameters") else {
+        return;
+    };
+    if !rope.contains_key("type") {
+        if let Some(kind) = rope.remove("rope_type") {
+            rope.insert("type".into(), kind);
+        }
+    }
+}
+
+fn every_tensor(_: &str) -> bool {
+    true
+}
+
+fn as_stored(_: &mut Tensors) -> Result<()> {
+    Ok(())
+}
+
+/// Stacks every MoE block's per-expert tensors into its `switch_mlp`,
+/// counting the experts the checkpoint has.
+fn stack_experts(tensors: &mut Tensors, layout: &MoeLayout) -> Result<()> {
+    let first = format!(".experts.0.{}.weight", layout.hf_names[0]);
+    let blocks: Vec<String> = tensors
+        .keys()
+        .filter_map(|n| n.strip_suffix(&first).map(str::to_string))
+        .collect();
+    for block in blocks {
+        let count = (0..)
+            .take_while(|e| {
+                tensors.contains_key(&format!(
+                    "{block}.experts.{e}.{}.weight",
+                    layout.hf_names[0]
+                ))
+            })
+            .count();
+        layout.stack_hugging_face_experts(tensors, &block, count as i32)?;
+    }
+    Ok(())
+}
+
+fn mixtral_experts(tensors: &mut Tensors) -> Result<()> {
+    stack_experts(tensors, &mixtral::MOE_LAYOUT)
+}
+
+fn qwen3_moe_experts(tensors: &mut Tensors) -> Result<()> {
+    stack_experts(tensors, &qwen3_moe::MOE_LAYOUT)
+}
+
+/// Qwen3-MoE's own predicate: the routers at 8 bits.
+fn router_at_8_bits(prefix: &str) -> Option<(i32, i32)> {
+    prefix.ends_with("mlp.gate").then_some((64, 8))
+}
+
+/// The Qwen3-Next family's predicate: routers and shared-expert gates at 8 bits.
+fn gates_at_8_bits(prefix: &str) -> Option<(i32, i32)> {
+    router_at_8_bits(prefix).or(prefix.ends_with("shared_expert_gate").then_some((64, 8)))
+}
+
+fn multi_token_prediction(name: &str) -> bool {
+    name.contains("mtp.")
+}
+
+fn vision_or_multi_token_prediction(name: &str) -> bool {
+    name.starts_with("vision_tower")
+        || name.starts_with("model.visual")
+        || multi_token_prediction(name)
+}
+
+/// Qwen3.5 keeps the DeltaNet's `A_log` in the checkpoint's dtype.
+fn all_but_a_log(name: &str) -> bool {
+    !name.ends_with("A_log")
+}
+
+/// Qwen3.5 and Qwen3.5-MoE: the text model's tensors under
+/// `language_model.`, fused experts split; convolutions moved and norms
+/// shifted when a convolution is still in Hugging Face's layout.
+fn qwen3_5_for_mlx(tensors: &mut Tensors) -> Result<()> {
+    qwen3_5::rename_hugging_face(tensors)?;
+    let hugging_face = tensors
+        .iter()
+        .any(|(n, t)| n.contains("conv1d.weight") && t.shape().last() != Some(&1));
+    if hugging_face {
+        delta_net_for_mlx(tensors)?;
+    }
+    Ok(())
+}
+
+/// The norms the gated DeltaNet families store as offsets from 1.
+const OFFSET_NORMS: [&str; 5] = [
+    ".input_layernorm.weight",
+    ".post_attention_layernorm.weight",
+    "model.norm.weight",
+    ".q_norm.weight",
+    ".k_norm.weight",
+];
+
+/// Moves the convolutions to MLX's layout and adds 1 to the offset norms.
+fn delta_net_for_mlx(tensors: &mut Tensors) -> Result<()> {
+    for (name, tensor) in tensors.iter_mut() {
+        if name.contains("conv1d.weight") {
+            *tensor = conv_weight_for_mlx(tensor.clone())?.0;
+        } else if tensor.ndim() == 1 && OFFSET_NORMS.iter().any(|n| name.ends_with(n)) {
+            *tensor = norm_from_offset(tensor)?;
+        }
+    }
+    Ok(())
+}
+
+/// Qwen3-Next: mlx-lm converts a checkpoint only when its experts are
+/// stored one by one (Hugging Face's layout).
+fn qwen3_next_for_mlx(tensors: &mut Tensors) -> Result<()> {
+    if !tensors
+        .keys()
+        .any(|n| n.ends_with(".mlp.experts.0.up_proj.weight"))
+    {
+        return Ok(());
+    }
+    stack_experts(tensors, &qwen3_next::LAYOUT)?;
+    delta_net_for_mlx(tensors)
 }
 
 /// Granite keeps the layers whose small block maxima underflow low-bit
@@ -66,6 +220,22 @@ const fn dense(model_type: &'static str, head: Head, dropped: fn(&str) -> bool) 
         dropped,
         quantizable: linear_or_embedding,
         predicate: recipe_only,
+        rewrite: as_stored,
+        cast: every_tensor,
+        config_edit: as_read,
+    }
+}
+
+/// A decoder with sparse experts that Hugging Face stores one by one.
+const fn sparse(
+    model_type: &'static str,
+    head: Head,
+    rewrite: fn(&mut Tensors) -> Result<()>,
+) -> Family {
+    Family {
+        quantizable: linear_embedding_or_experts,
+        rewrite,
+        ..dense(model_type, head, nothing)
     }
 }
 
@@ -90,6 +260,33 @@ const FAMILIES: &[Family] = &[
     dense("ministral3", Head::Tied(Some(true)), rotary_cache),
     dense("phi3", Head::Tied(Some(false)), nothing),
     dense("llama4_text", Head::Tied(None), nothing),
+    sparse("mixtral", Head::Tied(Some(false)), mixtral_experts),
+    Family {
+        predicate: router_at_8_bits,
+        ..sparse("qwen3_moe", Head::Tied(None), qwen3_moe_experts)
+    },
+    Family {
+        dropped: multi_token_prediction,
+        predicate: gates_at_8_bits,
+        ..sparse("qwen3_next", Head::Tied(Some(false)), qwen3_next_for_mlx)
+    },
+    Family {
+        rewrite: qwen3_5_for_mlx,
+        cast: all_but_a_log,
+        config_edit: rope_type_as_type,
+        ..dense(
+            "qwen3_5",
+            Head::Tied(Some(false)),
+            vision_or_multi_token_prediction,
+        )
+    },
+    Family {
+        dropped: vision_or_multi_token_prediction,
+        predicate: gates_at_8_bits,
+        cast: all_but_a_log,
+        config_edit: rope_type_as_type,
+        ..sparse("qwen3_5_moe", Head::Tied(Some(false)), qwen3_5_for_mlx)
+    },
 ];
 
 /// The `model_type`s that convert supports.
@@ -118,7 +315,10 @@ impl Family {
             Head::Kept => return Ok(false),
             Head::Tied(default) => default,
         };
-        match config.get("tie_word_embeddings").and_then(Value::as_bool) {
+        let tie = config
+            .get("tie_word_embeddings")
+            .or_else(|| config.get("text_config")?.get("tie_word_embeddings"));
+        match tie.and_then(Value::as_bool) {
             Some(t) => Ok(t),
             None => match default {
                 Some(t) => Ok(t),
@@ -134,6 +334,21 @@ impl Family {
     pub fn keeps(&self, name: &str, tied: bool) -> bool {
         let tied_head = tied && name == "lm_head.weight";
         !(self.dropped)(name) && !tied_head
+    }
+
+    /// Renames and stacks the checkpoint's tensors as mlx-lm's `sanitize` does.
+    pub(crate) fn rewrite(&self, tensors: &mut Tensors) -> Result<()> {
+        (self.rewrite)(tensors)
+    }
+
+    /// Whether a floating tensor `name` takes the output dtype.
+    pub(crate) fn casts(&self, name: &str) -> bool {
+        (self.cast)(name)
+    }
+
+    /// The config as mlx-lm writes it back after loading the model.
+    pub(crate) fn edit_config(&self, config: &mut Map<String, Value>) {
+        (self.config_edit)(config)
     }
 
     pub(crate) fn quantizable(&self, name: &str, ndim: usize) -> bool {

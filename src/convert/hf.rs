@@ -7,7 +7,7 @@
 //! layer) is computed, written at its place in the output shard and dropped,
 //! so peak memory stays near the largest tensor instead of the whole model.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -167,6 +167,30 @@ enum Unit {
     Packed(String, LayerQuant),
 }
 
+impl Unit {
+    /// The path of the module that holds the unit's tensors.
+    fn module(&self) -> &str {
+        match self {
+            Unit::Plain(name) => name.rsplit_once('.').map_or("", |(m, _)| m),
+            Unit::Quantize(prefix, _) | Unit::Packed(prefix, _) => prefix,
+        }
+    }
+}
+
+/// The modules with submodules: mlx-lm counts only the parameters of leaf
+/// modules (so not, say, a DeltaNet's own `A_log`).
+fn inner_modules(units: &[Unit]) -> HashSet<String> {
+    let mut inner = HashSet::new();
+    for unit in units {
+        let mut module = unit.module();
+        while let Some((parent, _)) = module.rsplit_once('.') {
+            inner.insert(parent.to_string());
+            module = parent;
+        }
+    }
+    inner
+}
+
 struct Source {
     dir: PathBuf,
     config: Map<String, Value>,
@@ -272,6 +296,9 @@ impl Source {
                 }
             }
         }
+        family
+            .rewrite(&mut tensors)
+            .with_context(|| format!("reading the tensors of {}", dir.display()))?;
         let mut source = Self {
             dir: dir.to_path_buf(),
             config,
@@ -384,6 +411,7 @@ impl Quantizer {
                     .unwrap_or(down.split('.').count());
                 let layers = config
                     .get("num_hidden_layers")
+                    .or_else(|| config.get("text_config")?.get("num_hidden_layers"))
                     .and_then(Value::as_i64)
                     .context("config.json has no num_hidden_layers")?;
                 Some((location, layers))
@@ -572,6 +600,7 @@ fn unit_outputs(
     };
     Ok(match unit {
         Unit::Plain(name) => {
+            let dtype = dtype.filter(|_| source.family.casts(name));
             let a = cast(get(name)?, dtype)?;
             let n = a.size() as u64;
             (vec![(name.clone(), a)], n)
@@ -661,9 +690,12 @@ fn convert_layers(
     // Shapes and dtypes first (lazy graphs, nothing computed), for the headers.
     let mut infos = Vec::with_capacity(plan.units.len());
     let mut parameters = 0u64;
+    let inner = inner_modules(&plan.units);
     for unit in &plan.units {
         let (outs, n) = unit_outputs(&source, unit, dtype, opts.dequantize)?;
-        parameters += n;
+        if !inner.contains(unit.module()) {
+            parameters += n;
+        }
         infos.push(
             outs.iter()
                 .map(|(k, a)| TensorInfo::of(k, a))
@@ -724,6 +756,7 @@ fn convert_layers(
     config.remove("vision_config");
     config.remove("quantization");
     config.remove("quantization_config");
+    source.family.edit_config(&mut config);
     if let Some(q) = &plan.quantization {
         config.insert("quantization".into(), Value::Object(q.clone()));
         config.insert("quantization_config".into(), Value::Object(q.clone()));

@@ -159,12 +159,7 @@ impl GatedDeltaNet {
             }))
         };
         let name = format!("{prefix}.conv1d.weight");
-        let mut conv = w.take(&name)?;
-        // Hugging Face stores `[channels, 1, kernel]`; MLX `[channels, kernel, 1]`.
-        let hugging_face = conv.ndim() == 3 && conv.shape()[2] != 1;
-        if hugging_face {
-            conv = conv.swap_axes(1, 2)?;
-        }
+        let (conv, hugging_face) = conv_weight_for_mlx(w.take(&name)?)?;
         let want = [dims.conv_dim(), dims.conv_kernel, 1];
         if conv.shape() != want {
             bail!(
@@ -280,6 +275,16 @@ impl GatedDeltaNet {
 /// the last `kernel - 1` inputs before `x` (zeros when `None`): the output
 /// `[B, S, channels]` and the last `kernel - 1` inputs, the next call's
 /// `earlier`. Shared by the gated DeltaNet and LFM2's short convolution.
+/// A depthwise convolution weight in MLX's `[channels, kernel, 1]`, and
+/// whether it came in Hugging Face's `[channels, 1, kernel]`.
+pub(crate) fn conv_weight_for_mlx(conv: Array) -> Result<(Array, bool)> {
+    let hugging_face = conv.ndim() == 3 && conv.shape()[2] != 1;
+    if hugging_face {
+        return Ok((conv.swap_axes(1, 2)?, true));
+    }
+    Ok((conv, false))
+}
+
 pub(crate) fn causal_conv1d(
     earlier: Option<&Array>,
     x: &Array,

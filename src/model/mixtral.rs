@@ -29,6 +29,16 @@ fn default_top_k() -> i32 {
     2
 }
 
+/// Mixtral's experts: Hugging Face's `w1`, `w3`, `w2` per expert under
+/// `block_sparse_moe.experts`, stacked into `block_sparse_moe.switch_mlp`.
+pub(crate) const MOE_LAYOUT: MoeLayout = MoeLayout {
+    router: "gate",
+    experts: "switch_mlp",
+    hf_names: ["w1", "w3", "w2"],
+    router_key: "block_sparse_moe.gate",
+    activation: ExpertActivation::SwiGlu,
+};
+
 /// Loads a Mixtral decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: MixtralArgs = family_args(raw)?;
@@ -51,13 +61,7 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
                 extra.num_local_experts,
                 extra.num_experts_per_tok,
                 Routing::TopKSoftmax,
-                MoeLayout {
-                    router: "gate",
-                    experts: "switch_mlp",
-                    hf_names: ["w1", "w3", "w2"],
-                    router_key: "block_sparse_moe.gate",
-                    activation: ExpertActivation::SwiGlu,
-                },
+                MOE_LAYOUT,
             )?;
             Block::pre_norm(
                 w,

@@ -6,6 +6,8 @@
 //! the chosen experts' rows are read. As mlx-lm's `SwitchGLU`, tokens are
 //! sorted by expert when there are 64 or more (token, expert) pairs.
 
+use std::collections::HashMap;
+
 use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::topk_axis;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
@@ -17,7 +19,7 @@ use mlx_rs::{stop_gradient, Array};
 
 use super::decoder::Mlp;
 use super::layers::{Linear, Lora};
-use super::weights::Weights;
+use super::weights::{stack_expert_tensors, Weights};
 use crate::quant::QuantSpec;
 
 /// The weights of one projection for every expert.
@@ -278,6 +280,36 @@ pub struct MoeLayout {
     pub activation: ExpertActivation,
 }
 
+impl MoeLayout {
+    /// The block's path inside a layer: the router's parent (`mlp`,
+    /// `block_sparse_moe`).
+    pub(crate) fn block(&self) -> &'static str {
+        self.router_key
+            .rsplit_once('.')
+            .map_or("", |(parent, _)| parent)
+    }
+
+    /// Stacks the `count` per-expert projections of the block at `prefix`,
+    /// as Hugging Face stores them, into `{prefix}.{experts}.{gate,up,down}_proj`.
+    pub(crate) fn stack_hugging_face_experts(
+        &self,
+        tensors: &mut HashMap<String, Array>,
+        prefix: &str,
+        count: i32,
+    ) -> Result<()> {
+        for (hf_name, name) in self.hf_names.iter().zip(EXPERT_PROJS) {
+            stack_expert_tensors(
+                tensors,
+                &format!("{prefix}.experts"),
+                hf_name,
+                &format!("{prefix}.{}.{name}", self.experts),
+                count,
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// A sparse MoE block: router (`gate`) and experts (`switch_mlp`).
 #[derive(Clone)]
 pub struct SparseMoe {
@@ -371,26 +403,17 @@ impl SparseMoe {
         if top_k < 1 || top_k > experts {
             bail!("num_experts_per_tok ({top_k}) must be between 1 and the number of experts ({experts})");
         }
-        let mut proj = |i: usize, name: &str| -> Result<SwitchLinear> {
-            let target = format!("{prefix}.{}.{name}", layout.experts);
-            w.stack_experts(
-                &format!("{prefix}.experts"),
-                layout.hf_names[i],
-                &target,
-                experts,
-            )?;
-            SwitchLinear::load(w, &target, experts)
+        w.stack_moe_experts(&layout, prefix, experts)?;
+        let mut proj = |name: &str| -> Result<SwitchLinear> {
+            SwitchLinear::load(w, &format!("{prefix}.{}.{name}", layout.experts), experts)
         };
         let switch_mlp = SwitchGlu {
-            gate_proj: proj(0, "gate_proj")?,
-            up_proj: proj(1, "up_proj")?,
-            down_proj: proj(2, "down_proj")?,
+            gate_proj: proj("gate_proj")?,
+            up_proj: proj("up_proj")?,
+            down_proj: proj("down_proj")?,
             activation: layout.activation,
         };
-        let parent = layout
-            .router_key
-            .rsplit_once('.')
-            .map_or("", |(parent, _)| parent);
+        let parent = layout.block();
         Ok(Self {
             gate,
             switch_mlp,

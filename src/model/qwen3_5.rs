@@ -9,8 +9,11 @@
 //! (flattened at load, see `model::read_config`) and the tensors sit under
 //! `language_model.`; vision-tower tensors are dropped.
 
+use std::collections::HashMap;
+
 use anyhow::{Context, Result};
 use mlx_rs::ops::indexing::IndexOp;
+use mlx_rs::Array;
 
 use super::config::ModelArgs;
 use super::decoder::Decoder;
@@ -19,7 +22,7 @@ use super::weights::Weights;
 
 /// Loads a Qwen3.5 or Qwen3.5-MoE decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
-    rename_hugging_face(w, args.num_hidden_layers.max(0) as usize)?;
+    rename_hugging_face(w.tensors_mut())?;
     let family = Hybrid {
         root: "language_model.",
         grouped_in_proj: false,
@@ -55,10 +58,11 @@ pub(crate) fn flatten_text_config(raw: serde_json::Value) -> serde_json::Value {
 /// top-level tensor (`lm_head`, `mtp.*`) moves under `language_model.`, and a
 /// Qwen3.5-MoE layer's fused experts (`experts.gate_up_proj` `[experts,
 /// 2 × intermediate, hidden]`, `experts.down_proj`) become the
-/// `switch_mlp` projections. Vision tensors are left for the loader to drop;
+/// `switch_mlp` projections. Vision tensors are left for the caller to drop;
 /// a checkpoint already in mlx-lm's names is left as it is.
-fn rename_hugging_face(w: &mut Weights, layers: usize) -> Result<()> {
-    for name in w.remaining() {
+pub(crate) fn rename_hugging_face(tensors: &mut HashMap<String, Array>) -> Result<()> {
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
         if name.starts_with("language_model.")
             || name.starts_with("vision_tower")
             || name.starts_with("model.visual")
@@ -69,30 +73,32 @@ fn rename_hugging_face(w: &mut Weights, layers: usize) -> Result<()> {
             Some(rest) => format!("language_model.model.{rest}"),
             None => format!("language_model.{name}"),
         };
-        let tensor = w.take(&name)?;
-        w.insert(renamed, tensor);
+        let tensor = tensors.remove(&name).expect("listed above");
+        tensors.insert(renamed, tensor);
     }
-    for layer in 0..layers {
-        let mlp = format!("language_model.model.layers.{layer}.mlp");
-        let Some(gate_up) = w.take_opt(&format!("{mlp}.experts.gate_up_proj"))? else {
-            continue;
-        };
-        let rows = gate_up.shape()[gate_up.ndim() - 2];
-        let mid = rows / 2;
-        w.insert(
+    let fused: Vec<String> = tensors
+        .keys()
+        .filter_map(|n| n.strip_suffix(".experts.gate_up_proj").map(str::to_string))
+        .collect();
+    for mlp in fused {
+        let gate_up = tensors
+            .remove(&format!("{mlp}.experts.gate_up_proj"))
+            .expect("listed above");
+        let mid = gate_up.shape()[gate_up.ndim() - 2] / 2;
+        tensors.insert(
             format!("{mlp}.switch_mlp.gate_proj.weight"),
             gate_up.index((.., ..mid, ..)),
         );
-        w.insert(
+        tensors.insert(
             format!("{mlp}.switch_mlp.up_proj.weight"),
             gate_up.index((.., mid.., ..)),
         );
-        let down = w
-            .take(&format!("{mlp}.experts.down_proj"))
+        let down = tensors
+            .remove(&format!("{mlp}.experts.down_proj"))
             .with_context(|| {
                 format!("{mlp}.experts.gate_up_proj has no down projection beside it")
             })?;
-        w.insert(format!("{mlp}.switch_mlp.down_proj.weight"), down);
+        tensors.insert(format!("{mlp}.switch_mlp.down_proj.weight"), down);
     }
     Ok(())
 }

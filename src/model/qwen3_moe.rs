@@ -37,6 +37,16 @@ impl Qwen3MoeArgs {
     }
 }
 
+/// Qwen3-MoE's experts: `mlp.experts.{e}.{gate,up,down}_proj` in Hugging
+/// Face checkpoints, stacked into `mlp.switch_mlp`.
+pub(crate) const MOE_LAYOUT: MoeLayout = MoeLayout {
+    router: "gate",
+    experts: "switch_mlp",
+    hf_names: ["gate_proj", "up_proj", "down_proj"],
+    router_key: "mlp.gate",
+    activation: ExpertActivation::SwiGlu,
+};
+
 /// Loads a Qwen3-MoE decoder from the checkpoint's tensors `w`, the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: Qwen3MoeArgs = family_args(raw)?;
@@ -57,13 +67,7 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
                     Routing::SoftmaxTopK {
                         normalize: extra.norm_topk_prob,
                     },
-                    MoeLayout {
-                        router: "gate",
-                        experts: "switch_mlp",
-                        hf_names: ["gate_proj", "up_proj", "down_proj"],
-                        router_key: "mlp.gate",
-                        activation: ExpertActivation::SwiGlu,
-                    },
+                    MOE_LAYOUT,
                 )?)
             } else {
                 FeedForward::Dense(Mlp::load(w, &format!("{p}.mlp"))?)

@@ -76,7 +76,7 @@ pub(crate) struct Hybrid {
     pub rope_from_parameters: bool,
 }
 
-const LAYOUT: MoeLayout = MoeLayout {
+pub(crate) const LAYOUT: MoeLayout = MoeLayout {
     router: "gate",
     experts: "switch_mlp",
     hf_names: ["gate_proj", "up_proj", "down_proj"],
@@ -128,10 +128,16 @@ impl HybridArgs {
     }
 }
 
+/// A norm weight Hugging Face stores as an offset from 1, as MLX's norm
+/// takes it (`1 + w`, in `w`'s dtype).
+pub(crate) fn norm_from_offset(weight: &Array) -> Result<Array> {
+    Ok(weight + &Array::from_f32(1.0).as_dtype(weight.dtype())?)
+}
+
 fn norm(w: &mut Weights, name: &str, eps: f32, shifted: bool) -> Result<RmsNorm> {
     let mut norm = RmsNorm::load(w, name, eps)?;
     if shifted {
-        norm.weight = &norm.weight + &Array::from_f32(1.0).as_dtype(norm.weight.dtype())?;
+        norm.weight = norm_from_offset(&norm.weight)?;
     }
     Ok(norm)
 }
@@ -268,8 +274,7 @@ pub(crate) fn load_hybrid(
     }
     let mut decoder = Decoder::assemble_at(w, args, root, layers, options)?;
     if shifted {
-        let one = Array::from_f32(1.0).as_dtype(decoder.norm.weight.dtype())?;
-        decoder.norm.weight = &decoder.norm.weight + &one;
+        decoder.norm.weight = norm_from_offset(&decoder.norm.weight)?;
     }
     Ok(decoder)
 }

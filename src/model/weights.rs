@@ -11,6 +11,36 @@ use super::config::ModelArgs;
 use crate::mlx_ext::cast_float;
 use crate::quant::{QuantMode, QuantSpec, Quantization};
 
+/// Stacks per-expert tensors `{experts}.{e}.{name}.{weight,scales,biases,bias}`
+/// for `e` below `count` into `{target}.*` `[experts, ...]`, when the
+/// checkpoint stores its experts one by one (Hugging Face layout); a no-op
+/// otherwise.
+pub(crate) fn stack_expert_tensors(
+    tensors: &mut HashMap<String, Array>,
+    experts: &str,
+    name: &str,
+    target: &str,
+    count: i32,
+) -> Result<()> {
+    for part in ["weight", "scales", "biases", "bias"] {
+        if !tensors.contains_key(&format!("{experts}.0.{name}.{part}")) {
+            continue;
+        }
+        let each = (0..count)
+            .map(|e| {
+                let key = format!("{experts}.{e}.{name}.{part}");
+                tensors
+                    .remove(&key)
+                    .ok_or_else(|| anyhow!("missing tensor {key:?} in the model weights"))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let stacked = mlx_rs::ops::stack(&each, 0)
+            .with_context(|| format!("stacking the experts of {experts}.*.{name}"))?;
+        tensors.insert(format!("{target}.{part}"), stacked);
+    }
+    Ok(())
+}
+
 /// The safetensors format caps its JSON header at 100 MB.
 const MAX_HEADER_BYTES: u64 = 100 << 20;
 
@@ -99,36 +129,22 @@ impl Weights {
         Ok(self.tensors.remove(name))
     }
 
-    /// Puts tensor `name` (already in the compute dtype) among the others.
-    pub(crate) fn insert(&mut self, name: String, tensor: Array) {
-        self.tensors.insert(name, tensor);
+    /// The tensors not yet taken, for renames done in place.
+    pub(crate) fn tensors_mut(&mut self) -> &mut HashMap<String, Array> {
+        &mut self.tensors
     }
 
-    /// Stacks per-expert tensors `{experts}.{e}.{name}.{weight,scales,biases}`
-    /// into `{target}.*` `[experts, ...]`, when the checkpoint stores its
-    /// experts one by one (Hugging Face layout); a no-op otherwise.
-    pub(crate) fn stack_experts(
+    /// Stacks the per-expert tensors of the MoE block at `prefix` when the
+    /// checkpoint stores its experts one by one (Hugging Face layout).
+    pub(crate) fn stack_moe_experts(
         &mut self,
-        experts: &str,
-        name: &str,
-        target: &str,
+        layout: &super::moe::MoeLayout,
+        prefix: &str,
         count: i32,
     ) -> Result<()> {
-        for part in ["weight", "scales", "biases"] {
-            if !self.contains(&format!("{experts}.0.{name}.{part}")) {
-                continue;
-            }
-            let each = (0..count)
-                .map(|e| self.take(&format!("{experts}.{e}.{name}.{part}")))
-                .collect::<Result<Vec<_>>>()?;
-            let stacked = mlx_rs::ops::stack(&each, 0)
-                .with_context(|| format!("stacking the experts of {experts}.*.{name}"))?;
-            self.tensors.insert(format!("{target}.{part}"), stacked);
-        }
-        Ok(())
+        layout.stack_hugging_face_experts(&mut self.tensors, prefix, count)
     }
 
-    /// The quantization of the layer at `prefix` (see `layer_quant_spec`).
     pub(crate) fn quant_spec(&self, prefix: &str) -> Result<Option<QuantSpec>> {
         layer_quant_spec(&self.tensors, self.quantization.as_ref(), prefix)
     }

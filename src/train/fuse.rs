@@ -16,7 +16,7 @@ use crate::convert::quantize::quantize_with_mode;
 use crate::lora::{Site, SiteKind};
 use crate::mlx_ext::cast_float;
 use crate::model::decoder::FeedForward;
-use crate::model::weights::layer_quant_spec;
+use crate::model::weights::{layer_quant_spec, stack_expert_tensors};
 use crate::model::Model;
 use crate::quant::{dequantize, Quantization};
 
@@ -65,7 +65,8 @@ pub fn fuse(
         let wkey = format!("{prefix}.weight");
         if !tensors.contains_key(&wkey) {
             if let Some((experts, count)) = per_expert_source(&model, site) {
-                stack_experts(&mut tensors, &experts, &prefix, count)?;
+                let (experts, name) = &experts;
+                stack_expert_tensors(&mut tensors, experts, name, &prefix, count)?;
             }
         }
         if !tensors.contains_key(&wkey) {
@@ -146,32 +147,6 @@ fn per_expert_source(model: &Model, site: &Site) -> Option<((String, String), i3
         ),
         count,
     ))
-}
-
-/// Stacks `{experts}.{e}.{name}.{weight,scales,biases}` into `{target}.*`.
-fn stack_experts(
-    tensors: &mut HashMap<String, Array>,
-    (experts, name): &(String, String),
-    target: &str,
-    count: i32,
-) -> Result<()> {
-    for part in ["weight", "scales", "biases", "bias"] {
-        if !tensors.contains_key(&format!("{experts}.0.{name}.{part}")) {
-            continue;
-        }
-        let each = (0..count)
-            .map(|e| {
-                let key = format!("{experts}.{e}.{name}.{part}");
-                tensors
-                    .remove(&key)
-                    .ok_or_else(|| anyhow!("the model has no tensor {key}"))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let stacked = mlx_rs::ops::stack(&each, 0)
-            .with_context(|| format!("stacking the experts of {experts}.*.{name}"))?;
-        tensors.insert(format!("{target}.{part}"), stacked);
-    }
-    Ok(())
 }
 
 /// Takes the scales (and, in affine mode, the biases) of `prefix`.
