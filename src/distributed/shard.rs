@@ -508,9 +508,9 @@ impl Cut<'_> {
         let thirds: Vec<_> = (0..3).map(|i| shifted(&channels, i * hidden)).collect();
         let name = |n: &str| format!("{prefix}.{n}");
         self.row_segments(&mut conv.in_proj, &name("in_proj"), &thirds)?;
-        let slice = |a: &Array| a.index(channels.start..channels.end);
-        conv.conv = slice(&conv.conv);
-        conv.conv_bias = conv.conv_bias.as_ref().map(slice);
+        let range = channels.start..channels.end;
+        conv.conv = conv.conv.index(range.clone());
+        conv.conv_bias = conv.conv_bias.as_ref().map(|b| b.index(range));
         self.columns(&mut conv.out_proj, &name("out_proj"), channels)
     }
 
