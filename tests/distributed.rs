@@ -259,6 +259,49 @@ fn gated_deltanet_families_split_by_tensors_and_layers_match_single_process() {
     }
 }
 
+#[test]
+fn latent_attention_families_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // DeepSeek-V3's latent attention split by query head (through q_lora
+    // or a plain q_proj with biases), its shared and routed experts by
+    // columns, the grouped sigmoid router whole. (Its 4-bit checkpoint's
+    // experts are one quantization group wide: refused below.)
+    for case in ["deepseek_v3", "deepseek_v3_plain_q"] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
+#[test]
+fn short_convolution_families_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // LFM2's convolution split by channel (b, c and x thirds of in_proj,
+    // the depthwise kernel, with and without its bias, dense and 4-bit).
+    for case in ["lfm2", "lfm2_q4"] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
+#[test]
+fn norms_over_all_heads_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // OLMo 3's query/key norms over all heads: each rank's sum of squares
+    // summed across ranks, dense and 4-bit.
+    for case in ["olmo3", "olmo3_q4"] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
+#[test]
+fn mamba2_families_split_by_tensors_and_layers_match_single_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    // Nemotron-H's Mamba-2 layers split by group (gate, x, B, C and step
+    // sizes of in_proj, the convolution's channels, the per-group gated
+    // norm), its ReLU² MLP layers by columns, dense and 4-bit.
+    for case in ["nemotron_h", "nemotron_h_q4"] {
+        check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
+    }
+}
+
 /// Rewrites `dir`'s model.safetensors with its stacked experts
 /// (`…mlp.switch_mlp.{proj}.weight` `[experts, out, in]`) stored one by one
 /// as Hugging Face does (`…mlp.experts.{e}.{proj}.weight`).
@@ -319,16 +362,17 @@ fn experts_stored_one_by_one_split_as_stacked_ones() {
 fn families_tensor_parallelism_refuses_split_by_layers() {
     let tmp = tempfile::tempdir().unwrap();
     for (case, reason) in [
-        ("olmo3", "its query/key RMS norms span all heads"),
-        ("lfm2", "its short-convolution layers are not split"),
-        ("nemotron_h", "its Mamba-2 layers are not split"),
         (
-            "deepseek_v3",
-            "its multi-head latent attention is not split",
+            "granitemoehybrid",
+            "the gated norm of its Mamba-2 layers spans all heads at once",
         ),
         // One quantization group of expert columns cannot be halved.
         (
             "qwen3_moe_q4",
+            "1 quantization group(s) of 32, which cannot be split across 2 ranks",
+        ),
+        (
+            "deepseek_v3_q4",
             "1 quantization group(s) of 32, which cannot be split across 2 ranks",
         ),
     ] {

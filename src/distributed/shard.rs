@@ -7,9 +7,12 @@
 //! head, each rank keeping the query heads that share its key/value heads, so
 //! uneven counts (9 heads, 3 KV heads on 2 ranks) split as 6+3. Mixtures
 //! of experts keep the router whole and split every expert's intermediate
-//! columns, with one `all_sum` of the block's output. Families whose layers
-//! cannot be split so (recurrent mixers, latent attention, norms over all
-//! heads) are refused with the reason; pipeline parallelism splits them.
+//! columns, with one `all_sum` of the block's output. Recurrent mixers split
+//! by head (gated DeltaNet by key head, Mamba-2 by group, LFM2's short
+//! convolution by channel), latent attention by query head, and q/k norms
+//! over all heads sum their squares across ranks. Families whose layers
+//! cannot be split so are refused with the reason; pipeline parallelism
+//! splits them.
 //!
 //! Pipeline parallel (as mlx-lm's `PipelineMixin`): each rank keeps a
 //! contiguous range of layers, rank 0 the last ones; activations go from rank
@@ -34,10 +37,13 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use crate::collective::Group;
-use crate::model::decoder::{Attention, FeedForward, Mlp, QkNormSpan, Recurrent};
+use crate::model::decoder::{Attention, Block, FeedForward, Mlp, QkNormSpan, Recurrent, Residual};
 use crate::model::gated_delta::{GatedDeltaNet, InProj};
-use crate::model::layers::{Linear, LinearWeight, Lora};
+use crate::model::layers::{Linear, LinearWeight, Lora, RmsNorm};
+use crate::model::lfm2::ShortConv;
+use crate::model::mamba2::Mamba2;
 use crate::model::moe::{SparseMoe, SwitchLinear, SwitchWeight, EXPERT_PROJS};
+use crate::model::nemotron_h::ReluSquaredMlp;
 use crate::model::pipeline::PipelineStage;
 use crate::model::Model;
 use crate::quant::QuantSpec;
@@ -72,8 +78,9 @@ pub fn shard_model(model: &mut Model, group: &Group, mode: Parallelism) -> Resul
     })
 }
 
-/// Families whose layers are the shared attention and a dense MLP or a
-/// mixture of experts: both kinds of parallelism split them.
+/// Families whose every layer `shard_tensor` splits (attention, latent
+/// attention, dense MLPs, mixtures of experts, gated DeltaNet, short
+/// convolutions, Nemotron-H's Mamba-2): both kinds of parallelism split them.
 const TENSOR_FAMILIES: &[&str] = &[
     "llama",
     "mistral",
@@ -95,6 +102,11 @@ const TENSOR_FAMILIES: &[&str] = &[
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",
+    "deepseek_v3",
+    "kimi_k2",
+    "lfm2",
+    "olmo3",
+    "nemotron_h",
 ];
 
 /// Refuses a family `mode` cannot split, saying why.
@@ -103,12 +115,7 @@ fn check_family(model_type: &str, mode: Parallelism) -> Result<()> {
         return Ok(());
     }
     let reason = match model_type {
-        "olmo3" => {
-            "its query/key RMS norms span all heads at once, which a split of the heads changes"
-        }
-        "lfm2" => "its short-convolution layers are not split",
-        "nemotron_h" | "granitemoehybrid" => "its Mamba-2 layers are not split",
-        "deepseek_v3" | "kimi_k2" => "its multi-head latent attention is not split",
+        "granitemoehybrid" => "the gated norm of its Mamba-2 layers spans all heads at once",
         "gemma4" | "gemma4_text" => {
             return Err(anyhow!(
                 "sharding {model_type} models is not supported: its layers share keys and values \
@@ -118,7 +125,7 @@ fn check_family(model_type: &str, mode: Parallelism) -> Result<()> {
         other => {
             return Err(anyhow!(
                 "sharding {other} models is not supported (supported: {}; with --pipeline also \
-                 olmo3, lfm2, nemotron_h, granitemoehybrid, deepseek_v3)",
+                 granitemoehybrid)",
                 TENSOR_FAMILIES.join(", ")
             ))
         }
@@ -178,14 +185,48 @@ fn shifted(r: &Range<i32>, by: i32) -> Range<i32> {
     r.start + by..r.end + by
 }
 
+/// How a family names the tensors of its layers.
+struct LayerNames {
+    /// q/k/v are rows of one `qkv_proj`, gate/up of one `gate_up_proj` (Phi-3).
+    fused: bool,
+    /// The attention's output projection.
+    o_proj: &'static str,
+    /// The feed-forward block.
+    mlp: &'static str,
+    /// The feed-forward's gate, up and down projections.
+    mlp_projs: [&'static str; 3],
+}
+
+const STANDARD_NAMES: LayerNames = LayerNames {
+    fused: false,
+    o_proj: "o_proj",
+    mlp: "mlp",
+    mlp_projs: ["gate_proj", "up_proj", "down_proj"],
+};
+
+fn layer_names(model_type: &str) -> LayerNames {
+    match model_type {
+        "phi3" => LayerNames {
+            fused: true,
+            ..STANDARD_NAMES
+        },
+        "llama4_text" => LayerNames {
+            mlp: "feed_forward",
+            ..STANDARD_NAMES
+        },
+        "lfm2" => LayerNames {
+            fused: false,
+            o_proj: "out_proj",
+            mlp: "feed_forward",
+            mlp_projs: ["w1", "w3", "w2"],
+        },
+        _ => STANDARD_NAMES,
+    }
+}
+
 fn shard_tensor(model: &mut Model, group: &Group, files: &TensorFiles) -> Result<()> {
     let model_type = model.args.model_type.as_str();
-    // Phi-3 stores q/k/v fused in `qkv_proj` and gate/up in `gate_up_proj`.
-    let fused = model_type == "phi3";
-    let mlp_name = match model_type {
-        "llama4_text" => "feed_forward",
-        _ => "mlp",
-    };
+    let names = layer_names(model_type);
     let cut = Cut {
         files,
         dtype: model.dtype,
@@ -196,18 +237,53 @@ fn shard_tensor(model: &mut Model, group: &Group, files: &TensorFiles) -> Result
         "qwen3_5" | "qwen3_5_moe" => "language_model.",
         _ => "",
     };
+    if model_type == "nemotron_h" {
+        return shard_stacked_layers(&mut model.decoder.layers, &cut);
+    }
     for (i, layer) in model.decoder.layers.iter_mut().enumerate() {
         let p = format!("{root}model.layers.{i}");
         match layer.linear_attn.as_deref_mut() {
             Some(Recurrent::GatedDelta(delta)) => {
                 cut.gated_delta(delta, &format!("{p}.linear_attn"))?
             }
+            Some(Recurrent::ShortConv(conv)) => cut.short_conv(conv, &format!("{p}.conv"))?,
             Some(_) => bail!("{p}: this recurrent layer is not split (use --pipeline)"),
-            None => cut.attention(&mut layer.self_attn, &format!("{p}.self_attn"), fused)?,
+            None if layer.self_attn.latent.is_some() => {
+                cut.latent_attention(&mut layer.self_attn, &format!("{p}.self_attn"))?
+            }
+            None => cut.attention(&mut layer.self_attn, &format!("{p}.self_attn"), &names)?,
         }
         match &mut layer.mlp {
-            FeedForward::Dense(mlp) => cut.mlp(mlp, &format!("{p}.{mlp_name}"), fused)?,
+            FeedForward::Dense(mlp) => cut.mlp(mlp, &format!("{p}.{}", names.mlp), &names)?,
             FeedForward::Sparse(moe) => cut.moe(moe, &p)?,
+        }
+    }
+    Ok(())
+}
+
+/// Nemotron-H's blocks: each a mixer (Mamba-2 or attention) with the ReLU²
+/// MLP layers around it, every one a layer `backbone.layers.{j}` of its own.
+fn shard_stacked_layers(layers: &mut [Block], cut: &Cut) -> Result<()> {
+    let mut j = 0;
+    let mut next = || {
+        j += 1;
+        format!("backbone.layers.{}.mixer", j - 1)
+    };
+    for block in layers {
+        let Residual::Stack(stack) = &mut block.residual else {
+            bail!("a Nemotron-H block without its MLP layers");
+        };
+        for mlp in &mut stack.before {
+            cut.relu_squared(mlp, &next())?;
+        }
+        let p = next();
+        match block.linear_attn.as_deref_mut() {
+            Some(Recurrent::Mamba2(mamba)) => cut.mamba2(mamba, &p)?,
+            Some(_) => bail!("{p}: this recurrent layer is not split (use --pipeline)"),
+            None => cut.attention(&mut block.self_attn, &p, &STANDARD_NAMES)?,
+        }
+        for mlp in &mut stack.after {
+            cut.relu_squared(mlp, &next())?;
         }
     }
     Ok(())
@@ -270,12 +346,11 @@ impl Cut<'_> {
     }
 
     /// Splits the heads by key/value head: q/k/v (and the query heads'
-    /// sinks) by rows, o by columns. `fused`: q/k/v are rows of one
-    /// `{prefix}.qkv_proj`.
-    fn attention(&self, attn: &mut Attention, prefix: &str, fused: bool) -> Result<()> {
+    /// sinks) by rows, o by columns.
+    fn attention(&self, attn: &mut Attention, prefix: &str, names: &LayerNames) -> Result<()> {
         let (rank, size) = (self.group.rank(), self.group.size());
-        if attn.latent.is_some() || attn.qk_norm_span == QkNormSpan::AllHeads {
-            bail!("{prefix}: this attention (latent, or normed over all heads) is not split");
+        if attn.latent.is_some() || matches!(attn.qk_norm_span, QkNormSpan::AllRanks { .. }) {
+            bail!("{prefix}: latent or already split attention is not split by key/value head");
         }
         let (heads, kv_heads, d) = (attn.n_heads, attn.n_kv_heads, attn.head_dim);
         if kv_heads < size as i32 {
@@ -290,7 +365,7 @@ impl Cut<'_> {
         // With an output gate each head's rows are its query, then its gate.
         let q_proj_rows = scaled(&q, if attn.output_gate { 2 * d } else { d });
         let name = |n: &str| format!("{prefix}.{n}");
-        if fused {
+        if names.fused {
             let qkv = name("qkv_proj");
             self.rows(&mut attn.q_proj, &qkv, q_rows.clone())?;
             self.rows(&mut attn.k_proj, &qkv, shifted(&kv_rows, heads * d))?;
@@ -304,12 +379,62 @@ impl Cut<'_> {
             self.rows(&mut attn.k_proj, &name("k_proj"), kv_rows.clone())?;
             self.rows(&mut attn.v_proj, &name("v_proj"), kv_rows)?;
         }
-        self.columns(&mut attn.o_proj, &name("o_proj"), q_rows)?;
+        self.columns(&mut attn.o_proj, &name(names.o_proj), q_rows.clone())?;
         if attn.sinks.is_some() {
             attn.sinks = Some(self.read(&name("sinks"), Some(q.clone()), None)?);
         }
+        if matches!(attn.qk_norm_span, QkNormSpan::AllHeads) {
+            self.norms_across_ranks(attn, &q_rows, &scaled(&kv, d));
+        }
         attn.n_heads = q.len() as i32;
         attn.n_kv_heads = kv.len() as i32;
+        Ok(())
+    }
+
+    /// Query/key norms over all heads at once (OLMo 3): each rank keeps
+    /// its heads' part of the norm weights (`q_rows`, `kv_rows`) and sums
+    /// its heads' squares with the other ranks'.
+    fn norms_across_ranks(&self, attn: &mut Attention, q_rows: &Range<i32>, kv_rows: &Range<i32>) {
+        let keep = |norm: &mut Option<RmsNorm>, r: &Range<i32>| {
+            if let Some(norm) = norm {
+                norm.weight = norm.weight.index(r.start..r.end);
+            }
+        };
+        keep(&mut attn.q_norm, q_rows);
+        keep(&mut attn.k_norm, kv_rows);
+        attn.qk_norm_span = QkNormSpan::AllRanks {
+            group: self.group.clone(),
+            heads: attn.n_heads,
+            kv_heads: attn.n_kv_heads,
+        };
+    }
+
+    /// Splits a multi-head latent attention layer by query head (as mlx-lm's
+    /// DeepSeek-V3 `shard`): `q_b_proj` (or the plain `q_proj`) by rows,
+    /// each head's latent key and value projections with their heads,
+    /// `o_proj` by columns. The latent, its norm and the shared rotary key
+    /// stay whole, so every rank caches the same latent.
+    fn latent_attention(&self, attn: &mut Attention, prefix: &str) -> Result<()> {
+        let (rank, size) = (self.group.rank(), self.group.size());
+        let heads = attn.n_heads;
+        if heads < size as i32 {
+            bail!("{prefix}: {heads} heads cannot be split across {size} ranks (use --pipeline)");
+        }
+        let h = part(heads, rank, size);
+        let name = |n: &str| format!("{prefix}.{n}");
+        let Some(latent) = attn.latent.as_deref_mut() else {
+            bail!("{prefix}: not a latent attention layer");
+        };
+        let q_rows = scaled(&h, attn.head_dim);
+        match &mut latent.q_lora {
+            Some((_, _, q_b_proj)) => self.rows(q_b_proj, &name("q_b_proj"), q_rows)?,
+            None => self.rows(&mut attn.q_proj, &name("q_proj"), q_rows)?,
+        }
+        let v_head_dim = multi_linear_shape(&latent.unembed_out.weight)[1];
+        latent.embed_q.weight = heads_of(&latent.embed_q.weight, &h);
+        latent.unembed_out.weight = heads_of(&latent.unembed_out.weight, &h);
+        self.columns(&mut attn.o_proj, &name("o_proj"), scaled(&h, v_head_dim))?;
+        attn.n_heads = h.len() as i32;
         Ok(())
     }
 
@@ -370,6 +495,95 @@ impl Cut<'_> {
         Ok(())
     }
 
+    /// Splits LFM2's short convolution by channel: `in_proj`'s b, c and x
+    /// rows of this rank's channels, the depthwise convolution (and its
+    /// bias) with them, `out_proj` by columns.
+    fn short_conv(&self, conv: &mut ShortConv, prefix: &str) -> Result<()> {
+        let (hidden, _) = conv.out_proj.shape();
+        let unit = match &conv.out_proj.weight {
+            LinearWeight::Quantized { spec, .. } => spec.group_size,
+            LinearWeight::Dense(_) => 1,
+        };
+        let channels = self.intermediate(hidden, unit, prefix)?;
+        let thirds: Vec<_> = (0..3).map(|i| shifted(&channels, i * hidden)).collect();
+        let name = |n: &str| format!("{prefix}.{n}");
+        self.row_segments(&mut conv.in_proj, &name("in_proj"), &thirds)?;
+        let range = channels.start..channels.end;
+        conv.conv = conv.conv.index(range.clone());
+        conv.conv_bias = conv.conv_bias.as_ref().map(|b| b.index(range));
+        self.columns(&mut conv.out_proj, &name("out_proj"), channels)
+    }
+
+    /// Splits a Mamba-2 mixer by group, each rank keeping the heads of its
+    /// groups: `in_proj`'s gate, x, B, C and step-size rows of them, the
+    /// convolution's x, B and C channels, the per-head parameters and the
+    /// gated norm's scale with their heads, `out_proj` by columns. The scan
+    /// state then holds this rank's heads.
+    fn mamba2(&self, mamba: &mut Mamba2, prefix: &str) -> Result<()> {
+        let (rank, size) = (self.group.rank(), self.group.size());
+        let d = mamba.dims;
+        if d.groups % size as i32 != 0 {
+            bail!(
+                "{prefix}: {} Mamba-2 groups cannot be split evenly across {size} ranks (use \
+                 --pipeline)",
+                d.groups
+            );
+        }
+        if mamba.norm_groups != d.groups {
+            bail!(
+                "{prefix}: the gated norm spans {} group(s) of {} heads' groups, which a split of \
+                 the heads changes (use --pipeline)",
+                mamba.norm_groups,
+                d.groups
+            );
+        }
+        let (hd, n) = (d.head_dim, d.state_size);
+        let g = part(d.groups, rank, size);
+        let h = scaled(&g, d.heads / d.groups);
+        let (inner, bc) = (d.inner(), d.groups * n);
+        let channels = scaled(&h, hd);
+        // The convolution's channels, as x | B | C.
+        let conv = [
+            channels.clone(),
+            shifted(&scaled(&g, n), inner),
+            shifted(&scaled(&g, n), inner + bc),
+        ];
+        // in_proj: z | x B C | dt.
+        let mut rows = vec![channels.clone()];
+        rows.extend(conv.iter().map(|r| shifted(r, inner)));
+        rows.push(shifted(&h, inner + d.conv_dim()));
+        let name = |part: &str| format!("{prefix}.{part}");
+        self.row_segments(&mut mamba.in_proj, &name("in_proj"), &rows)?;
+        let slice = |a: &Array, r: &Range<i32>| a.index(r.start..r.end);
+        let channels_of = |a: &Array| -> Result<Array> {
+            let parts: Vec<Array> = conv.iter().map(|r| slice(a, r)).collect();
+            Ok(concatenate(&parts, 0)?)
+        };
+        mamba.conv1d = channels_of(&mamba.conv1d)?;
+        mamba.conv_bias = mamba.conv_bias.as_ref().map(channels_of).transpose()?;
+        mamba.dt_bias = slice(&mamba.dt_bias, &h);
+        mamba.a_log = slice(&mamba.a_log, &h);
+        mamba.d = slice(&mamba.d, &h);
+        mamba.norm_weight = slice(&mamba.norm_weight, &channels);
+        self.columns(&mut mamba.out_proj, &name("out_proj"), channels)?;
+        mamba.dims.heads = h.len() as i32;
+        mamba.dims.groups = g.len() as i32;
+        mamba.norm_groups = g.len() as i32;
+        Ok(())
+    }
+
+    /// Splits a ReLU² MLP layer's hidden columns: up by rows, down by columns.
+    fn relu_squared(&self, mlp: &mut ReluSquaredMlp, prefix: &str) -> Result<()> {
+        let (hidden, _) = mlp.up_proj.shape();
+        let unit = match &mlp.down_proj.weight {
+            LinearWeight::Quantized { spec, .. } => spec.group_size,
+            LinearWeight::Dense(_) => 1,
+        };
+        let cols = self.intermediate(hidden, unit, prefix)?;
+        self.rows(&mut mlp.up_proj, &format!("{prefix}.up_proj"), cols.clone())?;
+        self.columns(&mut mlp.down_proj, &format!("{prefix}.down_proj"), cols)
+    }
+
     /// Column-parallel over several row ranges of one tensor, concatenated.
     fn row_segments(&self, linear: &mut Linear, prefix: &str, parts: &[Range<i32>]) -> Result<()> {
         Self::check_lora(linear.lora.as_ref(), prefix)?;
@@ -399,8 +613,7 @@ impl Cut<'_> {
     }
 
     /// Splits the intermediate columns: gate/up by rows, down by columns.
-    /// `fused`: gate and up are rows of one `{prefix}.gate_up_proj`.
-    fn mlp(&self, mlp: &mut Mlp, prefix: &str, fused: bool) -> Result<()> {
+    fn mlp(&self, mlp: &mut Mlp, prefix: &str, names: &LayerNames) -> Result<()> {
         let (hidden, _) = mlp.gate_proj.shape();
         let unit = match &mlp.down_proj.weight {
             LinearWeight::Quantized { spec, .. } => spec.group_size,
@@ -408,15 +621,16 @@ impl Cut<'_> {
         };
         let cols = self.intermediate(hidden, unit, prefix)?;
         let name = |n: &str| format!("{prefix}.{n}");
-        if fused {
+        let [gate, up, down] = names.mlp_projs;
+        if names.fused {
             let gate_up = name("gate_up_proj");
             self.rows(&mut mlp.gate_proj, &gate_up, cols.clone())?;
             self.rows(&mut mlp.up_proj, &gate_up, shifted(&cols, hidden))?;
         } else {
-            self.rows(&mut mlp.gate_proj, &name("gate_proj"), cols.clone())?;
-            self.rows(&mut mlp.up_proj, &name("up_proj"), cols.clone())?;
+            self.rows(&mut mlp.gate_proj, &name(gate), cols.clone())?;
+            self.rows(&mut mlp.up_proj, &name(up), cols.clone())?;
         }
-        self.columns(&mut mlp.down_proj, &name("down_proj"), cols)
+        self.columns(&mut mlp.down_proj, &name(down), cols)
     }
 
     /// As mlx-lm: the router whole, every expert's intermediate columns
@@ -456,7 +670,7 @@ impl Cut<'_> {
                 "" => format!("{parent}.shared_experts"),
                 key => key.to_string(),
             };
-            self.mlp(&mut shared.mlp, &format!("{layer}.{key}"), false)?;
+            self.mlp(&mut shared.mlp, &format!("{layer}.{key}"), &STANDARD_NAMES)?;
             // Summed with the routed experts, once.
             shared.mlp.down_proj.all_sum = None;
         }
@@ -591,6 +805,34 @@ impl Cut<'_> {
             linear.bias = None;
         }
         Ok(())
+    }
+}
+
+/// The shape of a stacked per-head weight `[heads, out, in]` as stored
+/// (packed columns when quantized).
+fn multi_linear_shape(weight: &LinearWeight) -> Vec<i32> {
+    match weight {
+        LinearWeight::Dense(w) | LinearWeight::Quantized { weight: w, .. } => w.shape().to_vec(),
+    }
+}
+
+/// Heads `heads` of a stacked per-head weight `[heads, out, in]`, sliced as
+/// loaded (with their scales and biases when quantized).
+fn heads_of(weight: &LinearWeight, heads: &Range<i32>) -> LinearWeight {
+    let slice = |a: &Array| a.index(heads.start..heads.end);
+    match weight {
+        LinearWeight::Dense(w) => LinearWeight::Dense(slice(w)),
+        LinearWeight::Quantized {
+            weight,
+            scales,
+            biases,
+            spec,
+        } => LinearWeight::Quantized {
+            weight: slice(weight),
+            scales: slice(scales),
+            biases: biases.as_ref().map(slice),
+            spec: *spec,
+        },
     }
 }
 

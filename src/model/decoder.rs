@@ -78,13 +78,42 @@ pub struct Attention {
 }
 
 /// The span of the q/k RMS norms.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Default)]
 pub enum QkNormSpan {
     /// Each head on its own (Qwen3, Gemma 3).
     #[default]
     Head,
     /// All heads of the projection at once, before the split (OLMo 3).
     AllHeads,
+    /// All heads at once, the heads split across the ranks of `group`
+    /// (tensor parallel OLMo 3): the sums of squares are summed across
+    /// ranks and averaged over the width of all ranks' heads.
+    AllRanks {
+        /// The ranks that hold the heads.
+        group: crate::collective::Group,
+        /// The query heads of all ranks.
+        heads: i32,
+        /// The key heads of all ranks.
+        kv_heads: i32,
+    },
+}
+
+/// `norm` over the full width of heads split across `group`: `y` is this
+/// rank's part; its sum of squares is summed across ranks (in float32, as
+/// MLX's fused norm accumulates) before the mean over `width`.
+fn rms_norm_across_ranks(
+    norm: &RmsNorm,
+    y: &Array,
+    group: &crate::collective::Group,
+    width: i32,
+) -> Result<Array> {
+    use mlx_rs::ops::{rsqrt, sum_axis};
+    let y32 = y.as_dtype(mlx_rs::Dtype::Float32)?;
+    let squares = group.all_sum(&sum_axis(&(&y32 * &y32), -1, true)?)?;
+    let mean = &squares / &Array::from_f32(width as f32);
+    let normed = &y32 * &rsqrt(&(&mean + &Array::from_f32(norm.eps)))?;
+    let scaled = &normed * &norm.weight.as_dtype(mlx_rs::Dtype::Float32)?;
+    Ok(scaled.as_dtype(y.dtype())?)
 }
 
 /// Llama 4's attention temperature tuning: the query at position `p` is
@@ -190,17 +219,32 @@ impl Attention {
     fn inputs(&self, x: &Array, positions: &Positions) -> Result<AttentionInputs> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (q, gate) = self.queries(x)?;
-        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>| -> Result<Array> {
-            let y = match (norm, self.qk_norm_span) {
+        let heads = |y: Array, n: i32, norm: &Option<RmsNorm>, all: i32| -> Result<Array> {
+            let y = match (norm, &self.qk_norm_span) {
                 (Some(norm), QkNormSpan::Head) => norm.forward(&y.reshape(&[b, l, n, -1])?)?,
                 (Some(norm), QkNormSpan::AllHeads) => norm.forward(&y)?.reshape(&[b, l, n, -1])?,
+                (Some(norm), QkNormSpan::AllRanks { group, .. }) => {
+                    rms_norm_across_ranks(norm, &y, group, all * self.head_dim)?
+                        .reshape(&[b, l, n, -1])?
+                }
                 (None, _) => y.reshape(&[b, l, n, -1])?,
             };
             Ok(y.transpose_axes(&[0, 2, 1, 3])?)
         };
-        let q = heads(q, self.n_heads, &self.q_norm)?;
-        let k = heads(self.k_proj.forward(x)?, self.n_kv_heads, &self.k_norm)?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None)?;
+        let (all_q, all_kv) = match &self.qk_norm_span {
+            QkNormSpan::AllRanks {
+                heads, kv_heads, ..
+            } => (*heads, *kv_heads),
+            _ => (self.n_heads, self.n_kv_heads),
+        };
+        let q = heads(q, self.n_heads, &self.q_norm, all_q)?;
+        let k = heads(
+            self.k_proj.forward(x)?,
+            self.n_kv_heads,
+            &self.k_norm,
+            all_kv,
+        )?;
+        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None, all_kv)?;
         let (q, k) = match &self.rope {
             Some(rope) => (
                 rope.forward_at(&q, positions)?,
