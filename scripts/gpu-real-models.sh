@@ -9,7 +9,8 @@
 #   scripts/gpu-real-models.sh bench  BUNDLE WORK OUT
 #   scripts/gpu-real-models.sh spec   BUNDLE WORK OUT   (speculative parity only)
 #   scripts/gpu-real-models.sh oracle BUNDLE WHEELS WORK  (the oracle alone, no models)
-#   scripts/gpu-real-models.sh families BUNDLE WORK OUT  (goldens/arch in bf16 and f16)
+#   scripts/gpu-real-models.sh families BUNDLE WORK OUT  (goldens/arch in bf16 and f16;
+#                                                        CASES, DTYPES narrow it)
 #   scripts/gpu-real-models.sh batch-bench BUNDLE MODEL OUT  (feature matrix: batch cells)
 #
 # BUNDLE: from scripts/gpu-build.sh. WHEELS: the `mlx==0.32.2` and
@@ -69,8 +70,8 @@ families)
   # Every tiny checkpoint of goldens/arch/, cast to bf16 and f16: greedy
   # tokens alone and in a four-row batch against mlx-lm on this GPU.
   BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
-  cases=$(ls "$here/../goldens/arch")
-  for dtype in bfloat16 float16; do
+  cases=${CASES:-$(ls "$here/../goldens/arch")}
+  for dtype in ${DTYPES:-bfloat16 float16}; do
     python3 "$here/oracle/gpu_families.py" --bin "$BUNDLE/run.sh" --work "$WORK/families" \
       --dtype $dtype --out "$OUT/families-$dtype.json" $cases >"$OUT/families-$dtype.log" 2>&1
     note "families $dtype: rc=$? $(tail -1 "$OUT/families-$dtype.log")"
@@ -78,10 +79,11 @@ families)
   done
   ;;
 batch-bench)
-  # Speculation and a quantized KV cache inside the batch, on the default model.
+  # Speculation inside the batch on the default model (CELLS, WORKLOADS: other
+  # feature-matrix cells and workloads).
   BUNDLE="$1"; MODEL="$2"; OUT="$3"; mkdir -p "$OUT"
-  "$BUNDLE/run.sh" bench feature-matrix -m "$MODEL" --cells batch4,batch4+spec,batch4+kv8 \
-    --workloads copy,extraction --rounds 3 --out "$OUT/feature-matrix" --db "$OUT/evals.db" \
+  "$BUNDLE/run.sh" bench feature-matrix -m "$MODEL" --cells "${CELLS:-batch4,batch4+spec}" \
+    --workloads "${WORKLOADS:-copy}" --rounds 3 --out "$OUT/feature-matrix" --db "$OUT/evals.db" \
     >"$OUT/batch-bench.log" 2>&1
   note "batch-bench: rc=$?"
   tail -40 "$OUT/batch-bench.log" >>"$OUT/summary.txt"
