@@ -47,11 +47,6 @@ pub trait DraftSource {
     fn resident_bytes(&self) -> usize;
     /// A short label of the drafter: `model:<path>` or `ngram`.
     fn name(&self) -> String;
-    /// Whether drafting runs no model, so it costs next to nothing and
-    /// drafting fewer tokens saves nothing but verify positions.
-    fn runs_no_model(&self) -> bool {
-        false
-    }
 }
 
 impl<D: DraftSource + ?Sized> DraftSource for &mut D {
@@ -78,10 +73,6 @@ impl<D: DraftSource + ?Sized> DraftSource for &mut D {
 
     fn name(&self) -> String {
         (**self).name()
-    }
-
-    fn runs_no_model(&self) -> bool {
-        (**self).runs_no_model()
     }
 }
 
@@ -269,10 +260,6 @@ impl DraftSource for NgramDrafter {
 
     fn name(&self) -> String {
         "ngram".into()
-    }
-
-    fn runs_no_model(&self) -> bool {
-        true
     }
 }
 

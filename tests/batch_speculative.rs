@@ -156,9 +156,8 @@ fn drafting_rows_in_a_batch_equal_plain_greedy_alone() {
 #[test]
 fn rows_sharing_the_draft_model_equal_plain_greedy_alone() {
     let shared = drafting_rows_equal_plain_greedy_alone(true);
-    // Sharing the draft model's passes changes no model row's drafts.
+    // Sharing the draft model's passes changes no row's drafts.
     let alone = drafting_rows_equal_plain_greedy_alone(false);
-    assert_eq!(shared.len(), 3);
     for (i, (s, a)) in shared.iter().zip(&alone).enumerate() {
         assert_eq!(
             s.as_ref().map(|s| (s.drafted, s.accepted, s.target_calls)),
@@ -310,14 +309,7 @@ fn drafting_rows_equal_plain_greedy_alone(share: bool) -> Vec<Option<Speculation
         model_accepted > 0 && model_accepted < model_drafted,
         "the draft model's rows must have drafts accepted and rejected: {model_accepted}/{model_drafted}"
     );
-    // Prompt-lookup rows draft as many tokens as the step's timing pays
-    // for (src/decode/draft_width.rs); the draft model's rows always draft `k`.
-    cases
-        .iter()
-        .zip(batch)
-        .filter(|(c, _)| matches!(c.draft, Some((true, _))))
-        .map(|(_, b)| b.speculation)
-        .collect()
+    batch.into_iter().map(|b| b.speculation).collect()
 }
 
 #[test]

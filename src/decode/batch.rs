@@ -5,8 +5,6 @@
 //! (detokenizing, stop strings, grammar masks, streaming) overlaps compute.
 //! Rows join with their own prefilled cache and leave the step they finish.
 
-use std::time::Instant;
-
 use anyhow::{ensure, Result};
 use mlx_rs::ops::concatenate;
 use mlx_rs::ops::indexing::{argmax_axis, IndexOp};
@@ -14,7 +12,6 @@ use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
 use super::draft_batch::DraftBatch;
-use super::draft_width::{Acceptance, StepCost};
 use super::row::Row;
 use crate::cache::{empty_batch_like, KvCache};
 use crate::generate::{FinishReason, GenerationResult};
@@ -38,8 +35,6 @@ struct Member<'a> {
     joining: bool,
     /// Log-probabilities of the distribution its pending token was drawn from.
     logprobs: Option<Array>,
-    /// How often its drafts are accepted.
-    acceptance: Acceptance,
 }
 
 /// Rows decoding together, one token per row per forward pass, over one batch cache
@@ -52,8 +47,6 @@ pub struct DecodeBatch<'a> {
     inputs: Option<Array>,
     /// The draft model rows may share (`Row::with_shared_draft_model`).
     draft: Option<DraftBatch<'a>>,
-    /// Verify steps' time by positions fed, for the drafts to allow.
-    step_cost: StepCost,
 }
 
 impl<'a> DecodeBatch<'a> {
@@ -65,7 +58,6 @@ impl<'a> DecodeBatch<'a> {
             caches: Vec::new(),
             inputs: None,
             draft: None,
-            step_cost: StepCost::default(),
         }
     }
 
@@ -131,7 +123,6 @@ impl<'a> DecodeBatch<'a> {
             row,
             joining: true,
             logprobs: None,
-            acceptance: Acceptance::default(),
         });
         Ok(())
     }
@@ -230,10 +221,8 @@ impl<'a> DecodeBatch<'a> {
         }
         let pending: Vec<u32> = keep.iter().map(|&i| pending[i]).collect();
 
-        let cap = self.draft_cap();
-        let drafts = self.propose(&pending, cap)?;
+        let drafts = self.propose(&pending)?;
         let width = drafts.iter().map(Vec::len).max().unwrap_or(0);
-        let started = Instant::now();
         let mut input = Vec::with_capacity(pending.len() * (width + 1));
         for (&p, d) in pending.iter().zip(&drafts) {
             input.push(p as i32);
@@ -262,11 +251,6 @@ impl<'a> DecodeBatch<'a> {
             let row_logits = logits.index((r as i32, ..positions, ..));
             let row_greedy = greedy.as_ref().map(|g| &g[r * stride..(r + 1) * stride]);
             let verdict = m.row.verify(&row_logits, proposal, row_greedy)?;
-            if m.row.drafts() {
-                let allowed = cap.min(m.row.drafts_per_step());
-                m.acceptance
-                    .observe(allowed, proposal.len(), verdict.accepted);
-            }
             trims.push(width - verdict.accepted);
             match verdict.next {
                 Some((token, logprobs)) if m.row.is_alive() => {
@@ -281,8 +265,6 @@ impl<'a> DecodeBatch<'a> {
                 }
             }
         }
-        self.step_cost
-            .observe(self.members.len() * stride, started.elapsed());
         for c in self.caches.iter_mut() {
             c.as_batch_mut()
                 .expect("batch layers hold batch caches")
@@ -295,44 +277,14 @@ impl<'a> DecodeBatch<'a> {
         Ok(finished)
     }
 
-    /// The most drafts each row may propose this step (see
-    /// [`StepCost::choose`]), while every drafting row drafts without a
-    /// model; with a draft model, drafting costs passes of its own that the
-    /// verify steps' cost does not show, and rows draft their full count.
-    fn draft_cap(&self) -> usize {
-        let by_model = |m: &Member| m.row.drafts() && !m.row.drafts_without_model();
-        if self.members.iter().any(by_model) {
-            return usize::MAX;
-        }
-        let most = self
-            .members
-            .iter()
-            .map(|m| m.row.drafts_per_step())
-            .max()
-            .unwrap_or(0);
-        let rows: Vec<Acceptance> = self
-            .members
-            .iter()
-            .map(|m| {
-                if m.row.drafts() {
-                    m.acceptance
-                } else {
-                    Acceptance::never()
-                }
-            })
-            .collect();
-        self.step_cost.choose(&rows, most)
-    }
-
-    /// Every row's drafts to follow its `pending` token, at most `cap` for
-    /// rows with their own drafter: rows sharing the draft model draft
-    /// together, the others each with its own drafter.
-    fn propose(&mut self, pending: &[u32], cap: usize) -> Result<Vec<Vec<u32>>> {
+    /// Every row's drafts to follow its `pending` token: rows sharing the
+    /// draft model draft together, the others each with its own drafter.
+    fn propose(&mut self, pending: &[u32]) -> Result<Vec<Vec<u32>>> {
         let mut drafts = vec![Vec::new(); self.members.len()];
         let mut shared = Vec::new();
         for (i, (m, &p)) in self.members.iter_mut().zip(pending).enumerate() {
             if !m.row.shares_draft_model() {
-                drafts[i] = m.row.propose(p, cap)?;
+                drafts[i] = m.row.propose(p)?;
             } else {
                 shared.push(i);
             }

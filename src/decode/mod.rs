@@ -8,7 +8,6 @@
 
 mod batch;
 mod draft_batch;
-mod draft_width;
 mod row;
 mod scheduler;
 mod serial;

@@ -206,26 +206,9 @@ impl<'a> Row<'a> {
         })
     }
 
-    /// Whether the row drafts without a model (prompt lookup).
-    pub(crate) fn drafts_without_model(&self) -> bool {
-        matches!(
-            &self.drafting,
-            Some(Drafting {
-                drafter: Drafter::Own(d),
-                ..
-            }) if d.runs_no_model()
-        )
-    }
-
-    /// The most drafts the row proposes per step (0 without a drafter).
-    pub(crate) fn drafts_per_step(&self) -> usize {
-        self.drafting.as_ref().map_or(0, |d| d.per_step)
-    }
-
     /// The drafter's proposal to follow `pending` (the token this step
-    /// feeds), at most `cap` tokens, under the row's grammar; empty for a
-    /// row without a drafter.
-    pub(crate) fn propose(&mut self, pending: u32, cap: usize) -> Result<Vec<u32>> {
+    /// feeds), under the row's grammar; empty for a row without a drafter.
+    pub(crate) fn propose(&mut self, pending: u32) -> Result<Vec<u32>> {
         let Some(d) = self.drafting.as_mut() else {
             return Ok(Vec::new());
         };
@@ -238,7 +221,7 @@ impl<'a> Row<'a> {
         }
         // As mlx-lm: never more drafts than tokens left to emit.
         let remaining = self.max_tokens.saturating_sub(self.sink.tokens.len());
-        let want = d.per_step.min(remaining).min(cap);
+        let want = d.per_step.min(remaining);
         if want == 0 {
             return Ok(Vec::new());
         }
