@@ -819,21 +819,7 @@ fn multi_linear_shape(weight: &LinearWeight) -> Vec<i32> {
 /// Heads `heads` of a stacked per-head weight `[heads, out, in]`, sliced as
 /// loaded (with their scales and biases when quantized).
 fn heads_of(weight: &LinearWeight, heads: &Range<i32>) -> LinearWeight {
-    let slice = |a: &Array| a.index(heads.start..heads.end);
-    match weight {
-        LinearWeight::Dense(w) => LinearWeight::Dense(slice(w)),
-        LinearWeight::Quantized {
-            weight,
-            scales,
-            biases,
-            spec,
-        } => LinearWeight::Quantized {
-            weight: slice(weight),
-            scales: slice(scales),
-            biases: biases.as_ref().map(slice),
-            spec: *spec,
-        },
-    }
+    weight.map_arrays(|a| a.index(heads.start..heads.end))
 }
 
 /// Where one projection of every expert lies in the files.

@@ -61,6 +61,27 @@ pub enum LinearWeight {
     },
 }
 
+impl LinearWeight {
+    /// The same weight with `f` applied to each stored array (the packed
+    /// values, scales and biases alike), e.g. to slice rows or heads.
+    pub(crate) fn map_arrays(&self, f: impl Fn(&Array) -> Array) -> LinearWeight {
+        match self {
+            LinearWeight::Dense(w) => LinearWeight::Dense(f(w)),
+            LinearWeight::Quantized {
+                weight,
+                scales,
+                biases,
+                spec,
+            } => LinearWeight::Quantized {
+                weight: f(weight),
+                scales: f(scales),
+                biases: biases.as_ref().map(&f),
+                spec: *spec,
+            },
+        }
+    }
+}
+
 /// A linear layer `y = x @ weight.T + bias`, dense or quantized, with an
 /// optional LoRA adapter.
 #[derive(Clone)]
@@ -177,21 +198,7 @@ impl Linear {
         let mut start = 0;
         let mut parts = Vec::with_capacity(rows.len());
         for &n in rows {
-            let slice = |a: &Array| -> Array { a.index((start..start + n, ..)) };
-            let weight = match &self.weight {
-                LinearWeight::Dense(w) => LinearWeight::Dense(slice(w)),
-                LinearWeight::Quantized {
-                    weight,
-                    scales,
-                    biases,
-                    spec,
-                } => LinearWeight::Quantized {
-                    weight: slice(weight),
-                    scales: slice(scales),
-                    biases: biases.as_ref().map(slice),
-                    spec: *spec,
-                },
-            };
+            let weight = self.weight.map_arrays(|a| a.index((start..start + n, ..)));
             let bias = self.bias.as_ref().map(|b| b.index(start..start + n));
             parts.push(Linear {
                 weight,
