@@ -327,6 +327,9 @@ pub fn generate_batch<'a>(
             results[f.id as usize] = Some(f.result);
         }
     }
+    // Rows that ended left a queued pass behind; it must finish before the
+    // caller may exit the process.
+    crate::mlx_ext::synchronize()?;
     results
         .into_iter()
         .enumerate()
