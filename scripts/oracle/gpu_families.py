@@ -23,6 +23,7 @@ pass --ours-flag=--compute-dtype=model for the same computation.
 """
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -35,6 +36,7 @@ sys.path.insert(0, str(HERE))
 
 import mlx.core as mx  # noqa: E402
 import mlx_lm  # noqa: E402
+from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 from mlx_lm.utils import load_model  # noqa: E402
 
 from make_batch_goldens import run  # noqa: E402
@@ -103,6 +105,36 @@ def ours(binary, model_dir, rows, max_tokens, extra):
     return [json.loads(line)["token_ids"] for line in res.stdout.strip().splitlines()]
 
 
+def divergence(model, prompt, want, got):
+    """Where `got` first leaves `want`: mlx-lm's logits there (one forward
+    over the prompt and the agreed tokens) for its token and ours, and the
+    gap in units of bf16's spacing at mlx-lm's top logit. A gap of a unit or
+    two is a near tie that the order of a sum decides."""
+    step = next((i for i, (a, b) in enumerate(zip(want, got)) if a != b), None)
+    if step is None:
+        return None
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt + want[:step]]), cache=cache)[0, -1].astype(mx.float32)
+    theirs, mine = logits[want[step]].item(), logits[got[step]].item()
+    found = {"step": step, "mlx_lm_token": want[step], "mlx_bun_token": got[step],
+             "mlx_lm_logit": theirs, "mlx_bun_token_logit": mine,
+             "gap_bf16_units": float("nan"), "mlx_bun_token_rank": -1}
+    if math.isfinite(theirs) and math.isfinite(mine):
+        spacing = 2.0 ** (math.floor(math.log2(max(abs(theirs), 1e-30))) - 7)
+        found["gap_bf16_units"] = (theirs - mine) / spacing
+        found["mlx_bun_token_rank"] = int((logits > mine).sum().item())
+    return found
+
+
+def divergences(model, want_rows, got_rows):
+    found = []
+    for row, (prompt, want, got) in enumerate(zip(PROMPTS, want_rows, got_rows)):
+        d = divergence(model, prompt, want, got)
+        if d is not None:
+            found.append({"row": row, **d})
+    return found
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True)
@@ -137,6 +169,8 @@ def main():
                     want_batch = want_serial
             entry["mlx_lm_batch"] = want_batch
             entry["batch_equal"] = got_batch == want_batch
+            entry["serial_divergences"] = divergences(model, want_serial, got_serial)
+            entry["batch_divergences"] = divergences(model, want_batch, got_batch)
             ok = entry["serial_equal"] and entry["batch_equal"] and all(want_serial)
         except Exception as e:  # one case's failure is reported, the rest still run
             entry = {"error": str(e)}
@@ -148,6 +182,12 @@ def main():
             f"batch {'EQUAL' if entry['batch_equal'] else 'DIFFERENT'}"
             + (f" (mlx-lm's batch failed: {entry['mlx_lm_batch_error']}; against its serial)"
                if "mlx_lm_batch_error" in entry else ""))
+        for mode in ("serial", "batch"):
+            for d in entry.get(f"{mode}_divergences", []):
+                state += (f"\n  {mode} row {d['row']} step {d['step']}: mlx-lm {d['mlx_lm_token']}"
+                          f" ({d['mlx_lm_logit']:.4f}), mlx-bun {d['mlx_bun_token']}"
+                          f" ({d['mlx_bun_token_logit']:.4f}, rank {d['mlx_bun_token_rank']}),"
+                          f" gap {d['gap_bf16_units']:.2f} bf16 units")
         print(f"{case} ({a.dtype}): {state}", flush=True)
     meta = {"mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "device": str(mx.default_device()),
             "dtype": a.dtype, "max_tokens": a.max_tokens, "prompt_ids": PROMPTS}
