@@ -296,8 +296,15 @@ fn mamba2_families_split_by_tensors_and_layers_match_single_process() {
     let tmp = tempfile::tempdir().unwrap();
     // Nemotron-H's Mamba-2 layers split by group (gate, x, B, C and step
     // sizes of in_proj, the convolution's channels, the per-group gated
-    // norm), its ReLU² MLP layers by columns, dense and 4-bit.
-    for case in ["nemotron_h", "nemotron_h_q4"] {
+    // norm), its ReLU² MLP layers by columns, dense and 4-bit; Granite 4's
+    // gated norm over all channels (squares summed across ranks), its
+    // experts beside the fused shared MLP, or the fused dense MLP alone.
+    for case in [
+        "nemotron_h",
+        "nemotron_h_q4",
+        "granitemoehybrid",
+        "granitemoehybrid_dense",
+    ] {
         check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
     }
 }
@@ -363,8 +370,8 @@ fn families_tensor_parallelism_refuses_split_by_layers() {
     let tmp = tempfile::tempdir().unwrap();
     for (case, reason) in [
         (
-            "granitemoehybrid",
-            "the gated norm of its Mamba-2 layers spans all heads at once",
+            "granitemoehybrid_q4",
+            "1 quantization group(s) of 32, which cannot be split across 2 ranks",
         ),
         // One quantization group of expert columns cannot be halved.
         (

@@ -9,10 +9,10 @@
 //! of experts keep the router whole and split every expert's intermediate
 //! columns, with one `all_sum` of the block's output. Recurrent mixers split
 //! by head (gated DeltaNet by key head, Mamba-2 by group, LFM2's short
-//! convolution by channel), latent attention by query head, and q/k norms
-//! over all heads sum their squares across ranks. Families whose layers
-//! cannot be split so are refused with the reason; pipeline parallelism
-//! splits them.
+//! convolution by channel), latent attention by query head, and norms over
+//! all heads (OLMo 3's q/k norms, Granite 4's gated Mamba-2 norm) sum their
+//! squares across ranks. Families whose layers cannot be split so are
+//! refused with the reason; pipeline parallelism splits them.
 //!
 //! Pipeline parallel (as mlx-lm's `PipelineMixin`): each rank keeps a
 //! contiguous range of layers, rank 0 the last ones; activations go from rank
@@ -41,7 +41,7 @@ use crate::model::decoder::{Attention, Block, FeedForward, Mlp, QkNormSpan, Recu
 use crate::model::gated_delta::{GatedDeltaNet, InProj};
 use crate::model::layers::{Linear, LinearWeight, Lora, RmsNorm};
 use crate::model::lfm2::ShortConv;
-use crate::model::mamba2::Mamba2;
+use crate::model::mamba2::{Mamba2, NormAcrossRanks};
 use crate::model::moe::{SparseMoe, SwitchLinear, SwitchWeight, EXPERT_PROJS};
 use crate::model::nemotron_h::ReluSquaredMlp;
 use crate::model::pipeline::PipelineStage;
@@ -63,7 +63,7 @@ pub fn shard_model(model: &mut Model, group: &Group, mode: Parallelism) -> Resul
     if group.size() < 2 {
         return Ok(());
     }
-    check_family(&model.args.model_type, mode)?;
+    check_family(&model.args.model_type)?;
     let files = TensorFiles::open(&model.path)?;
     match mode {
         Parallelism::Tensor => shard_tensor(model, group, &files),
@@ -80,7 +80,7 @@ pub fn shard_model(model: &mut Model, group: &Group, mode: Parallelism) -> Resul
 
 /// Families whose every layer `shard_tensor` splits (attention, latent
 /// attention, dense MLPs, mixtures of experts, gated DeltaNet, short
-/// convolutions, Nemotron-H's Mamba-2): both kinds of parallelism split them.
+/// convolutions, Mamba-2): both kinds of parallelism split them.
 const TENSOR_FAMILIES: &[&str] = &[
     "llama",
     "mistral",
@@ -107,34 +107,21 @@ const TENSOR_FAMILIES: &[&str] = &[
     "lfm2",
     "olmo3",
     "nemotron_h",
+    "granitemoehybrid",
 ];
 
-/// Refuses a family `mode` cannot split, saying why.
-fn check_family(model_type: &str, mode: Parallelism) -> Result<()> {
-    if TENSOR_FAMILIES.contains(&model_type) {
-        return Ok(());
-    }
-    let reason = match model_type {
-        "granitemoehybrid" => "the gated norm of its Mamba-2 layers spans all heads at once",
-        "gemma4" | "gemma4_text" => {
-            return Err(anyhow!(
-                "sharding {model_type} models is not supported: its layers share keys and values \
-                 across layers in a forward pass of its own"
-            ))
-        }
-        other => {
-            return Err(anyhow!(
-                "sharding {other} models is not supported (supported: {}; with --pipeline also \
-                 granitemoehybrid)",
-                TENSOR_FAMILIES.join(", ")
-            ))
-        }
-    };
-    match mode {
-        Parallelism::Pipeline => Ok(()),
-        Parallelism::Tensor => {
-            bail!("tensor parallelism cannot split {model_type} models: {reason} (use --pipeline)")
-        }
+/// Refuses a family that cannot be split, saying why.
+fn check_family(model_type: &str) -> Result<()> {
+    match model_type {
+        t if TENSOR_FAMILIES.contains(&t) => Ok(()),
+        "gemma4" | "gemma4_text" => Err(anyhow!(
+            "sharding {model_type} models is not supported: its layers share keys and values \
+             across layers in a forward pass of its own"
+        )),
+        other => Err(anyhow!(
+            "sharding {other} models is not supported (supported: {})",
+            TENSOR_FAMILIES.join(", ")
+        )),
     }
 }
 
@@ -204,10 +191,19 @@ const STANDARD_NAMES: LayerNames = LayerNames {
     mlp_projs: ["gate_proj", "up_proj", "down_proj"],
 };
 
+/// Granite 4's `shared_mlp`: gate and up as the halves of `input_linear`.
+const FUSED_SHARED_MLP: LayerNames = LayerNames {
+    fused: true,
+    o_proj: "o_proj",
+    mlp: "shared_mlp",
+    mlp_projs: ["input_linear", "input_linear", "output_linear"],
+};
+
 fn layer_names(model_type: &str) -> LayerNames {
     match model_type {
         "phi3" => LayerNames {
             fused: true,
+            mlp_projs: ["gate_up_proj", "gate_up_proj", "down_proj"],
             ..STANDARD_NAMES
         },
         "llama4_text" => LayerNames {
@@ -247,14 +243,17 @@ fn shard_tensor(model: &mut Model, group: &Group, files: &TensorFiles) -> Result
                 cut.gated_delta(delta, &format!("{p}.linear_attn"))?
             }
             Some(Recurrent::ShortConv(conv)) => cut.short_conv(conv, &format!("{p}.conv"))?,
-            Some(_) => bail!("{p}: this recurrent layer is not split (use --pipeline)"),
+            Some(Recurrent::Mamba2(mamba)) => cut.mamba2(mamba, &format!("{p}.mamba"))?,
             None if layer.self_attn.latent.is_some() => {
                 cut.latent_attention(&mut layer.self_attn, &format!("{p}.self_attn"))?
             }
             None => cut.attention(&mut layer.self_attn, &format!("{p}.self_attn"), &names)?,
         }
         match &mut layer.mlp {
-            FeedForward::Dense(mlp) => cut.mlp(mlp, &format!("{p}.{}", names.mlp), &names)?,
+            FeedForward::Dense(mlp) => {
+                let (at, names) = cut.mlp_site(&p, &names);
+                cut.mlp(mlp, &at, names)?
+            }
             FeedForward::Sparse(moe) => cut.moe(moe, &p)?,
         }
     }
@@ -529,14 +528,16 @@ impl Cut<'_> {
                 d.groups
             );
         }
-        if mamba.norm_groups != d.groups {
-            bail!(
-                "{prefix}: the gated norm spans {} group(s) of {} heads' groups, which a split of \
-                 the heads changes (use --pipeline)",
-                mamba.norm_groups,
+        // Nemotron-H normalizes each group apart, Granite 4 all channels at once.
+        let norm_across_ranks = match mamba.norm_groups {
+            n if n == d.groups => false,
+            1 => true,
+            n => bail!(
+                "{prefix}: the gated norm spans {n} group(s) of {} heads' groups, which a split \
+                 of the heads changes (use --pipeline)",
                 d.groups
-            );
-        }
+            ),
+        };
         let (hd, n) = (d.head_dim, d.state_size);
         let g = part(d.groups, rank, size);
         let h = scaled(&g, d.heads / d.groups);
@@ -568,7 +569,14 @@ impl Cut<'_> {
         self.columns(&mut mamba.out_proj, &name("out_proj"), channels)?;
         mamba.dims.heads = h.len() as i32;
         mamba.dims.groups = g.len() as i32;
-        mamba.norm_groups = g.len() as i32;
+        if norm_across_ranks {
+            mamba.norm_across_ranks = Some(NormAcrossRanks {
+                group: self.group.clone(),
+                width: inner,
+            });
+        } else {
+            mamba.norm_groups = g.len() as i32;
+        }
         Ok(())
     }
 
@@ -612,6 +620,18 @@ impl Cut<'_> {
         Ok(())
     }
 
+    /// Where layer `layer`'s dense MLP is stored, and its names: Granite 4
+    /// without experts keeps it as the fused `shared_mlp`.
+    fn mlp_site<'n>(&self, layer: &str, names: &'n LayerNames) -> (String, &'n LayerNames) {
+        let standard = format!("{layer}.{}", names.mlp);
+        let fused = format!("{layer}.{}", FUSED_SHARED_MLP.mlp);
+        let stored = |at: &str, proj: &str| self.files.contains(&format!("{at}.{proj}.weight"));
+        if !stored(&standard, names.mlp_projs[0]) && stored(&fused, FUSED_SHARED_MLP.mlp_projs[0]) {
+            return (fused, &FUSED_SHARED_MLP);
+        }
+        (standard, names)
+    }
+
     /// Splits the intermediate columns: gate/up by rows, down by columns.
     fn mlp(&self, mlp: &mut Mlp, prefix: &str, names: &LayerNames) -> Result<()> {
         let (hidden, _) = mlp.gate_proj.shape();
@@ -623,7 +643,7 @@ impl Cut<'_> {
         let name = |n: &str| format!("{prefix}.{n}");
         let [gate, up, down] = names.mlp_projs;
         if names.fused {
-            let gate_up = name("gate_up_proj");
+            let gate_up = name(gate);
             self.rows(&mut mlp.gate_proj, &gate_up, cols.clone())?;
             self.rows(&mut mlp.up_proj, &gate_up, shifted(&cols, hidden))?;
         } else {
@@ -670,7 +690,12 @@ impl Cut<'_> {
                 "" => format!("{parent}.shared_experts"),
                 key => key.to_string(),
             };
-            self.mlp(&mut shared.mlp, &format!("{layer}.{key}"), &STANDARD_NAMES)?;
+            let at = format!("{layer}.{key}");
+            let names = match self.files.contains(&format!("{at}.input_linear.weight")) {
+                true => &FUSED_SHARED_MLP,
+                false => &STANDARD_NAMES,
+            };
+            self.mlp(&mut shared.mlp, &at, names)?;
             // Summed with the routed experts, once.
             shared.mlp.down_proj.all_sum = None;
         }

@@ -98,10 +98,11 @@ pub enum QkNormSpan {
     },
 }
 
-/// `norm` over the full width of heads split across `group`: `y` is this
-/// rank's part; its sum of squares is summed across ranks (in float32, as
-/// MLX's fused norm accumulates) before the mean over `width`.
-fn rms_norm_across_ranks(
+/// `norm` over the full width of channels split across `group`: `y` is this
+/// rank's part (and `norm.weight` its part of the scale); its sum of squares
+/// is summed across ranks (in float32, as MLX's fused norm accumulates)
+/// before the mean over `width`.
+pub(crate) fn rms_norm_across_ranks(
     norm: &RmsNorm,
     y: &Array,
     group: &crate::collective::Group,

@@ -31,8 +31,9 @@ use mlx_rs::ops::{
 };
 use mlx_rs::{Array, Dtype};
 
+use super::decoder::rms_norm_across_ranks;
 use super::gated_delta::causal_conv1d;
-use super::layers::Linear;
+use super::layers::{Linear, RmsNorm};
 use super::weights::Weights;
 use crate::cache::KvCache;
 
@@ -128,12 +129,25 @@ pub struct Mamba2 {
     /// The groups of channels the gated norm normalizes apart (`n_groups`
     /// for Nemotron-H; 1, all channels at once, for Granite 4).
     pub norm_groups: i32,
+    /// Set when the norm's one group of channels is split across ranks.
+    pub norm_across_ranks: Option<NormAcrossRanks>,
     /// Projects the gated, normed output back to the hidden size.
     pub out_proj: Linear,
     /// The mixer's sizes.
     pub dims: Mamba2Dims,
     /// Where the step sizes are clipped to.
     pub limit: StepLimit,
+}
+
+/// A gated norm over all channels when each rank holds part of them
+/// (tensor parallel Granite 4): the sums of squares are summed across
+/// `group` and averaged over `width`, the channels of all ranks.
+#[derive(Clone)]
+pub struct NormAcrossRanks {
+    /// The ranks that hold the channels.
+    pub group: crate::collective::Group,
+    /// The channels of all ranks.
+    pub width: i32,
 }
 
 impl Mamba2 {
@@ -205,6 +219,7 @@ impl Mamba2 {
             norm_weight,
             norm_eps: eps,
             norm_groups: dims.groups,
+            norm_across_ranks: None,
             out_proj: lin(w, "out_proj")?,
             dims,
             limit,
@@ -253,6 +268,13 @@ impl Mamba2 {
     /// times the norm's scale (mlx-lm's `MambaRMSNormGated`).
     fn gated_norm(&self, y: &Array, gate: &Array) -> Result<Array> {
         let gated = &(gate * &sigmoid(gate)?) * y;
+        if let Some(span) = &self.norm_across_ranks {
+            let norm = RmsNorm {
+                weight: self.norm_weight.clone(),
+                eps: self.norm_eps,
+            };
+            return rms_norm_across_ranks(&norm, &gated, &span.group, span.width);
+        }
         let shape = gated.shape().to_vec();
         let mut grouped = shape.clone();
         let last = grouped.len() - 1;
