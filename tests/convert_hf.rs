@@ -60,7 +60,14 @@ const MORE_FAMILIES: &[&str] = &[
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",
+    "glm4_moe",
+    "deepseek_v3",
+    "kimi_k2",
 ];
+
+/// Families also converted to mxfp4 (their routers and per-head projections
+/// under the fp4 modes).
+const MXFP4_FAMILIES: &[&str] = &["glm4_moe", "deepseek_v3"];
 
 struct Case {
     name: String,
@@ -200,6 +207,14 @@ fn cases() -> Vec<Case> {
             f,
             &["-q", "--quant-predicate", recipe],
             json!({"quantize": true, "quant_predicate": recipe}),
+        ));
+    }
+    for &f in MXFP4_FAMILIES {
+        cases.push(c(
+            &format!("{f}-mxfp4"),
+            f,
+            &["-q", "--q-mode", "mxfp4"],
+            json!({"quantize": true, "q_mode": "mxfp4"}),
         ));
     }
     cases

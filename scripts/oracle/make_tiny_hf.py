@@ -17,6 +17,8 @@ HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 128, 256, 4, 4, 2, 32,
 EXPERTS, TOP_K, MOE_INTER = 4, 2, 128
 # Gated DeltaNet layers (three of every four): key and value heads, head sizes, kernel.
 LIN_K_HEADS, LIN_V_HEADS, LIN_HEAD_DIM, CONV_KERNEL = 2, 4, 32, 4
+# DeepSeek-V3's latent attention: query and key-value ranks, head parts.
+Q_RANK, KV_RANK, NOPE, ROPE, V_DIM = 64, 64, 64, 32, 64
 
 BASE = dict(
     tied=False, extra_head=False, qkv_bias=False, qk_norm=None, inv_freq=False,
@@ -74,6 +76,11 @@ FAMILIES = {
     "qwen3_5_moe": dict(
         dtype="bfloat16", qk_norm="head", moe=QWEN3_5_MOE, hybrid=True, mtp=True, split_in_proj=True, nested=True,
     ),
+    # sigmoid-routed experts with a float32 score correction mlx-lm keeps; layers of their own
+    "glm4_moe": dict(dtype="bfloat16"),
+    "deepseek_v3": dict(dtype="bfloat16"),
+    # runs as deepseek_v3 in mlx-lm
+    "kimi_k2": dict(dtype="bfloat16"),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -97,7 +104,20 @@ ARCHITECTURES = {
     "qwen3_next": "Qwen3NextForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM",
 }
+
+SIGMOID_MOE = dict(
+    n_routed_experts=EXPERTS, n_shared_experts=1, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
+    first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+    topk_method="noaux_tc", scoring_func="sigmoid",
+)
+DEEPSEEK_V3 = dict(
+    SIGMOID_MOE, q_lora_rank=Q_RANK, kv_lora_rank=KV_RANK, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
+    v_head_dim=V_DIM, moe_layer_freq=1, attention_bias=False, num_key_value_heads=HEADS, rope_scaling=None,
+)
 
 
 def tensors(spec):
@@ -174,6 +194,91 @@ def tensors(spec):
     if spec["nested"]:
         w = {(f"model.language_model.{k[6:]}" if k.startswith("model.") else k): v for k, v in w.items()}
         rnd("model.visual.patch_embed.proj.weight", HIDDEN, 3 * 2 * 16 * 16)
+    return w
+
+
+def sigmoid_routed_moe(rnd, w, prefix):
+    """A sigmoid-routed MoE block (GLM-4.5, DeepSeek-V3): a router with a
+    float32 score correction, experts one by one, a shared expert."""
+    rnd(f"{prefix}.gate.weight", EXPERTS, HIDDEN)
+    w[f"{prefix}.gate.e_score_correction_bias"] = mx.random.normal((EXPERTS,)) * 0.1
+    for e in range(EXPERTS):
+        swiglu(rnd, f"{prefix}.experts.{e}", MOE_INTER)
+    swiglu(rnd, f"{prefix}.shared_experts", MOE_INTER)
+
+
+def swiglu(rnd, prefix, inter):
+    rnd(f"{prefix}.gate_proj.weight", inter, HIDDEN)
+    rnd(f"{prefix}.up_proj.weight", inter, HIDDEN)
+    rnd(f"{prefix}.down_proj.weight", HIDDEN, inter)
+
+
+def glm4_moe_tensors(rnd, norm, w):
+    """GLM-4.5: biased q/k/v, per-head q/k norms, a dense first layer, and a
+    multi-token-prediction layer `model.layers.{LAYERS}` mlx-lm drops."""
+    for i in range(LAYERS + 1):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        for proj, heads in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+            rnd(f"{a}.{proj}_proj.weight", heads * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.{proj}_proj.bias", heads * HEAD_DIM)
+        rnd(f"{a}.o_proj.weight", HIDDEN, HEADS * HEAD_DIM)
+        norm(f"{a}.q_norm.weight", HEAD_DIM)
+        norm(f"{a}.k_norm.weight", HEAD_DIM)
+        if i == 0:
+            swiglu(rnd, f"{p}.mlp", INTER)
+        else:
+            sigmoid_routed_moe(rnd, w, f"{p}.mlp")
+        norm(f"{p}.input_layernorm.weight", HIDDEN)
+        norm(f"{p}.post_attention_layernorm.weight", HIDDEN)
+    rnd(f"model.layers.{LAYERS}.eh_proj.weight", HIDDEN, 2 * HIDDEN)
+    norm(f"model.layers.{LAYERS}.enorm.weight", HIDDEN)
+
+
+def deepseek_v3_tensors(rnd, norm, w):
+    """DeepSeek-V3: latent attention with the unsplit `kv_b_proj`, a dense
+    first layer, rotary caches mlx-lm drops."""
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        rnd(f"{a}.q_a_proj.weight", Q_RANK, HIDDEN)
+        norm(f"{a}.q_a_layernorm.weight", Q_RANK)
+        rnd(f"{a}.q_b_proj.weight", HEADS * (NOPE + ROPE), Q_RANK)
+        rnd(f"{a}.kv_a_proj_with_mqa.weight", KV_RANK + ROPE, HIDDEN)
+        norm(f"{a}.kv_a_layernorm.weight", KV_RANK)
+        rnd(f"{a}.kv_b_proj.weight", HEADS * (NOPE + V_DIM), KV_RANK)
+        rnd(f"{a}.o_proj.weight", HIDDEN, HEADS * V_DIM)
+        w[f"{a}.rotary_emb.inv_freq"] = mx.arange(ROPE // 2).astype(mx.float32)
+        if i == 0:
+            swiglu(rnd, f"{p}.mlp", INTER)
+        else:
+            sigmoid_routed_moe(rnd, w, f"{p}.mlp")
+        norm(f"{p}.input_layernorm.weight", HIDDEN)
+        norm(f"{p}.post_attention_layernorm.weight", HIDDEN)
+
+
+# Families whose layers the generic spec does not describe.
+OWN_LAYERS = {
+    "glm4_moe": glm4_moe_tensors,
+    "deepseek_v3": deepseek_v3_tensors,
+    "kimi_k2": deepseek_v3_tensors,
+}
+
+
+def own_tensors(family, spec):
+    dt = getattr(mx, spec["dtype"])
+    w = {}
+
+    def rnd(name, *shape, scale=0.05):
+        w[name] = (mx.random.normal(shape) * scale).astype(dt)
+
+    def norm(name, size):
+        w[name] = (1 + mx.random.normal((size,)) * 0.1).astype(dt)
+
+    rnd("model.embed_tokens.weight", VOCAB, HIDDEN, scale=0.5)
+    OWN_LAYERS[family](rnd, norm, w)
+    norm("model.norm.weight", HIDDEN)
+    rnd("lm_head.weight", VOCAB, HIDDEN)
     return w
 
 
@@ -271,6 +376,12 @@ def config(family, spec):
                 num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
                 decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, attention_bias=False,
             ),
+            "glm4_moe": dict(
+                SIGMOID_MOE, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5, rope_scaling=None,
+                num_nextn_predict_layers=1,
+            ),
+            "deepseek_v3": DEEPSEEK_V3,
+            "kimi_k2": DEEPSEEK_V3,
             "qwen3_5": HYBRID_TEXT,
             "qwen3_5_moe": dict(
                 HYBRID_TEXT, num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
@@ -292,7 +403,7 @@ def config(family, spec):
 def write(out, family, spec, tokenizer_dir):
     d = out / family
     d.mkdir(parents=True, exist_ok=False)
-    w = tensors(spec)
+    w = own_tensors(family, spec) if family in OWN_LAYERS else tensors(spec)
     names = sorted(w)
     half = len(names) // 2
     shards = [names[:half], names[half:]]

@@ -297,7 +297,7 @@ impl Source {
             }
         }
         family
-            .rewrite(&mut tensors)
+            .rewrite(&mut tensors, &config)
             .with_context(|| format!("reading the tensors of {}", dir.display()))?;
         let mut source = Self {
             dir: dir.to_path_buf(),
