@@ -63,11 +63,20 @@ const MORE_FAMILIES: &[&str] = &[
     "glm4_moe",
     "deepseek_v3",
     "kimi_k2",
+    "lfm2",
+    "granitemoehybrid",
 ];
+
+/// Families whose Hugging Face checkpoints come quantized (MXFP4 experts):
+/// converted as they are and dequantized, never quantized again.
+const QUANTIZED_FAMILIES: &[&str] = &["gpt_oss"];
+
+/// Families without `down_proj` layers, which mlx-lm's mixed recipes refuse.
+const NO_MIXED: &[&str] = &["lfm2"];
 
 /// Families also converted to mxfp4 (their routers and per-head projections
 /// under the fp4 modes).
-const MXFP4_FAMILIES: &[&str] = &["glm4_moe", "deepseek_v3"];
+const MXFP4_FAMILIES: &[&str] = &["glm4_moe", "deepseek_v3", "lfm2", "granitemoehybrid"];
 
 struct Case {
     name: String,
@@ -202,11 +211,23 @@ fn cases() -> Vec<Case> {
         let recipe = recipes[i % recipes.len()];
         cases.push(c(&format!("{f}-plain"), f, &[], json!({})));
         cases.push(c(&format!("{f}-q4"), f, &["-q"], json!({"quantize": true})));
+        if NO_MIXED.contains(&f) {
+            continue;
+        }
         cases.push(c(
             &format!("{f}-{recipe}"),
             f,
             &["-q", "--quant-predicate", recipe],
             json!({"quantize": true, "quant_predicate": recipe}),
+        ));
+    }
+    for &f in QUANTIZED_FAMILIES {
+        cases.push(c(&format!("{f}-plain"), f, &[], json!({})));
+        cases.push(c(
+            &format!("{f}-dequantized"),
+            f,
+            &["-d"],
+            json!({"dequantize": true}),
         ));
     }
     for &f in MXFP4_FAMILIES {
@@ -533,6 +554,32 @@ fn quantized_input_is_never_quantized_again_and_bad_options_are_refused() {
         &["--hf-path", "/nonexistent/model", "--mlx-path", outs],
         "does not exist",
     );
+    for f in QUANTIZED_FAMILIES {
+        assert_fails(
+            &[
+                "--hf-path",
+                family(f).to_str().unwrap(),
+                "--mlx-path",
+                outs,
+                "-q",
+            ],
+            "already quantized",
+        );
+    }
+    for f in NO_MIXED {
+        assert_fails(
+            &[
+                "--hf-path",
+                family(f).to_str().unwrap(),
+                "--mlx-path",
+                outs,
+                "-q",
+                "--quant-predicate",
+                "mixed_3_6",
+            ],
+            "no down_proj layers",
+        );
+    }
     let mamba = work.path().join("mamba");
     std::fs::create_dir(&mamba).unwrap();
     std::fs::write(mamba.join("config.json"), r#"{"model_type": "mamba"}"#).unwrap();
@@ -601,6 +648,11 @@ fn converted_models_of_every_family_generate() {
     for f in MORE_FAMILIES {
         let out = work.path().join(f);
         convert_ok(&family(f), &out, &["-q"]);
+        generates(&out);
+    }
+    for f in QUANTIZED_FAMILIES {
+        let out = work.path().join(f);
+        convert_ok(&family(f), &out, &[]);
         generates(&out);
     }
 }

@@ -6,11 +6,13 @@
 use std::collections::HashMap;
 
 use anyhow::{bail, Context, Result};
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp, IntoStrideBy};
 use mlx_rs::Array;
 use serde_json::{Map, Value};
 
 use crate::model::deepseek_v3::{foreign_quantization, split_kv_b_proj};
 use crate::model::gated_delta::conv_weight_for_mlx;
+use crate::model::lfm2::short_conv_for_mlx;
 use crate::model::moe::MoeLayout;
 use crate::model::qwen3_next::norm_from_offset;
 use crate::model::{deepseek_v3, glm4_moe, mixtral, qwen3_5, qwen3_moe, qwen3_next};
@@ -36,6 +38,9 @@ pub(crate) struct Family {
     cast: fn(&str) -> bool,
     /// What loading the model changes in the config mlx-lm writes back.
     config_edit: fn(&mut Map<String, Value>),
+    /// Whether a checkpoint quantized as MXFP4 (`quant_method: mxfp4`) is
+    /// read, its packed layers kept as mxfp4 ones.
+    reads_mxfp4: bool,
 }
 
 pub(crate) type Tensors = HashMap<String, Array>;
@@ -290,6 +295,144 @@ fn split_every_kv_b_proj(tensors: &mut Tensors, config: &Map<String, Value>) -> 
     Ok(())
 }
 
+/// LFM2: the short convolutions turned to MLX's layout.
+fn lfm2_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
+    for (name, tensor) in tensors.iter_mut() {
+        if name.contains("conv.weight") {
+            *tensor = short_conv_for_mlx(tensor.clone())?;
+        }
+    }
+    Ok(())
+}
+
+/// Granite 4 (`granitemoehybrid`): the Mamba-2 convolutions turned to MLX's
+/// layout; the experts' fused `input_linear` split into the `switch_mlp`
+/// gate and up halves, or, in a model without experts, the shared MLP
+/// renamed `mlp` with its `input_linear` split the same way.
+fn granitemoehybrid_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    for (name, tensor) in tensors.iter_mut() {
+        if name.contains("conv1d.weight") {
+            *tensor = conv_weight_for_mlx(tensor.clone())?.0;
+        }
+    }
+    let layers = config_int(config, "num_hidden_layers")?;
+    let experts = config.get("num_local_experts").and_then(Value::as_i64);
+    let sparse = experts.is_some_and(|n| n != 0);
+    let (from, to, axis) = if sparse {
+        ("block_sparse_moe", "block_sparse_moe.switch_mlp", 1)
+    } else {
+        ("shared_mlp", "mlp", 0)
+    };
+    if !tensors.contains_key(&format!("model.layers.0.{from}.input_linear.weight")) {
+        return Ok(());
+    }
+    for layer in 0..layers {
+        let (from, to) = (
+            format!("model.layers.{layer}.{from}"),
+            format!("model.layers.{layer}.{to}"),
+        );
+        split_input_linear(tensors, &from, &to, axis)?;
+    }
+    Ok(())
+}
+
+/// `{from}.input_linear` (gate then up along `axis`) and `{from}.output_linear`
+/// become `{to}.gate_proj`, `{to}.up_proj` and `{to}.down_proj`.
+fn split_input_linear(tensors: &mut Tensors, from: &str, to: &str, axis: i32) -> Result<()> {
+    let take = |tensors: &mut Tensors, name: String| {
+        tensors
+            .remove(&name)
+            .with_context(|| format!("tensor {name} is missing"))
+    };
+    let input = take(tensors, format!("{from}.input_linear.weight"))?;
+    let halves = input
+        .split_equal(2, axis)
+        .with_context(|| format!("{from}.input_linear.weight: no gate and up halves"))?;
+    let [gate, up] = <[Array; 2]>::try_from(halves).unwrap();
+    tensors.insert(format!("{to}.gate_proj.weight"), gate);
+    tensors.insert(format!("{to}.up_proj.weight"), up);
+    let output = take(tensors, format!("{from}.output_linear.weight"))?;
+    tensors.insert(format!("{to}.down_proj.weight"), output);
+    Ok(())
+}
+
+/// Granite 4's predicate: the experts' routers at 8 bits.
+fn expert_router_at_8_bits(prefix: &str) -> Option<(i32, i32)> {
+    prefix.ends_with("router.layer").then_some((64, 8))
+}
+
+/// GPT-OSS as mlx-lm's `sanitize` reads Hugging Face's experts: MXFP4
+/// `{name}_blocks` (bytes) and `{name}_scales` become a packed `{name}.weight`
+/// and its `.scales`, `gate_up_proj` (gate and up rows interleaved) splits
+/// into `gate_proj` and `up_proj`, and the `_bias` tensors follow. A
+/// checkpoint with a `gate_proj.weight` is taken as already converted.
+fn gpt_oss_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
+    if tensors.keys().any(|n| n.contains("gate_proj.weight")) {
+        return Ok(());
+    }
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        let bias = name.contains("bias");
+        let fused = name.contains("gate_up_proj");
+        if !fused && !name.contains("down_proj") {
+            continue;
+        }
+        let tensor = tensors.remove(&name).unwrap();
+        if bias {
+            let name = name.replace("_proj_bias", "_proj.bias");
+            insert_expert_part(tensors, &name, tensor, fused)?;
+            continue;
+        }
+        let (name, tensor) = if name.contains("_blocks") {
+            (name.replace("_blocks", ".weight"), mxfp4_words(&tensor)?)
+        } else {
+            (name.replace("_scales", ".scales"), tensor)
+        };
+        insert_expert_part(tensors, &name, tensor, fused)?;
+    }
+    Ok(())
+}
+
+/// Inserts an expert tensor; a fused `gate_up_proj` one goes in as its even
+/// rows (gate) and odd rows (up), rows being the last axis of a bias and the
+/// one before it otherwise.
+fn insert_expert_part(tensors: &mut Tensors, name: &str, tensor: Array, fused: bool) -> Result<()> {
+    if !fused {
+        tensors.insert(name.to_string(), tensor);
+        return Ok(());
+    }
+    let every_other = |start: i32| {
+        if name.ends_with(".bias") {
+            tensor.index((Ellipsis, (start..).stride_by(2)))
+        } else {
+            tensor.index((Ellipsis, (start..).stride_by(2), ..))
+        }
+    };
+    tensors.insert(name.replace("gate_up_proj", "gate_proj"), every_other(0));
+    tensors.insert(name.replace("gate_up_proj", "up_proj"), every_other(1));
+    Ok(())
+}
+
+/// MXFP4 blocks `[.., groups, 16]` bytes as MLX's packed words `[.., groups × 4]`.
+fn mxfp4_words(blocks: &Array) -> Result<Array> {
+    let words = blocks.view::<u32>()?;
+    let shape = words.shape();
+    let (lead, last_two) = shape.split_at(shape.len().saturating_sub(2));
+    let mut flat = lead.to_vec();
+    flat.push(last_two.iter().product());
+    Ok(words.reshape(&flat)?)
+}
+
+/// GPT-OSS's predicate: the routers at 8 bits.
+fn router_layer_at_8_bits(prefix: &str) -> Option<(i32, i32)> {
+    prefix.ends_with("router").then_some((64, 8))
+}
+
+/// GPT-OSS's stacked experts sit under `mlp.experts`.
+fn linear_embedding_or_gpt_oss_experts(name: &str, ndim: usize) -> bool {
+    linear_or_embedding(name, ndim) || (ndim == 3 && name.contains(".mlp.experts."))
+}
+
 /// Granite keeps the layers whose small block maxima underflow low-bit
 /// scales at 8 bits.
 fn granite_outputs(prefix: &str) -> Option<(i32, i32)> {
@@ -310,6 +453,7 @@ const fn dense(model_type: &'static str, head: Head, dropped: fn(&str) -> bool) 
         rewrite: as_stored,
         cast: every_tensor,
         config_edit: as_read,
+        reads_mxfp4: false,
     }
 }
 
@@ -389,6 +533,26 @@ const FAMILIES: &[Family] = &[
         cast: all_but_score_correction,
         ..sparse("glm4_moe", Head::Kept, glm4_moe_for_mlx)
     },
+    // The embedding is always the head.
+    Family {
+        rewrite: lfm2_for_mlx,
+        ..dense("lfm2", Head::Tied(Some(true)), nothing)
+    },
+    Family {
+        predicate: expert_router_at_8_bits,
+        ..sparse(
+            "granitemoehybrid",
+            Head::Tied(Some(true)),
+            granitemoehybrid_for_mlx,
+        )
+    },
+    Family {
+        quantizable: linear_embedding_or_gpt_oss_experts,
+        predicate: router_layer_at_8_bits,
+        rewrite: gpt_oss_for_mlx,
+        reads_mxfp4: true,
+        ..dense("gpt_oss", Head::Kept, nothing)
+    },
     deepseek_v3("deepseek_v3"),
     // mlx-lm runs Kimi K2 as deepseek_v3.
     deepseek_v3("kimi_k2"),
@@ -454,6 +618,11 @@ impl Family {
     /// The config as mlx-lm writes it back after loading the model.
     pub(crate) fn edit_config(&self, config: &mut Map<String, Value>) {
         (self.config_edit)(config)
+    }
+
+    /// Whether an MXFP4-quantized checkpoint is read (as mxfp4 layers).
+    pub(crate) fn reads_mxfp4(&self) -> bool {
+        self.reads_mxfp4
     }
 
     pub(crate) fn quantizable(&self, name: &str, ndim: usize) -> bool {
