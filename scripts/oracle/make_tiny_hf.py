@@ -19,6 +19,10 @@ EXPERTS, TOP_K, MOE_INTER = 4, 2, 128
 LIN_K_HEADS, LIN_V_HEADS, LIN_HEAD_DIM, CONV_KERNEL = 2, 4, 32, 4
 # DeepSeek-V3's latent attention: query and key-value ranks, head parts.
 Q_RANK, KV_RANK, NOPE, ROPE, V_DIM = 64, 64, 64, 32, 64
+# Granite 4's Mamba-2 mixers: heads, head size, state size, groups, kernel
+# (heads × head size = mamba_expand (2) × hidden, as transformers checks).
+MAMBA_HEADS, MAMBA_HEAD_DIM, MAMBA_STATE, MAMBA_GROUPS, MAMBA_KERNEL = 8, 32, 16, 2, 4
+GRANITE_HYBRID_LAYERS = ["mamba", "attention", "mamba", "attention"]
 
 BASE = dict(
     tied=False, extra_head=False, qkv_bias=False, qk_norm=None, inv_freq=False,
@@ -85,6 +89,8 @@ FAMILIES = {
     "lfm2": dict(dtype="bfloat16", tied=True),
     # tied with a stray lm_head.weight mlx-lm drops; a float32 A_log it casts
     "granitemoehybrid": dict(dtype="bfloat16", tied=True, extra_head=True),
+    # no experts: mlx-lm renames the shared MLP mlp
+    "granitemoehybrid_dense": dict(dtype="bfloat16", tied=True, model_type="granitemoehybrid"),
     # MXFP4 experts, which mlx-lm keeps packed
     "gpt_oss": dict(dtype="bfloat16"),
 }
@@ -116,8 +122,16 @@ ARCHITECTURES = {
     "lfm2": "Lfm2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
+    "granitemoehybrid_dense": "GraniteMoeHybridForCausalLM",
 }
 
+GRANITE_HYBRID = dict(
+    intermediate_size=MOE_INTER, layer_types=GRANITE_HYBRID_LAYERS, attention_multiplier=0.03125,
+    embedding_multiplier=4.0, residual_multiplier=0.5, logits_scaling=2.0, attention_bias=False,
+    shared_intermediate_size=MOE_INTER, mamba_n_heads=MAMBA_HEADS, mamba_d_head=MAMBA_HEAD_DIM,
+    mamba_proj_bias=False, mamba_d_state=MAMBA_STATE, mamba_d_conv=MAMBA_KERNEL, mamba_n_groups=MAMBA_GROUPS,
+    mamba_conv_bias=True, position_embedding_type="rope",
+)
 SIGMOID_MOE = dict(
     n_routed_experts=EXPERTS, n_shared_experts=1, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
     first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
@@ -295,16 +309,19 @@ def lfm2_tensors(rnd, norm, w):
         norm(f"{p}.ffn_norm.weight", HIDDEN)
 
 
-# Granite 4's Mamba-2 mixers: heads, head size, state size, groups, kernel
-# (heads × head size = mamba_expand (2) × hidden, as transformers checks).
-MAMBA_HEADS, MAMBA_HEAD_DIM, MAMBA_STATE, MAMBA_GROUPS, MAMBA_KERNEL = 8, 32, 16, 2, 4
-GRANITE_HYBRID_LAYERS = ["mamba", "attention", "mamba", "attention"]
-
-
 def granitemoehybrid_tensors(rnd, norm, w):
     """Granite 4: Mamba-2 mixers (convolution `[channels, 1, kernel]`) and
     attention, each followed by a fused shared MLP and experts stored as
     `input_linear` (gate and up halves) and `output_linear`."""
+    granite_hybrid_layers(rnd, norm, w, experts=True)
+
+
+def granitemoehybrid_dense_tensors(rnd, norm, w):
+    """Granite 4 without experts: the fused shared MLP alone."""
+    granite_hybrid_layers(rnd, norm, w, experts=False)
+
+
+def granite_hybrid_layers(rnd, norm, w, experts):
     inner = MAMBA_HEADS * MAMBA_HEAD_DIM
     conv_dim = inner + 2 * MAMBA_GROUPS * MAMBA_STATE
     for i, kind in enumerate(GRANITE_HYBRID_LAYERS):
@@ -325,10 +342,11 @@ def granitemoehybrid_tensors(rnd, norm, w):
             rnd(f"{a}.k_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
             rnd(f"{a}.v_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
             rnd(f"{a}.o_proj.weight", HIDDEN, HEADS * HEAD_DIM)
-        moe = f"{p}.block_sparse_moe"
-        rnd(f"{moe}.router.layer.weight", EXPERTS, HIDDEN)
-        rnd(f"{moe}.input_linear.weight", EXPERTS, 2 * MOE_INTER, HIDDEN)
-        rnd(f"{moe}.output_linear.weight", EXPERTS, HIDDEN, MOE_INTER)
+        if experts:
+            moe = f"{p}.block_sparse_moe"
+            rnd(f"{moe}.router.layer.weight", EXPERTS, HIDDEN)
+            rnd(f"{moe}.input_linear.weight", EXPERTS, 2 * MOE_INTER, HIDDEN)
+            rnd(f"{moe}.output_linear.weight", EXPERTS, HIDDEN, MOE_INTER)
         rnd(f"{p}.shared_mlp.input_linear.weight", 2 * MOE_INTER, HIDDEN)
         rnd(f"{p}.shared_mlp.output_linear.weight", HIDDEN, MOE_INTER)
         norm(f"{p}.input_layernorm.weight", HIDDEN)
@@ -364,6 +382,7 @@ def gpt_oss_tensors(rnd, norm, w):
 OWN_LAYERS = {
     "lfm2": lfm2_tensors,
     "granitemoehybrid": granitemoehybrid_tensors,
+    "granitemoehybrid_dense": granitemoehybrid_dense_tensors,
     "gpt_oss": gpt_oss_tensors,
     "glm4_moe": glm4_moe_tensors,
     "deepseek_v3": deepseek_v3_tensors,
@@ -433,7 +452,7 @@ def nest_text_config(family, c):
 def config(family, spec):
     c = {
         "architectures": [ARCHITECTURES[family]],
-        "model_type": family,
+        "model_type": spec.get("model_type", family),
         "hidden_size": HIDDEN,
         "intermediate_size": INTER,
         "num_hidden_layers": LAYERS,
@@ -491,14 +510,8 @@ def config(family, spec):
                 num_nextn_predict_layers=1,
             ),
             "deepseek_v3": DEEPSEEK_V3,
-            "granitemoehybrid": dict(
-                intermediate_size=MOE_INTER, layer_types=GRANITE_HYBRID_LAYERS, attention_multiplier=0.03125,
-                embedding_multiplier=4.0, residual_multiplier=0.5, logits_scaling=2.0, attention_bias=False,
-                num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, shared_intermediate_size=MOE_INTER,
-                mamba_n_heads=MAMBA_HEADS, mamba_d_head=MAMBA_HEAD_DIM, mamba_proj_bias=False,
-                mamba_d_state=MAMBA_STATE, mamba_d_conv=MAMBA_KERNEL, mamba_n_groups=MAMBA_GROUPS,
-                mamba_conv_bias=True, position_embedding_type="rope",
-            ),
+            "granitemoehybrid": dict(GRANITE_HYBRID, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K),
+            "granitemoehybrid_dense": dict(GRANITE_HYBRID, num_local_experts=0),
             "gpt_oss": dict(
                 intermediate_size=MOE_INTER, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, sliding_window=64,
                 rope_theta=150000.0, rope_scaling=None, layer_types=["sliding_attention", "full_attention"] * (LAYERS // 2),
