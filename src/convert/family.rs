@@ -380,7 +380,7 @@ fn gpt_oss_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> 
         let tensor = tensors.remove(&name).unwrap();
         if bias {
             let name = name.replace("_proj_bias", "_proj.bias");
-            insert_expert_part(tensors, &name, tensor, fused)?;
+            insert_expert_part(tensors, &name, tensor, fused);
             continue;
         }
         let (name, tensor) = if name.contains("_blocks") {
@@ -388,7 +388,7 @@ fn gpt_oss_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> 
         } else {
             (name.replace("_scales", ".scales"), tensor)
         };
-        insert_expert_part(tensors, &name, tensor, fused)?;
+        insert_expert_part(tensors, &name, tensor, fused);
     }
     Ok(())
 }
@@ -396,10 +396,10 @@ fn gpt_oss_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> 
 /// Inserts an expert tensor; a fused `gate_up_proj` one goes in as its even
 /// rows (gate) and odd rows (up), rows being the last axis of a bias and the
 /// one before it otherwise.
-fn insert_expert_part(tensors: &mut Tensors, name: &str, tensor: Array, fused: bool) -> Result<()> {
+fn insert_expert_part(tensors: &mut Tensors, name: &str, tensor: Array, fused: bool) {
     if !fused {
         tensors.insert(name.to_string(), tensor);
-        return Ok(());
+        return;
     }
     let every_other = |start: i32| {
         if name.ends_with(".bias") {
@@ -410,7 +410,6 @@ fn insert_expert_part(tensors: &mut Tensors, name: &str, tensor: Array, fused: b
     };
     tensors.insert(name.replace("gate_up_proj", "gate_proj"), every_other(0));
     tensors.insert(name.replace("gate_up_proj", "up_proj"), every_other(1));
-    Ok(())
 }
 
 /// MXFP4 blocks `[.., groups, 16]` bytes as MLX's packed words `[.., groups × 4]`.
@@ -424,7 +423,7 @@ fn mxfp4_words(blocks: &Array) -> Result<Array> {
 }
 
 /// GPT-OSS's predicate: the routers at 8 bits.
-fn router_layer_at_8_bits(prefix: &str) -> Option<(i32, i32)> {
+fn gpt_oss_router_at_8_bits(prefix: &str) -> Option<(i32, i32)> {
     prefix.ends_with("router").then_some((64, 8))
 }
 
@@ -548,7 +547,7 @@ const FAMILIES: &[Family] = &[
     },
     Family {
         quantizable: linear_embedding_or_gpt_oss_experts,
-        predicate: router_layer_at_8_bits,
+        predicate: gpt_oss_router_at_8_bits,
         rewrite: gpt_oss_for_mlx,
         reads_mxfp4: true,
         ..dense("gpt_oss", Head::Kept, nothing)
