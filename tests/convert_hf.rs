@@ -60,7 +60,24 @@ const MORE_FAMILIES: &[&str] = &[
     "qwen3_next",
     "qwen3_5",
     "qwen3_5_moe",
+    "glm4_moe",
+    "deepseek_v3",
+    "kimi_k2",
+    "lfm2",
+    "granitemoehybrid",
+    "granitemoehybrid_dense",
 ];
+
+/// Families whose Hugging Face checkpoints come quantized (MXFP4 experts):
+/// converted as they are and dequantized, never quantized again.
+const QUANTIZED_FAMILIES: &[&str] = &["gpt_oss"];
+
+/// Families without `down_proj` layers, which mlx-lm's mixed recipes refuse.
+const NO_MIXED: &[&str] = &["lfm2"];
+
+/// Families also converted to mxfp4 (their routers and per-head projections
+/// under the fp4 modes).
+const MXFP4_FAMILIES: &[&str] = &["glm4_moe", "deepseek_v3", "lfm2", "granitemoehybrid"];
 
 struct Case {
     name: String,
@@ -195,11 +212,31 @@ fn cases() -> Vec<Case> {
         let recipe = recipes[i % recipes.len()];
         cases.push(c(&format!("{f}-plain"), f, &[], json!({})));
         cases.push(c(&format!("{f}-q4"), f, &["-q"], json!({"quantize": true})));
+        if NO_MIXED.contains(&f) {
+            continue;
+        }
         cases.push(c(
             &format!("{f}-{recipe}"),
             f,
             &["-q", "--quant-predicate", recipe],
             json!({"quantize": true, "quant_predicate": recipe}),
+        ));
+    }
+    for &f in QUANTIZED_FAMILIES {
+        cases.push(c(&format!("{f}-plain"), f, &[], json!({})));
+        cases.push(c(
+            &format!("{f}-dequantized"),
+            f,
+            &["-d"],
+            json!({"dequantize": true}),
+        ));
+    }
+    for &f in MXFP4_FAMILIES {
+        cases.push(c(
+            &format!("{f}-mxfp4"),
+            f,
+            &["-q", "--q-mode", "mxfp4"],
+            json!({"quantize": true, "q_mode": "mxfp4"}),
         ));
     }
     cases
@@ -448,6 +485,46 @@ fn dequantize_and_cast_of_quantized_models_match_mlx_lm() {
             name,
         );
     }
+    // GPT-OSS's MXFP4 experts, dequantized by mlx-lm, then quantized again:
+    // the routers at 8 bits, the experts under mlp.experts.
+    let gpt_oss = work.path().join("gpt_oss-d");
+    oracle_convert(&[(
+        family("gpt_oss"),
+        gpt_oss.clone(),
+        json!({"dequantize": true}),
+    )]);
+    let requantized = [
+        ("gpt_oss-q4", vec!["-q"], json!({"quantize": true})),
+        (
+            "gpt_oss-mixed_3_6",
+            vec!["-q", "--quant-predicate", "mixed_3_6"],
+            json!({"quantize": true, "quant_predicate": "mixed_3_6"}),
+        ),
+    ];
+    let jobs: Vec<_> = requantized
+        .iter()
+        .map(|(name, _, theirs)| {
+            (
+                gpt_oss.clone(),
+                work.path().join(format!("theirs-{name}")),
+                theirs.clone(),
+            )
+        })
+        .collect();
+    oracle_convert(&jobs);
+    for (name, ours, _) in &requantized {
+        convert_ok(&gpt_oss, &work.path().join(format!("ours-{name}")), ours);
+        assert_same_model(
+            &work.path().join(format!("ours-{name}")),
+            &work.path().join(format!("theirs-{name}")),
+            name,
+        );
+    }
+    let q4 = read_json(&work.path().join("ours-gpt_oss-q4/config.json"));
+    assert_eq!(
+        q4["quantization"]["model.layers.1.mlp.router"],
+        json!({"group_size": 64, "bits": 8})
+    );
     let dense = read_json(&work.path().join("ours-d/config.json"));
     assert!(dense.get("quantization").is_none() && dense.get("quantization_config").is_none());
 }
@@ -518,6 +595,54 @@ fn quantized_input_is_never_quantized_again_and_bad_options_are_refused() {
         &["--hf-path", "/nonexistent/model", "--mlx-path", outs],
         "does not exist",
     );
+    for f in QUANTIZED_FAMILIES {
+        assert_fails(
+            &[
+                "--hf-path",
+                family(f).to_str().unwrap(),
+                "--mlx-path",
+                outs,
+                "-q",
+            ],
+            "already quantized",
+        );
+    }
+    for f in NO_MIXED {
+        assert_fails(
+            &[
+                "--hf-path",
+                family(f).to_str().unwrap(),
+                "--mlx-path",
+                outs,
+                "-q",
+                "--quant-predicate",
+                "mixed_3_6",
+            ],
+            "no down_proj layers",
+        );
+    }
+    // DeepSeek-V3's fp8 checkpoints: refused by their config, and by their
+    // block scales when the config does not say.
+    let fp8 = work.path().join("fp8");
+    copy_dir(&family("deepseek_v3"), &fp8);
+    let scale = Array::from_slice(&[1.0f32], &[1, 1]);
+    Array::save_safetensors(
+        [("model.layers.0.self_attn.o_proj.weight_scale_inv", &scale)],
+        None,
+        fp8.join("model-scales.safetensors"),
+    )
+    .unwrap();
+    assert_fails(
+        &["--hf-path", fp8.to_str().unwrap(), "--mlx-path", outs],
+        "fp8 block-quantized weights are not supported by convert",
+    );
+    let mut config = read_json(&fp8.join("config.json"));
+    config["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
+    std::fs::write(fp8.join("config.json"), config.to_string()).unwrap();
+    assert_fails(
+        &["--hf-path", fp8.to_str().unwrap(), "--mlx-path", outs],
+        "quantized with \"fp8\"",
+    );
     let mamba = work.path().join("mamba");
     std::fs::create_dir(&mamba).unwrap();
     std::fs::write(mamba.join("config.json"), r#"{"model_type": "mamba"}"#).unwrap();
@@ -546,6 +671,14 @@ fn quantized_input_is_never_quantized_again_and_bad_options_are_refused() {
         leftovers.is_empty(),
         "failed conversions left staging folders"
     );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
 }
 
 fn generates(model: &Path) {
@@ -586,6 +719,11 @@ fn converted_models_of_every_family_generate() {
     for f in MORE_FAMILIES {
         let out = work.path().join(f);
         convert_ok(&family(f), &out, &["-q"]);
+        generates(&out);
+    }
+    for f in QUANTIZED_FAMILIES {
+        let out = work.path().join(f);
+        convert_ok(&family(f), &out, &[]);
         generates(&out);
     }
 }

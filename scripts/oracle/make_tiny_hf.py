@@ -17,6 +17,12 @@ HIDDEN, INTER, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 128, 256, 4, 4, 2, 32,
 EXPERTS, TOP_K, MOE_INTER = 4, 2, 128
 # Gated DeltaNet layers (three of every four): key and value heads, head sizes, kernel.
 LIN_K_HEADS, LIN_V_HEADS, LIN_HEAD_DIM, CONV_KERNEL = 2, 4, 32, 4
+# DeepSeek-V3's latent attention: query and key-value ranks, head parts.
+Q_RANK, KV_RANK, NOPE, ROPE, V_DIM = 64, 64, 64, 32, 64
+# Granite 4's Mamba-2 mixers: heads, head size, state size, groups, kernel
+# (heads × head size = mamba_expand (2) × hidden, as transformers checks).
+MAMBA_HEADS, MAMBA_HEAD_DIM, MAMBA_STATE, MAMBA_GROUPS, MAMBA_KERNEL = 8, 32, 16, 2, 4
+GRANITE_HYBRID_LAYERS = ["mamba", "attention", "mamba", "attention"]
 
 BASE = dict(
     tied=False, extra_head=False, qkv_bias=False, qk_norm=None, inv_freq=False,
@@ -74,6 +80,19 @@ FAMILIES = {
     "qwen3_5_moe": dict(
         dtype="bfloat16", qk_norm="head", moe=QWEN3_5_MOE, hybrid=True, mtp=True, split_in_proj=True, nested=True,
     ),
+    # sigmoid-routed experts with a float32 score correction mlx-lm keeps; layers of their own
+    "glm4_moe": dict(dtype="bfloat16"),
+    "deepseek_v3": dict(dtype="bfloat16"),
+    # runs as deepseek_v3 in mlx-lm
+    "kimi_k2": dict(dtype="bfloat16"),
+    # tied; convolutions mlx-lm turns to [channels, kernel, 1]; no down_proj for the mixed recipes
+    "lfm2": dict(dtype="bfloat16", tied=True),
+    # tied with a stray lm_head.weight mlx-lm drops; a float32 A_log it casts
+    "granitemoehybrid": dict(dtype="bfloat16", tied=True, extra_head=True),
+    # no experts: mlx-lm renames the shared MLP mlp
+    "granitemoehybrid_dense": dict(dtype="bfloat16", tied=True, model_type="granitemoehybrid"),
+    # MXFP4 experts, which mlx-lm keeps packed
+    "gpt_oss": dict(dtype="bfloat16"),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -97,7 +116,31 @@ ARCHITECTURES = {
     "qwen3_next": "Qwen3NextForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
     "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
+    "kimi_k2": "DeepseekV3ForCausalLM",
+    "lfm2": "Lfm2ForCausalLM",
+    "granitemoehybrid": "GraniteMoeHybridForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
+    "granitemoehybrid_dense": "GraniteMoeHybridForCausalLM",
 }
+
+GRANITE_HYBRID = dict(
+    intermediate_size=MOE_INTER, layer_types=GRANITE_HYBRID_LAYERS, attention_multiplier=0.03125,
+    embedding_multiplier=4.0, residual_multiplier=0.5, logits_scaling=2.0, attention_bias=False,
+    shared_intermediate_size=MOE_INTER, mamba_n_heads=MAMBA_HEADS, mamba_d_head=MAMBA_HEAD_DIM,
+    mamba_proj_bias=False, mamba_d_state=MAMBA_STATE, mamba_d_conv=MAMBA_KERNEL, mamba_n_groups=MAMBA_GROUPS,
+    mamba_conv_bias=True, position_embedding_type="rope",
+)
+SIGMOID_MOE = dict(
+    n_routed_experts=EXPERTS, n_shared_experts=1, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
+    first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+    topk_method="noaux_tc", scoring_func="sigmoid",
+)
+DEEPSEEK_V3 = dict(
+    SIGMOID_MOE, q_lora_rank=Q_RANK, kv_lora_rank=KV_RANK, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
+    v_head_dim=V_DIM, moe_layer_freq=1, attention_bias=False, num_key_value_heads=HEADS, rope_scaling=None,
+)
 
 
 def tensors(spec):
@@ -177,6 +220,197 @@ def tensors(spec):
     return w
 
 
+def sigmoid_routed_moe(rnd, w, prefix):
+    """A sigmoid-routed MoE block (GLM-4.5, DeepSeek-V3): a router with a
+    float32 score correction, experts one by one, a shared expert."""
+    rnd(f"{prefix}.gate.weight", EXPERTS, HIDDEN)
+    w[f"{prefix}.gate.e_score_correction_bias"] = mx.random.normal((EXPERTS,)) * 0.1
+    for e in range(EXPERTS):
+        swiglu(rnd, f"{prefix}.experts.{e}", MOE_INTER)
+    swiglu(rnd, f"{prefix}.shared_experts", MOE_INTER)
+
+
+def swiglu(rnd, prefix, inter):
+    rnd(f"{prefix}.gate_proj.weight", inter, HIDDEN)
+    rnd(f"{prefix}.up_proj.weight", inter, HIDDEN)
+    rnd(f"{prefix}.down_proj.weight", HIDDEN, inter)
+
+
+def glm4_moe_tensors(rnd, norm, w):
+    """GLM-4.5: biased q/k/v, per-head q/k norms, a dense first layer, and a
+    multi-token-prediction layer `model.layers.{LAYERS}` mlx-lm drops."""
+    for i in range(LAYERS + 1):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        for proj, heads in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+            rnd(f"{a}.{proj}_proj.weight", heads * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.{proj}_proj.bias", heads * HEAD_DIM)
+        rnd(f"{a}.o_proj.weight", HIDDEN, HEADS * HEAD_DIM)
+        norm(f"{a}.q_norm.weight", HEAD_DIM)
+        norm(f"{a}.k_norm.weight", HEAD_DIM)
+        if i == 0:
+            swiglu(rnd, f"{p}.mlp", INTER)
+        else:
+            sigmoid_routed_moe(rnd, w, f"{p}.mlp")
+        norm(f"{p}.input_layernorm.weight", HIDDEN)
+        norm(f"{p}.post_attention_layernorm.weight", HIDDEN)
+    rnd(f"model.layers.{LAYERS}.eh_proj.weight", HIDDEN, 2 * HIDDEN)
+    norm(f"model.layers.{LAYERS}.enorm.weight", HIDDEN)
+
+
+def deepseek_v3_tensors(rnd, norm, w):
+    """DeepSeek-V3: latent attention with the unsplit `kv_b_proj`, a dense
+    first layer, rotary caches mlx-lm drops."""
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        rnd(f"{a}.q_a_proj.weight", Q_RANK, HIDDEN)
+        norm(f"{a}.q_a_layernorm.weight", Q_RANK)
+        rnd(f"{a}.q_b_proj.weight", HEADS * (NOPE + ROPE), Q_RANK)
+        rnd(f"{a}.kv_a_proj_with_mqa.weight", KV_RANK + ROPE, HIDDEN)
+        norm(f"{a}.kv_a_layernorm.weight", KV_RANK)
+        rnd(f"{a}.kv_b_proj.weight", HEADS * (NOPE + V_DIM), KV_RANK)
+        rnd(f"{a}.o_proj.weight", HIDDEN, HEADS * V_DIM)
+        w[f"{a}.rotary_emb.inv_freq"] = mx.arange(ROPE // 2).astype(mx.float32)
+        if i == 0:
+            swiglu(rnd, f"{p}.mlp", INTER)
+        else:
+            sigmoid_routed_moe(rnd, w, f"{p}.mlp")
+        norm(f"{p}.input_layernorm.weight", HIDDEN)
+        norm(f"{p}.post_attention_layernorm.weight", HIDDEN)
+
+
+# LFM2's layers: short convolutions and attention.
+LFM2_LAYERS = ["conv", "full_attention", "conv", "full_attention"]
+LFM2_KERNEL = 3
+
+
+def lfm2_tensors(rnd, norm, w):
+    """LFM2: gated short convolutions in Hugging Face's `[channels, 1, kernel]`,
+    attention with per-head q/k norms, a w1/w3/w2 feed-forward."""
+    for i, kind in enumerate(LFM2_LAYERS):
+        p = f"model.layers.{i}"
+        if kind == "conv":
+            rnd(f"{p}.conv.in_proj.weight", 3 * HIDDEN, HIDDEN)
+            rnd(f"{p}.conv.conv.weight", HIDDEN, 1, LFM2_KERNEL, scale=0.3)
+            rnd(f"{p}.conv.out_proj.weight", HIDDEN, HIDDEN)
+        else:
+            a = f"{p}.self_attn"
+            rnd(f"{a}.q_proj.weight", HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.k_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.v_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.out_proj.weight", HIDDEN, HEADS * HEAD_DIM)
+            norm(f"{a}.q_layernorm.weight", HEAD_DIM)
+            norm(f"{a}.k_layernorm.weight", HEAD_DIM)
+        rnd(f"{p}.feed_forward.w1.weight", INTER, HIDDEN)
+        rnd(f"{p}.feed_forward.w3.weight", INTER, HIDDEN)
+        rnd(f"{p}.feed_forward.w2.weight", HIDDEN, INTER)
+        norm(f"{p}.operator_norm.weight", HIDDEN)
+        norm(f"{p}.ffn_norm.weight", HIDDEN)
+
+
+def granitemoehybrid_tensors(rnd, norm, w):
+    """Granite 4: Mamba-2 mixers (convolution `[channels, 1, kernel]`) and
+    attention, each followed by a fused shared MLP and experts stored as
+    `input_linear` (gate and up halves) and `output_linear`."""
+    granite_hybrid_layers(rnd, norm, w, experts=True)
+
+
+def granitemoehybrid_dense_tensors(rnd, norm, w):
+    """Granite 4 without experts: the fused shared MLP alone."""
+    granite_hybrid_layers(rnd, norm, w, experts=False)
+
+
+def granite_hybrid_layers(rnd, norm, w, experts):
+    inner = MAMBA_HEADS * MAMBA_HEAD_DIM
+    conv_dim = inner + 2 * MAMBA_GROUPS * MAMBA_STATE
+    for i, kind in enumerate(GRANITE_HYBRID_LAYERS):
+        p = f"model.layers.{i}"
+        if kind == "mamba":
+            m = f"{p}.mamba"
+            rnd(f"{m}.in_proj.weight", inner + conv_dim + MAMBA_HEADS, HIDDEN)
+            rnd(f"{m}.conv1d.weight", conv_dim, 1, MAMBA_KERNEL, scale=0.3)
+            rnd(f"{m}.conv1d.bias", conv_dim)
+            rnd(f"{m}.dt_bias", MAMBA_HEADS, scale=1.0)
+            w[f"{m}.A_log"] = mx.random.normal((MAMBA_HEADS,))
+            rnd(f"{m}.D", MAMBA_HEADS, scale=1.0)
+            norm(f"{m}.norm.weight", inner)
+            rnd(f"{m}.out_proj.weight", HIDDEN, inner)
+        else:
+            a = f"{p}.self_attn"
+            rnd(f"{a}.q_proj.weight", HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.k_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.v_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.o_proj.weight", HIDDEN, HEADS * HEAD_DIM)
+        if experts:
+            moe = f"{p}.block_sparse_moe"
+            rnd(f"{moe}.router.layer.weight", EXPERTS, HIDDEN)
+            rnd(f"{moe}.input_linear.weight", EXPERTS, 2 * MOE_INTER, HIDDEN)
+            rnd(f"{moe}.output_linear.weight", EXPERTS, HIDDEN, MOE_INTER)
+        rnd(f"{p}.shared_mlp.input_linear.weight", 2 * MOE_INTER, HIDDEN)
+        rnd(f"{p}.shared_mlp.output_linear.weight", HIDDEN, MOE_INTER)
+        norm(f"{p}.input_layernorm.weight", HIDDEN)
+        norm(f"{p}.post_attention_layernorm.weight", HIDDEN)
+
+
+def gpt_oss_tensors(rnd, norm, w):
+    """GPT-OSS as OpenAI ships it: biased attention with sinks, a biased
+    router, and experts in MXFP4 `*_blocks` (bytes `[experts, rows, groups,
+    16]`) and `*_scales`, gate and up rows interleaved in `gate_up_proj`."""
+    for i in range(LAYERS):
+        p = f"model.layers.{i}"
+        a = f"{p}.self_attn"
+        for proj, heads in (("q", HEADS), ("k", KV_HEADS), ("v", KV_HEADS)):
+            rnd(f"{a}.{proj}_proj.weight", heads * HEAD_DIM, HIDDEN)
+            rnd(f"{a}.{proj}_proj.bias", heads * HEAD_DIM)
+        rnd(f"{a}.o_proj.weight", HIDDEN, HEADS * HEAD_DIM)
+        rnd(f"{a}.o_proj.bias", HIDDEN)
+        rnd(f"{a}.sinks", HEADS, scale=1.0)
+        rnd(f"{p}.mlp.router.weight", EXPERTS, HIDDEN)
+        rnd(f"{p}.mlp.router.bias", EXPERTS)
+        for name, rows, cols in (("gate_up_proj", 2 * MOE_INTER, HIDDEN), ("down_proj", HIDDEN, MOE_INTER)):
+            dense = mx.random.normal((EXPERTS, rows, cols)) * 0.05
+            packed, scales = mx.quantize(dense, group_size=32, bits=4, mode="mxfp4")
+            w[f"{p}.mlp.experts.{name}_blocks"] = packed.view(mx.uint8).reshape(EXPERTS, rows, cols // 32, 16)
+            w[f"{p}.mlp.experts.{name}_scales"] = scales
+            rnd(f"{p}.mlp.experts.{name}_bias", EXPERTS, rows)
+        norm(f"{p}.input_layernorm.weight", HIDDEN)
+        norm(f"{p}.post_attention_layernorm.weight", HIDDEN)
+
+
+# Families whose layers the generic spec does not describe.
+OWN_LAYERS = {
+    "lfm2": lfm2_tensors,
+    "granitemoehybrid": granitemoehybrid_tensors,
+    "granitemoehybrid_dense": granitemoehybrid_dense_tensors,
+    "gpt_oss": gpt_oss_tensors,
+    "glm4_moe": glm4_moe_tensors,
+    "deepseek_v3": deepseek_v3_tensors,
+    "kimi_k2": deepseek_v3_tensors,
+}
+
+
+def own_tensors(family, spec):
+    dt = getattr(mx, spec["dtype"])
+    w = {}
+
+    def rnd(name, *shape, scale=0.05):
+        w[name] = (mx.random.normal(shape) * scale).astype(dt)
+
+    def norm(name, size):
+        w[name] = (1 + mx.random.normal((size,)) * 0.1).astype(dt)
+
+    rnd("model.embed_tokens.weight", VOCAB, HIDDEN, scale=0.5)
+    OWN_LAYERS[family](rnd, norm, w)
+    norm(FINAL_NORMS.get(family, "model.norm.weight"), HIDDEN)
+    if not spec["tied"] or spec["extra_head"]:
+        rnd("lm_head.weight", VOCAB, HIDDEN)
+    return w
+
+
+FINAL_NORMS = {"lfm2": "model.embedding_norm.weight"}
+
+
 def delta_net(rnd, norm, prefix, split_in_proj):
     """A gated DeltaNet as Hugging Face's Qwen3-Next (or, split_in_proj, Qwen3.5) stores it."""
     key_dim, value_dim = LIN_K_HEADS * LIN_HEAD_DIM, LIN_V_HEADS * LIN_HEAD_DIM
@@ -218,7 +452,7 @@ def nest_text_config(family, c):
 def config(family, spec):
     c = {
         "architectures": [ARCHITECTURES[family]],
-        "model_type": family,
+        "model_type": spec.get("model_type", family),
         "hidden_size": HIDDEN,
         "intermediate_size": INTER,
         "num_hidden_layers": LAYERS,
@@ -271,6 +505,29 @@ def config(family, spec):
                 num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
                 decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, attention_bias=False,
             ),
+            "glm4_moe": dict(
+                SIGMOID_MOE, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5, rope_scaling=None,
+                num_nextn_predict_layers=1,
+            ),
+            "deepseek_v3": DEEPSEEK_V3,
+            "granitemoehybrid": dict(GRANITE_HYBRID, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K),
+            "granitemoehybrid_dense": dict(GRANITE_HYBRID, num_local_experts=0),
+            "gpt_oss": dict(
+                intermediate_size=MOE_INTER, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K, sliding_window=64,
+                rope_theta=150000.0, rope_scaling=None, layer_types=["sliding_attention", "full_attention"] * (LAYERS // 2),
+                quantization_config={
+                    "quant_method": "mxfp4",
+                    "modules_to_not_convert": [
+                        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head",
+                    ],
+                },
+            ),
+            "lfm2": dict(
+                layer_types=LFM2_LAYERS, norm_eps=1e-5, conv_bias=False, conv_L_cache=LFM2_KERNEL, block_dim=HIDDEN,
+                block_ff_dim=INTER, block_multiple_of=256, block_ffn_dim_multiplier=1.0,
+                block_auto_adjust_ff_dim=False, tie_embedding=True,
+            ),
+            "kimi_k2": DEEPSEEK_V3,
             "qwen3_5": HYBRID_TEXT,
             "qwen3_5_moe": dict(
                 HYBRID_TEXT, num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
@@ -292,7 +549,7 @@ def config(family, spec):
 def write(out, family, spec, tokenizer_dir):
     d = out / family
     d.mkdir(parents=True, exist_ok=False)
-    w = tensors(spec)
+    w = own_tensors(family, spec) if family in OWN_LAYERS else tensors(spec)
     names = sorted(w)
     half = len(names) // 2
     shards = [names[:half], names[half:]]

@@ -5,14 +5,17 @@
 
 use std::collections::HashMap;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
+use mlx_rs::ops::indexing::{Ellipsis, IndexOp, IntoStrideBy};
 use mlx_rs::Array;
 use serde_json::{Map, Value};
 
+use crate::model::deepseek_v3::{foreign_quantization, split_kv_b_proj};
 use crate::model::gated_delta::conv_weight_for_mlx;
+use crate::model::lfm2::short_conv_for_mlx;
 use crate::model::moe::MoeLayout;
 use crate::model::qwen3_next::norm_from_offset;
-use crate::model::{mixtral, qwen3_5, qwen3_moe, qwen3_next};
+use crate::model::{deepseek_v3, glm4_moe, mixtral, qwen3_5, qwen3_moe, qwen3_next};
 
 /// One architecture (`model_type` in `config.json`).
 pub(crate) struct Family {
@@ -28,13 +31,16 @@ pub(crate) struct Family {
     /// layers it sets apart, used when no recipe names a predicate.
     predicate: fn(&str) -> Option<(i32, i32)>,
     /// What mlx-lm's `sanitize` does besides dropping tensors: renames,
-    /// stacked experts.
-    rewrite: fn(&mut Tensors) -> Result<()>,
+    /// stacked experts; given the config.
+    rewrite: fn(&mut Tensors, &Map<String, Value>) -> Result<()>,
     /// Whether `--dtype` (or the config's dtype) casts this tensor: mlx-lm's
     /// `cast_predicate`.
     cast: fn(&str) -> bool,
     /// What loading the model changes in the config mlx-lm writes back.
     config_edit: fn(&mut Map<String, Value>),
+    /// Whether a checkpoint quantized as MXFP4 (`quant_method: mxfp4`) is
+    /// read, its packed layers kept as mxfp4 ones.
+    reads_mxfp4: bool,
 }
 
 pub(crate) type Tensors = HashMap<String, Array>;
@@ -96,7 +102,7 @@ fn every_tensor(_: &str) -> bool {
     true
 }
 
-fn as_stored(_: &mut Tensors) -> Result<()> {
+fn as_stored(_: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     Ok(())
 }
 
@@ -122,11 +128,11 @@ fn stack_experts(tensors: &mut Tensors, layout: &MoeLayout) -> Result<()> {
     Ok(())
 }
 
-fn mixtral_experts(tensors: &mut Tensors) -> Result<()> {
+fn mixtral_experts(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     stack_experts(tensors, &mixtral::MOE_LAYOUT)
 }
 
-fn qwen3_moe_experts(tensors: &mut Tensors) -> Result<()> {
+fn qwen3_moe_experts(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     stack_experts(tensors, &qwen3_moe::MOE_LAYOUT)
 }
 
@@ -158,7 +164,7 @@ fn all_but_a_log(name: &str) -> bool {
 /// Qwen3.5 and Qwen3.5-MoE: the text model's tensors under
 /// `language_model.`, fused experts split; convolutions moved and norms
 /// shifted when a convolution is still in Hugging Face's layout.
-fn qwen3_5_for_mlx(tensors: &mut Tensors) -> Result<()> {
+fn qwen3_5_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     qwen3_5::rename_hugging_face(tensors)?;
     let hugging_face = tensors
         .iter()
@@ -192,7 +198,7 @@ fn delta_net_for_mlx(tensors: &mut Tensors) -> Result<()> {
 
 /// Qwen3-Next: mlx-lm converts a checkpoint only when its experts are
 /// stored one by one (Hugging Face's layout).
-fn qwen3_next_for_mlx(tensors: &mut Tensors) -> Result<()> {
+fn qwen3_next_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     if !tensors
         .keys()
         .any(|n| n.ends_with(".mlp.experts.0.up_proj.weight"))
@@ -201,6 +207,229 @@ fn qwen3_next_for_mlx(tensors: &mut Tensors) -> Result<()> {
     }
     stack_experts(tensors, &qwen3_next::LAYOUT)?;
     delta_net_for_mlx(tensors)
+}
+
+/// The integer `key` of `config.json`.
+fn config_int(config: &Map<String, Value>, key: &str) -> Result<i32> {
+    config
+        .get(key)
+        .and_then(Value::as_i64)
+        .and_then(|n| i32::try_from(n).ok())
+        .with_context(|| format!("config.json has no integer {key}"))
+}
+
+/// Removes every tensor whose name starts with `prefix`.
+fn drop_prefixed(tensors: &mut Tensors, prefix: &str) {
+    tensors.retain(|name, _| !name.starts_with(prefix));
+}
+
+/// The sigmoid-routed MoE families keep their routers' score correction in
+/// its own dtype.
+fn all_but_score_correction(name: &str) -> bool {
+    !name.contains("e_score_correction_bias")
+}
+
+/// The sigmoid-routed MoE families' router (`mlp.gate`) is a plain module,
+/// not a `Linear`: it stays dense.
+fn linear_embedding_or_experts_but_router(name: &str, ndim: usize) -> bool {
+    linear_embedding_or_experts(name, ndim) && !name.ends_with(".mlp.gate.weight")
+}
+
+/// GLM-4.5: experts stacked; the multi-token-prediction layer
+/// (`model.layers.{num_hidden_layers}`) dropped, matched by prefix as mlx-lm does.
+fn glm4_moe_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    let layers = config_int(config, "num_hidden_layers")?;
+    drop_prefixed(tensors, &format!("model.layers.{layers}"));
+    stack_experts(tensors, &glm4_moe::LAYOUT)
+}
+
+/// DeepSeek-V3's multi-token-prediction layer, which mlx-lm drops by this
+/// fixed prefix, and the rotary caches.
+fn deepseek_v3_extra_layer_or_rotary_cache(name: &str) -> bool {
+    name.starts_with("model.layers.61") || name.contains("rotary_emb.inv_freq")
+}
+
+/// DeepSeek-V3's quantizable layers also hold the per-head latent
+/// projections (`MultiLinear`, `[heads, out, in]`).
+fn deepseek_v3_quantizable(name: &str, ndim: usize) -> bool {
+    let per_head = ndim == 3 && (name.contains(".embed_q.") || name.contains(".unembed_out."));
+    linear_embedding_or_experts_but_router(name, ndim) || per_head
+}
+
+/// DeepSeek-V3 (and Kimi K2): experts stacked and each `kv_b_proj` split
+/// into `embed_q` and `unembed_out`. The fp8 and int4 formats mlx-lm
+/// dequantizes itself are refused.
+fn deepseek_v3_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    if let Some((name, format)) = tensors
+        .keys()
+        .find_map(|n| foreign_quantization(n).map(|f| (n, f)))
+    {
+        bail!("{name}: {format} are not supported by convert; start from a bfloat16 checkpoint");
+    }
+    stack_experts(tensors, &deepseek_v3::LAYOUT)?;
+    split_every_kv_b_proj(tensors, config)
+}
+
+fn split_every_kv_b_proj(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    let suffix = ".kv_b_proj.weight";
+    let attentions: Vec<String> = tensors
+        .keys()
+        .filter_map(|n| n.strip_suffix(suffix).map(str::to_string))
+        .collect();
+    if attentions.is_empty() {
+        return Ok(());
+    }
+    let heads = config_int(config, "num_attention_heads")?;
+    let nope = config_int(config, "qk_nope_head_dim")?;
+    let v_head_dim = config_int(config, "v_head_dim")?;
+    for attention in attentions {
+        if tensors.contains_key(&format!("{attention}.kv_b_proj.scales")) {
+            bail!("{attention}.kv_b_proj is quantized; convert it with -d first");
+        }
+        let dense = tensors.remove(&format!("{attention}{suffix}")).unwrap();
+        let (keys, values) = split_kv_b_proj(&dense, heads, nope, v_head_dim)
+            .with_context(|| format!("{attention}{suffix}"))?;
+        tensors.insert(format!("{attention}.embed_q.weight"), keys);
+        tensors.insert(format!("{attention}.unembed_out.weight"), values);
+    }
+    Ok(())
+}
+
+/// LFM2: the short convolutions turned to MLX's layout.
+fn lfm2_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
+    for (name, tensor) in tensors.iter_mut() {
+        if name.contains("conv.weight") {
+            *tensor = short_conv_for_mlx(tensor.clone())?;
+        }
+    }
+    Ok(())
+}
+
+/// Granite 4 (`granitemoehybrid`): the Mamba-2 convolutions turned to MLX's
+/// layout; the experts' fused `input_linear` split into the `switch_mlp`
+/// gate and up halves, or, in a model without experts, the shared MLP
+/// renamed `mlp` with its `input_linear` split the same way.
+fn granitemoehybrid_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    for (name, tensor) in tensors.iter_mut() {
+        if name.contains("conv1d.weight") {
+            *tensor = conv_weight_for_mlx(tensor.clone())?.0;
+        }
+    }
+    let layers = config_int(config, "num_hidden_layers")?;
+    let experts = config.get("num_local_experts").and_then(Value::as_i64);
+    let sparse = experts.is_some_and(|n| n != 0);
+    let (from, to, axis) = if sparse {
+        ("block_sparse_moe", "block_sparse_moe.switch_mlp", 1)
+    } else {
+        ("shared_mlp", "mlp", 0)
+    };
+    if !tensors.contains_key(&format!("model.layers.0.{from}.input_linear.weight")) {
+        return Ok(());
+    }
+    for layer in 0..layers {
+        let (from, to) = (
+            format!("model.layers.{layer}.{from}"),
+            format!("model.layers.{layer}.{to}"),
+        );
+        split_input_linear(tensors, &from, &to, axis)?;
+    }
+    Ok(())
+}
+
+/// `{from}.input_linear` (gate then up along `axis`) and `{from}.output_linear`
+/// become `{to}.gate_proj`, `{to}.up_proj` and `{to}.down_proj`.
+fn split_input_linear(tensors: &mut Tensors, from: &str, to: &str, axis: i32) -> Result<()> {
+    let take = |tensors: &mut Tensors, name: String| {
+        tensors
+            .remove(&name)
+            .with_context(|| format!("tensor {name} is missing"))
+    };
+    let input = take(tensors, format!("{from}.input_linear.weight"))?;
+    let halves = input
+        .split_equal(2, axis)
+        .with_context(|| format!("{from}.input_linear.weight: no gate and up halves"))?;
+    let [gate, up] = <[Array; 2]>::try_from(halves).unwrap();
+    tensors.insert(format!("{to}.gate_proj.weight"), gate);
+    tensors.insert(format!("{to}.up_proj.weight"), up);
+    let output = take(tensors, format!("{from}.output_linear.weight"))?;
+    tensors.insert(format!("{to}.down_proj.weight"), output);
+    Ok(())
+}
+
+/// Granite 4's predicate: the experts' routers at 8 bits.
+fn expert_router_at_8_bits(prefix: &str) -> Option<(i32, i32)> {
+    prefix.ends_with("router.layer").then_some((64, 8))
+}
+
+/// GPT-OSS as mlx-lm's `sanitize` reads Hugging Face's experts: MXFP4
+/// `{name}_blocks` (bytes) and `{name}_scales` become a packed `{name}.weight`
+/// and its `.scales`, `gate_up_proj` (gate and up rows interleaved) splits
+/// into `gate_proj` and `up_proj`, and the `_bias` tensors follow. A
+/// checkpoint with a `gate_proj.weight` is taken as already converted.
+fn gpt_oss_for_mlx(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
+    if tensors.keys().any(|n| n.contains("gate_proj.weight")) {
+        return Ok(());
+    }
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        let bias = name.contains("bias");
+        let fused = name.contains("gate_up_proj");
+        if !fused && !name.contains("down_proj") {
+            continue;
+        }
+        let tensor = tensors.remove(&name).unwrap();
+        if bias {
+            let name = name.replace("_proj_bias", "_proj.bias");
+            insert_expert_part(tensors, &name, tensor, fused);
+            continue;
+        }
+        let (name, tensor) = if name.contains("_blocks") {
+            (name.replace("_blocks", ".weight"), mxfp4_words(&tensor)?)
+        } else {
+            (name.replace("_scales", ".scales"), tensor)
+        };
+        insert_expert_part(tensors, &name, tensor, fused);
+    }
+    Ok(())
+}
+
+/// Inserts an expert tensor; a fused `gate_up_proj` one goes in as its even
+/// rows (gate) and odd rows (up), rows being the last axis of a bias and the
+/// one before it otherwise.
+fn insert_expert_part(tensors: &mut Tensors, name: &str, tensor: Array, fused: bool) {
+    if !fused {
+        tensors.insert(name.to_string(), tensor);
+        return;
+    }
+    let every_other = |start: i32| {
+        if name.ends_with(".bias") {
+            tensor.index((Ellipsis, (start..).stride_by(2)))
+        } else {
+            tensor.index((Ellipsis, (start..).stride_by(2), ..))
+        }
+    };
+    tensors.insert(name.replace("gate_up_proj", "gate_proj"), every_other(0));
+    tensors.insert(name.replace("gate_up_proj", "up_proj"), every_other(1));
+}
+
+/// MXFP4 blocks `[.., groups, 16]` bytes as MLX's packed words `[.., groups × 4]`.
+fn mxfp4_words(blocks: &Array) -> Result<Array> {
+    let words = blocks.view::<u32>()?;
+    let shape = words.shape();
+    let (lead, last_two) = shape.split_at(shape.len().saturating_sub(2));
+    let mut flat = lead.to_vec();
+    flat.push(last_two.iter().product());
+    Ok(words.reshape(&flat)?)
+}
+
+/// GPT-OSS's predicate: the routers at 8 bits.
+fn gpt_oss_router_at_8_bits(prefix: &str) -> Option<(i32, i32)> {
+    prefix.ends_with("router").then_some((64, 8))
+}
+
+/// GPT-OSS's stacked experts sit under `mlp.experts`.
+fn linear_embedding_or_gpt_oss_experts(name: &str, ndim: usize) -> bool {
+    linear_or_embedding(name, ndim) || (ndim == 3 && name.contains(".mlp.experts."))
 }
 
 /// Granite keeps the layers whose small block maxima underflow low-bit
@@ -223,6 +452,7 @@ const fn dense(model_type: &'static str, head: Head, dropped: fn(&str) -> bool) 
         rewrite: as_stored,
         cast: every_tensor,
         config_edit: as_read,
+        reads_mxfp4: false,
     }
 }
 
@@ -230,12 +460,22 @@ const fn dense(model_type: &'static str, head: Head, dropped: fn(&str) -> bool) 
 const fn sparse(
     model_type: &'static str,
     head: Head,
-    rewrite: fn(&mut Tensors) -> Result<()>,
+    rewrite: fn(&mut Tensors, &Map<String, Value>) -> Result<()>,
 ) -> Family {
     Family {
         quantizable: linear_embedding_or_experts,
         rewrite,
         ..dense(model_type, head, nothing)
+    }
+}
+
+/// DeepSeek-V3's decoder: latent attention, sigmoid-routed experts.
+const fn deepseek_v3(model_type: &'static str) -> Family {
+    Family {
+        dropped: deepseek_v3_extra_layer_or_rotary_cache,
+        quantizable: deepseek_v3_quantizable,
+        cast: all_but_score_correction,
+        ..sparse(model_type, Head::Kept, deepseek_v3_for_mlx)
     }
 }
 
@@ -287,6 +527,34 @@ const FAMILIES: &[Family] = &[
         config_edit: rope_type_as_type,
         ..sparse("qwen3_5_moe", Head::Tied(Some(false)), qwen3_5_for_mlx)
     },
+    Family {
+        quantizable: linear_embedding_or_experts_but_router,
+        cast: all_but_score_correction,
+        ..sparse("glm4_moe", Head::Kept, glm4_moe_for_mlx)
+    },
+    // The embedding is always the head.
+    Family {
+        rewrite: lfm2_for_mlx,
+        ..dense("lfm2", Head::Tied(Some(true)), nothing)
+    },
+    Family {
+        predicate: expert_router_at_8_bits,
+        ..sparse(
+            "granitemoehybrid",
+            Head::Tied(Some(true)),
+            granitemoehybrid_for_mlx,
+        )
+    },
+    Family {
+        quantizable: linear_embedding_or_gpt_oss_experts,
+        predicate: gpt_oss_router_at_8_bits,
+        rewrite: gpt_oss_for_mlx,
+        reads_mxfp4: true,
+        ..dense("gpt_oss", Head::Kept, nothing)
+    },
+    deepseek_v3("deepseek_v3"),
+    // mlx-lm runs Kimi K2 as deepseek_v3.
+    deepseek_v3("kimi_k2"),
 ];
 
 /// The `model_type`s that convert supports.
@@ -337,8 +605,8 @@ impl Family {
     }
 
     /// Renames and stacks the checkpoint's tensors as mlx-lm's `sanitize` does.
-    pub(crate) fn rewrite(&self, tensors: &mut Tensors) -> Result<()> {
-        (self.rewrite)(tensors)
+    pub(crate) fn rewrite(&self, tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+        (self.rewrite)(tensors, config)
     }
 
     /// Whether a floating tensor `name` takes the output dtype.
@@ -349,6 +617,11 @@ impl Family {
     /// The config as mlx-lm writes it back after loading the model.
     pub(crate) fn edit_config(&self, config: &mut Map<String, Value>) {
         (self.config_edit)(config)
+    }
+
+    /// Whether an MXFP4-quantized checkpoint is read (as mxfp4 layers).
+    pub(crate) fn reads_mxfp4(&self) -> bool {
+        self.reads_mxfp4
     }
 
     pub(crate) fn quantizable(&self, name: &str, ndim: usize) -> bool {

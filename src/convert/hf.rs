@@ -271,11 +271,19 @@ impl Source {
         let family = family::of_config(&Value::Object(config.clone()))
             .with_context(|| format!("reading {}", config_path.display()))?;
         if let Some(q) = config.get("quantization_config") {
+            let method = q
+                .get("quant_method")
+                .and_then(Value::as_str)
+                .unwrap_or("unknown")
+                .to_string();
+            if method == "mxfp4" && family.reads_mxfp4() && !config.contains_key("quantization") {
+                // mlx-lm's loader reads such a checkpoint as mxfp4 layers.
+                config.insert(
+                    "quantization".into(),
+                    json!({"group_size": 32, "bits": 4, "mode": "mxfp4"}),
+                );
+            }
             if !config.contains_key("quantization") {
-                let method = q
-                    .get("quant_method")
-                    .and_then(Value::as_str)
-                    .unwrap_or("unknown");
                 bail!(
                     "{} is quantized with {method:?}, which convert cannot read; start from the float checkpoint",
                     dir.display()
@@ -297,7 +305,7 @@ impl Source {
             }
         }
         family
-            .rewrite(&mut tensors)
+            .rewrite(&mut tensors, &config)
             .with_context(|| format!("reading the tensors of {}", dir.display()))?;
         let mut source = Self {
             dir: dir.to_path_buf(),

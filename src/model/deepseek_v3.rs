@@ -112,7 +112,7 @@ pub(crate) struct DeepseekV3Args {
     pub first_k_dense_replace: usize,
 }
 
-const LAYOUT: MoeLayout = MoeLayout {
+pub(crate) const LAYOUT: MoeLayout = MoeLayout {
     router: "gate",
     experts: "switch_mlp",
     hf_names: ["gate_proj", "up_proj", "down_proj"],
@@ -412,16 +412,30 @@ fn latent_projections(
         None => weight,
     };
     w.count_init_draws(2 * (1 + usize::from(spec.is_some())));
-    let nope = extra.qk_nope_head_dim;
-    let v = dense
-        .reshape(&[heads, nope + extra.v_head_dim, -1])
-        .with_context(|| format!("{kv_b}.weight: not {heads} heads of nope + v rows"))?;
-    let wk = v.index((.., ..nope, ..)).swap_axes(-1, -2)?;
-    let wv = v.index((.., nope.., ..));
+    let (wk, wv) = split_kv_b_proj(&dense, heads, extra.qk_nope_head_dim, extra.v_head_dim)
+        .with_context(|| format!("{kv_b}.weight"))?;
     Ok((
         MultiLinear::from_dense(wk, spec)?,
         MultiLinear::from_dense(wv, spec)?,
     ))
+}
+
+/// A dense `kv_b_proj` (`[heads × (nope + v), kv_lora_rank]`) split as
+/// mlx-lm's `sanitize`: per head, the keys' part transposed (`embed_q`,
+/// `[heads, kv_lora_rank, nope]`) and the values' part (`unembed_out`,
+/// `[heads, v, kv_lora_rank]`).
+pub(crate) fn split_kv_b_proj(
+    dense: &Array,
+    heads: i32,
+    nope: i32,
+    v_head_dim: i32,
+) -> Result<(Array, Array)> {
+    let v = dense
+        .reshape(&[heads, nope + v_head_dim, -1])
+        .with_context(|| format!("not {heads} heads of {nope} + {v_head_dim} rows"))?;
+    let wk = v.index((.., ..nope, ..)).swap_axes(-1, -2)?;
+    let wv = v.index((.., nope.., ..));
+    Ok((wk, wv))
 }
 
 /// The softmax scale: `(nope + rope)^-0.5`, times YaRN's
@@ -545,19 +559,25 @@ fn sparse_layer(
     Ok(moe)
 }
 
+/// The Hugging Face quantized format a tensor name belongs to, of those
+/// mlx-lm's `sanitize` dequantizes itself.
+pub(crate) fn foreign_quantization(name: &str) -> Option<&'static str> {
+    if name.ends_with("weight_scale_inv") {
+        Some("fp8 block-quantized weights")
+    } else if name.ends_with("weight_packed") || name.ends_with("weight_shape") {
+        Some("compressed-tensors int4 weights")
+    } else {
+        None
+    }
+}
+
 /// Refuses the Hugging Face formats mlx-lm's `sanitize` dequantizes itself.
 fn refuse_foreign_quantization(w: &Weights) -> Result<()> {
     for name in w.remaining() {
-        if name.ends_with("weight_scale_inv") {
+        if let Some(format) = foreign_quantization(&name) {
             bail!(
-                "{name}: fp8 block-quantized weights are not supported; convert the checkpoint \
-                 with mlx_lm.convert first"
-            );
-        }
-        if name.ends_with("weight_packed") || name.ends_with("weight_shape") {
-            bail!(
-                "{name}: compressed-tensors int4 weights are not supported; convert the \
-                 checkpoint with mlx_lm.convert first"
+                "{name}: {format} are not supported; convert the checkpoint with \
+                 mlx_lm.convert first"
             );
         }
     }

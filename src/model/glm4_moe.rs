@@ -45,7 +45,7 @@ fn default_topk_method() -> String {
     "noaux_tc".into()
 }
 
-const LAYOUT: MoeLayout = MoeLayout {
+pub(crate) const LAYOUT: MoeLayout = MoeLayout {
     router: "gate",
     experts: "switch_mlp",
     hf_names: ["gate_proj", "up_proj", "down_proj"],

@@ -156,10 +156,7 @@ impl ShortConv {
                 conv.shape()
             );
         }
-        // Hugging Face's `[channels, 1, kernel]`, turned as mlx-lm's sanitize.
-        if conv.shape()[2] > conv.shape()[1] {
-            conv = conv.swap_axes(1, 2)?;
-        }
+        conv = short_conv_for_mlx(conv)?;
         let want = [hidden, kernel, 1];
         if conv.shape() != want {
             bail!(
@@ -330,4 +327,14 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
         logits_map: LogitsMap::Identity,
         pipeline: None,
     })
+}
+
+/// A short convolution's weight in MLX's `[channels, kernel, 1]`: Hugging
+/// Face's `[channels, 1, kernel]` turned as mlx-lm's `sanitize` does
+/// (whenever the last axis is the longer).
+pub(crate) fn short_conv_for_mlx(conv: Array) -> Result<Array> {
+    if conv.ndim() == 3 && conv.shape()[2] > conv.shape()[1] {
+        return Ok(conv.swap_axes(1, 2)?);
+    }
+    Ok(conv)
 }
