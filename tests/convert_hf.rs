@@ -681,13 +681,19 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
+/// A prompt whose token ids (97, 43, 106, 19, 20, 21 in the default model's
+/// tokenizer, which the tiny checkpoints carry) lie inside their vocabulary
+/// of 256.
+const TINY_PROMPT: &str = "q;z#$%";
+
 fn generates(model: &Path) {
     let gen = common::run_ok(&[
         "generate",
         "--model",
         model.to_str().unwrap(),
         "--prompt",
-        "hi",
+        TINY_PROMPT,
+        "--ignore-chat-template",
         "-n",
         "3",
         "--json",
@@ -698,6 +704,23 @@ fn generates(model: &Path) {
         Some(3),
         "{}: {v}",
         model.display()
+    );
+}
+
+#[test]
+fn a_prompt_past_the_models_vocabulary_is_refused() {
+    // The chat template's ids run to 49151; the tiny model embeds 256.
+    let out = common::bin()
+        .args(["generate", "--model"])
+        .arg(family("llama"))
+        .args(["--prompt", "hi", "-n", "3"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("outside the model's vocabulary of 256"),
+        "{stderr}"
     );
 }
 

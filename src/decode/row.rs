@@ -106,6 +106,7 @@ impl<'a> Row<'a> {
         constraint: Option<ConstraintSlot<'a>>,
         on_token: Box<dyn FnMut(&TokenEvent) -> bool + 'a>,
     ) -> Result<Self> {
+        model.check_token_ids(&prompt)?;
         let fed = prompt[..prompt.len().saturating_sub(1)].to_vec();
         let mut sampler = Sampler::new(opts.sampling.clone())?;
         if opts.sampling.xtc_probability > 0.0 {

@@ -290,6 +290,19 @@ impl Model {
         self.decoder.embed_tokens.vocab_size() as usize
     }
 
+    /// Refuses token ids past the embeddings: the lookup reads no bounds, so
+    /// a tokenizer larger than the model would read memory outside it.
+    pub fn check_token_ids(&self, ids: &[u32]) -> Result<()> {
+        let vocab = self.vocab_size();
+        match ids.iter().find(|&&id| id as usize >= vocab) {
+            Some(id) => bail!(
+                "token id {id} is outside the model's vocabulary of {vocab}: the tokenizer does \
+                 not belong to this model"
+            ),
+            None => Ok(()),
+        }
+    }
+
     /// Whether rows of this model can share a batch: every layer's cache
     /// has a batch layout.
     pub fn supports_batching(&self) -> bool {
