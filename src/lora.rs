@@ -24,7 +24,7 @@ use crate::model::decoder::{Block, FeedForward, Residual};
 use crate::model::gemma4_text;
 use crate::model::layers::{Linear, Lora};
 use crate::model::moe::{SharedExperts, SparseMoe, SwitchLinear, EXPERT_PROJS};
-use crate::model::nemotron_h::{MlpStack, ReluSquaredMlp};
+use crate::model::nemotron_h::{MlpStack, ReluSquaredMlp, StackLayer};
 use crate::model::Model;
 
 /// `lora_parameters`: where adapters go and how large they are.
@@ -433,7 +433,8 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
 
 fn stack_loras_mut(stack: &mut MlpStack) -> impl Iterator<Item = &mut Lora> {
     stack
-        .mlps_mut()
+        .layers_mut()
+        .filter_map(StackLayer::as_mlp_mut)
         .flat_map(ReluSquaredMlp::linears_mut)
         .filter_map(|(_, l)| l.lora.as_mut())
 }
@@ -482,12 +483,19 @@ fn part_sites(model: &Model, block: &Block, part: LayerPart) -> Vec<(String, Sit
 }
 
 fn stack_mlp(block: &Block, i: usize) -> Option<&ReluSquaredMlp> {
-    mlp_stack(block)?.mlps().nth(i)
+    mlp_stack(block)?.layers().nth(i)?.as_mlp()
+}
+
+/// Whether layer `i` around the block's mixer is a Nemotron-H experts layer.
+fn is_stack_experts(block: &Block, i: usize) -> bool {
+    mlp_stack(block)
+        .and_then(|stack| stack.layers().nth(i))
+        .is_some_and(|layer| matches!(layer, StackLayer::Experts(_)))
 }
 
 fn stack_mlp_mut(block: &mut Block, i: usize) -> Option<&mut ReluSquaredMlp> {
     match &mut block.residual {
-        Residual::Stack(stack) => stack.mlps_mut().nth(i),
+        Residual::Stack(stack) => stack.layers_mut().nth(i)?.as_mlp_mut(),
         _ => None,
     }
 }
@@ -522,6 +530,12 @@ impl AdapterLayout {
             total - num_layers as usize
         };
         let blocks = &model.decoder.layers;
+        let adapts_experts = layers[first..]
+            .iter()
+            .any(|&(b, part)| matches!(part, LayerPart::Mlp(i) if is_stack_experts(&blocks[b], i)));
+        if adapts_experts {
+            bail!("LoRA on Nemotron-H's mixture-of-experts layers (E) is not supported yet");
+        }
         if let Some(keys) = &params.keys {
             if keys.is_empty() {
                 bail!("lora_parameters.keys is empty");
