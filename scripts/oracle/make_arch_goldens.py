@@ -399,12 +399,11 @@ NEMOTRON_H_MOE = {
     "routed_scaling_factor": 2.5,
 }
 NEMOTRON_H_MOE_LATENT = {
-    **NEMOTRON_H_MOE,
+    **{k: v for k, v in NEMOTRON_H_MOE.items() if "shared_expert" not in k},
     "hybrid_override_pattern": "ME*E",
     "mlp_bias": True,
     "moe_latent_size": 32,
     "num_experts_per_tok": 2,
-    "n_shared_experts": None,
     "n_group": 1,
     "topk_group": 1,
     "norm_topk_prob": False,

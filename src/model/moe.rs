@@ -258,7 +258,25 @@ pub struct SwitchMlp {
     pub fc2: SwitchLinear,
 }
 
+/// The paths of `SwitchMlp`'s projections inside a Nemotron-H layer, in
+/// `SwitchMlp::proj` order (their LoRA keys).
+pub const SWITCH_MLP_KEYS: [&str; 2] = ["mixer.switch_mlp.fc1", "mixer.switch_mlp.fc2"];
+
 impl SwitchMlp {
+    /// Projection `i`: `fc1`, then `fc2`.
+    pub(crate) fn proj(&self, i: usize) -> Option<&SwitchLinear> {
+        [&self.fc1, &self.fc2].get(i).copied()
+    }
+
+    /// `proj`, mutable.
+    pub(crate) fn proj_mut(&mut self, i: usize) -> Option<&mut SwitchLinear> {
+        match i {
+            0 => Some(&mut self.fc1),
+            1 => Some(&mut self.fc2),
+            _ => None,
+        }
+    }
+
     /// Loads `{prefix}.fc1` and `{prefix}.fc2`, stacked over `experts`.
     pub(crate) fn load(w: &mut Weights, prefix: &str, experts: i32) -> Result<Self> {
         Ok(Self {

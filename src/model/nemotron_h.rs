@@ -28,6 +28,7 @@ use super::decoder::{
 };
 use super::layers::{Embedding, Linear, LinearWeight, RmsNorm};
 use super::mamba2::{Mamba2, Mamba2Dims, StepLimit};
+use super::moe::SwitchMlp;
 use super::nemotron_h_moe::{relu_squared, ExpertRouting, ExpertsArgs, ExpertsLayer};
 use super::weights::Weights;
 use crate::cache::KvCache;
@@ -313,19 +314,37 @@ impl StackLayer {
         }
     }
 
-    /// The MLP, when this is an MLP layer.
-    pub(crate) fn as_mlp(&self) -> Option<&ReluSquaredMlp> {
+    /// Its linear layers by their path inside its layer, as mlx-lm names
+    /// them (the LoRA sites; an experts layer's routed experts are not
+    /// among them: see `switch_mlp`).
+    pub(crate) fn linears(&self) -> Vec<(&'static str, &Linear)> {
         match self {
-            StackLayer::Mlp(mlp) => Some(mlp),
-            StackLayer::Experts(_) => None,
+            StackLayer::Mlp(mlp) => mlp.linears().to_vec(),
+            StackLayer::Experts(experts) => experts.linears(),
         }
     }
 
-    /// `as_mlp`, mutable.
-    pub(crate) fn as_mlp_mut(&mut self) -> Option<&mut ReluSquaredMlp> {
+    /// `linears`, mutable, in the same order.
+    pub(crate) fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
         match self {
-            StackLayer::Mlp(mlp) => Some(mlp),
-            StackLayer::Experts(_) => None,
+            StackLayer::Mlp(mlp) => mlp.linears_mut().into_iter().collect(),
+            StackLayer::Experts(experts) => experts.linears_mut(),
+        }
+    }
+
+    /// The routed experts, when this is an experts layer.
+    pub(crate) fn switch_mlp(&self) -> Option<&SwitchMlp> {
+        match self {
+            StackLayer::Mlp(_) => None,
+            StackLayer::Experts(experts) => Some(&experts.switch_mlp),
+        }
+    }
+
+    /// `switch_mlp`, mutable.
+    pub(crate) fn switch_mlp_mut(&mut self) -> Option<&mut SwitchMlp> {
+        match self {
+            StackLayer::Mlp(_) => None,
+            StackLayer::Experts(experts) => Some(&mut experts.switch_mlp),
         }
     }
 }

@@ -17,7 +17,7 @@ use mlx_rs::ops::expand_dims_axes;
 use mlx_rs::{Array, Dtype};
 use serde::Deserialize;
 
-use super::layers::{Linear, RmsNorm};
+use super::layers::{Linear, Lora, RmsNorm};
 use super::moe::{SigmoidGroupChoice, SwitchMlp};
 use super::weights::{stack_expert_tensors, Weights};
 
@@ -183,6 +183,55 @@ impl ExpertsLayer {
             latent,
             routing,
         })
+    }
+
+    /// Its linear layers by their path inside its layer, as mlx-lm names
+    /// them (the LoRA sites): the shared experts', then the latent
+    /// projections.
+    pub(crate) fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        let mut out = Vec::new();
+        if let Some(shared) = &self.shared_experts {
+            out.push(("mixer.shared_experts.up_proj", &shared.first));
+            out.push(("mixer.shared_experts.down_proj", &shared.second));
+        }
+        if let Some(latent) = &self.latent {
+            out.push(("mixer.fc1_latent_proj", &latent.first));
+            out.push(("mixer.fc2_latent_proj", &latent.second));
+        }
+        out
+    }
+
+    /// `linears`, mutable, in the same order.
+    pub(crate) fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        let mut out = Vec::new();
+        if let Some(shared) = &mut self.shared_experts {
+            out.push(("mixer.shared_experts.up_proj", &mut shared.first));
+            out.push(("mixer.shared_experts.down_proj", &mut shared.second));
+        }
+        if let Some(latent) = &mut self.latent {
+            out.push(("mixer.fc1_latent_proj", &mut latent.first));
+            out.push(("mixer.fc2_latent_proj", &mut latent.second));
+        }
+        out
+    }
+
+    /// Every adapter the layer holds: the routed experts', then those of
+    /// `linears`.
+    pub(crate) fn loras_mut(&mut self) -> Vec<&mut Lora> {
+        let Self {
+            switch_mlp,
+            shared_experts,
+            latent,
+            ..
+        } = self;
+        let switch = [&mut switch_mlp.fc1.lora, &mut switch_mlp.fc2.lora];
+        let pairs = shared_experts.iter_mut().chain(latent.iter_mut());
+        let linears = pairs.flat_map(|p| [&mut p.first.lora, &mut p.second.lora]);
+        switch
+            .into_iter()
+            .chain(linears)
+            .filter_map(Option::as_mut)
+            .collect()
     }
 
     /// The layer's output: `h` plus the experts of its norm.
