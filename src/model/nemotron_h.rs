@@ -300,7 +300,7 @@ impl ReluSquaredMlp {
 #[derive(Clone)]
 pub enum StackLayer {
     /// A `-` layer.
-    Mlp(ReluSquaredMlp),
+    Mlp(Box<ReluSquaredMlp>),
     /// An `E` layer.
     Experts(Box<ExpertsLayer>),
 }
@@ -451,7 +451,7 @@ fn stack_layer(
         Some(routing) => {
             StackLayer::Experts(Box::new(ExpertsLayer::load(w, prefix, norm, routing)?))
         }
-        None => StackLayer::Mlp(ReluSquaredMlp::load(w, prefix, norm)?),
+        None => StackLayer::Mlp(Box::new(ReluSquaredMlp::load(w, prefix, norm)?)),
     })
 }
 
