@@ -5,6 +5,8 @@
 //! per expert in any MLX mode) and run through `gather_mm` / `gather_qmm`, so only
 //! the chosen experts' rows are read. As mlx-lm's `SwitchGLU`, tokens are
 //! sorted by expert when there are 64 or more (token, expert) pairs.
+//! Nemotron-H's experts are ReLU² MLPs instead ([`SwitchMlp`], mlx-lm's
+//! `SwitchMLP`), routed as GLM-4.5's ([`SigmoidGroupChoice`]).
 
 use std::collections::HashMap;
 
