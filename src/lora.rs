@@ -23,8 +23,9 @@ use serde::{Deserialize, Serialize};
 use crate::model::decoder::{Block, FeedForward, Residual};
 use crate::model::gemma4_text;
 use crate::model::layers::{Linear, Lora};
+use crate::model::moe::SWITCH_MLP_KEYS;
 use crate::model::moe::{SharedExperts, SparseMoe, SwitchLinear, EXPERT_PROJS};
-use crate::model::nemotron_h::{MlpStack, ReluSquaredMlp};
+use crate::model::nemotron_h::{MlpStack, StackLayer};
 use crate::model::Model;
 
 /// `lora_parameters`: where adapters go and how large they are.
@@ -242,7 +243,8 @@ pub enum SiteKind {
     Linear,
     /// A fused projection split at load into these linear layers, in row order.
     Fused(&'static [&'static str]),
-    /// Projection `i` of `EXPERT_PROJS` of the block's experts.
+    /// Projection `i` of `EXPERT_PROJS` of the block's experts (of
+    /// `SWITCH_MLP_KEYS` in a Nemotron-H experts layer).
     Experts(usize),
 }
 
@@ -253,7 +255,8 @@ pub enum LayerPart {
     Block,
     /// Nemotron-H: the block's mixer layer (Mamba-2 or attention).
     Mixer,
-    /// Nemotron-H: MLP layer `i` of the block's stack (`before`, then `after`).
+    /// Nemotron-H: MLP or experts layer `i` of the block's stack (`before`,
+    /// then `after`).
     Mlp(usize),
 }
 
@@ -348,16 +351,22 @@ pub(crate) fn block_sites(model: &Model, block: &Block) -> Vec<(String, SiteKind
     out
 }
 
-/// Projection `i` of the block's experts (a sparse MLP's, or Gemma 4's
-/// beside its dense one).
-fn switch_linear(block: &Block, i: usize) -> Option<&SwitchLinear> {
+/// Projection `i` of the block's experts (a sparse MLP's, Gemma 4's beside
+/// its dense one, or the `SwitchMlp`'s of a Nemotron-H experts layer `part`).
+fn switch_linear(block: &Block, part: LayerPart, i: usize) -> Option<&SwitchLinear> {
+    if let LayerPart::Mlp(j) = part {
+        return stack_layer(block, j)?.switch_mlp()?.proj(i);
+    }
     match &block.mlp {
         FeedForward::Sparse(moe) => moe.switch_mlp.proj(i),
         FeedForward::Dense(_) => gemma4_text::experts(block)?.proj(i),
     }
 }
 
-fn switch_linear_mut(block: &mut Block, i: usize) -> Option<&mut SwitchLinear> {
+fn switch_linear_mut(block: &mut Block, part: LayerPart, i: usize) -> Option<&mut SwitchLinear> {
+    if let LayerPart::Mlp(j) = part {
+        return stack_layer_mut(block, j)?.switch_mlp_mut()?.proj_mut(i);
+    }
     if matches!(block.mlp, FeedForward::Dense(_)) {
         return gemma4_text::experts_mut(block)?.proj_mut(i);
     }
@@ -431,11 +440,19 @@ pub(crate) fn block_loras_mut(block: &mut Block) -> Vec<&mut Lora> {
     out
 }
 
-fn stack_loras_mut(stack: &mut MlpStack) -> impl Iterator<Item = &mut Lora> {
-    stack
-        .mlps_mut()
-        .flat_map(ReluSquaredMlp::linears_mut)
-        .filter_map(|(_, l)| l.lora.as_mut())
+fn stack_loras_mut(stack: &mut MlpStack) -> Vec<&mut Lora> {
+    let mut out = Vec::new();
+    for layer in stack.layers_mut() {
+        match layer {
+            StackLayer::Mlp(mlp) => out.extend(
+                mlp.linears_mut()
+                    .into_iter()
+                    .filter_map(|(_, l)| l.lora.as_mut()),
+            ),
+            StackLayer::Experts(experts) => out.extend(experts.loras_mut()),
+        }
+    }
+    out
 }
 
 /// Nemotron-H's stack of MLP layers around the block's mixer.
@@ -473,21 +490,31 @@ fn part_sites(model: &Model, block: &Block, part: LayerPart) -> Vec<(String, Sit
             .into_iter()
             .filter(|(k, _)| k.starts_with("mixer."))
             .collect(),
-        LayerPart::Mlp(i) => stack_mlp(block, i)
-            .map(|m| m.linears().map(|(k, _)| (k.to_string(), SiteKind::Linear)))
-            .into_iter()
-            .flatten()
-            .collect(),
+        LayerPart::Mlp(i) => stack_layer(block, i).map_or_else(Vec::new, stack_layer_sites),
     }
 }
 
-fn stack_mlp(block: &Block, i: usize) -> Option<&ReluSquaredMlp> {
-    mlp_stack(block)?.mlps().nth(i)
+/// A Nemotron-H MLP or experts layer's sites: the routed experts'
+/// projections, then every linear layer.
+fn stack_layer_sites(layer: &StackLayer) -> Vec<(String, SiteKind)> {
+    let experts = layer.switch_mlp().map_or(0, |_| SWITCH_MLP_KEYS.len());
+    let switch = SWITCH_MLP_KEYS[..experts]
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.to_string(), SiteKind::Experts(i)));
+    let linears = layer.linears().into_iter();
+    switch
+        .chain(linears.map(|(k, _)| (k.to_string(), SiteKind::Linear)))
+        .collect()
 }
 
-fn stack_mlp_mut(block: &mut Block, i: usize) -> Option<&mut ReluSquaredMlp> {
+fn stack_layer(block: &Block, i: usize) -> Option<&StackLayer> {
+    mlp_stack(block)?.layers().nth(i)
+}
+
+fn stack_layer_mut(block: &mut Block, i: usize) -> Option<&mut StackLayer> {
     match &mut block.residual {
-        Residual::Stack(stack) => stack.mlps_mut().nth(i),
+        Residual::Stack(stack) => stack.layers_mut().nth(i),
         _ => None,
     }
 }
@@ -651,7 +678,8 @@ impl AdapterLayout {
                     }
                 }
                 SiteKind::Experts(i) => {
-                    let sw = switch_linear_mut(block, i).expect("sites come from block_sites");
+                    let sw = switch_linear_mut(block, site.part, i)
+                        .expect("sites come from block_sites");
                     sw.lora = Some(lora(&ab[0], ab[1].clone()));
                 }
             }
@@ -680,7 +708,7 @@ impl AdapterLayout {
                     out.extend([loras[0].a.clone(), concatenate(&bs, 1)?]);
                 }
                 SiteKind::Experts(i) => {
-                    let l = switch_linear(block, i)
+                    let l = switch_linear(block, site.part, i)
                         .and_then(|s| s.lora.as_ref())
                         .ok_or_else(missing)?;
                     out.extend([l.a.clone(), l.b.clone()]);
@@ -723,7 +751,9 @@ impl AdapterLayout {
     }
 }
 
-fn site_dims(model: &Model, site: &Site) -> (Option<i32>, i32, i32) {
+/// `(experts, in_features, out_features)` of the site's base module
+/// (`experts` is `None` for a linear layer).
+pub(crate) fn site_dims(model: &Model, site: &Site) -> (Option<i32>, i32, i32) {
     let block = &model.decoder.layers[site.block];
     match site.kind {
         SiteKind::Linear => {
@@ -736,7 +766,7 @@ fn site_dims(model: &Model, site: &Site) -> (Option<i32>, i32, i32) {
             (None, inp, out)
         }
         SiteKind::Experts(i) => {
-            let (e, out, inp) = switch_linear(block, i)
+            let (e, out, inp) = switch_linear(block, site.part, i)
                 .expect("sites come from block_sites")
                 .shape();
             (Some(e), inp, out)
@@ -755,7 +785,7 @@ fn linear_mut<'a>(block: &'a mut Block, key: &str) -> &'a mut Linear {
 /// The linear layer of a `SiteKind::Linear` site.
 fn site_linear<'a>(block: &'a Block, part: LayerPart, key: &str) -> &'a Linear {
     let found = match part {
-        LayerPart::Mlp(i) => stack_mlp(block, i).and_then(|m| {
+        LayerPart::Mlp(i) => stack_layer(block, i).and_then(|m| {
             m.linears()
                 .into_iter()
                 .find_map(|(k, l)| (k == key).then_some(l))
@@ -767,7 +797,7 @@ fn site_linear<'a>(block: &'a Block, part: LayerPart, key: &str) -> &'a Linear {
 
 fn site_linear_mut<'a>(block: &'a mut Block, part: LayerPart, key: &str) -> &'a mut Linear {
     let found = match part {
-        LayerPart::Mlp(i) => stack_mlp_mut(block, i).and_then(|m| {
+        LayerPart::Mlp(i) => stack_layer_mut(block, i).and_then(|m| {
             m.linears_mut()
                 .into_iter()
                 .find_map(|(k, l)| (k == key).then_some(l))

@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 54] = [
+const CASES: [&str; 57] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -69,6 +69,10 @@ const CASES: [&str; 54] = [
     "lfm2_q4",
     "nemotron_h",
     "nemotron_h_q4",
+    "nemotron_h_moe",
+    "nemotron_h_moe_latent",
+    // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "nemotron_h_moe_q4",
     "gemma4_text",
     // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "gemma4_text_q4",
@@ -223,6 +227,41 @@ fn qwen3_next_hugging_face_layout_loads() {
 
     let diff = golden_logits_diff(tmp.path(), &src);
     assert!(diff < 1e-3, "Hugging Face layout: logits differ by {diff}");
+}
+
+/// Nemotron-H checkpoints with experts layers as Hugging Face ships them
+/// (each expert's `up_proj` / `down_proj` on its own, convolutions
+/// `[channels, 1, kernel]`, an MTP head) load as mlx-lm's `sanitize`
+/// converts them: the same logits.
+#[test]
+fn nemotron_h_moe_hugging_face_layout_loads() {
+    for case in ["nemotron_h_moe", "nemotron_h_moe_latent"] {
+        let src = common::repo_root().join("goldens/arch").join(case);
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
+        let mut hf = std::collections::HashMap::new();
+        for (name, t) in Array::load_safetensors(src.join("model.safetensors")).unwrap() {
+            if name.ends_with("conv1d.weight") {
+                hf.insert(name, t.swap_axes(1, 2).unwrap());
+            } else if let Some((mixer, proj)) = name.split_once(".switch_mlp.") {
+                let proj = proj.replace("fc1", "up_proj").replace("fc2", "down_proj");
+                for e in 0..t.shape()[0] {
+                    hf.insert(format!("{mixer}.experts.{e}.{proj}"), t.index(e));
+                }
+            } else {
+                hf.insert(name, t);
+            }
+        }
+        let junk = Array::from_slice(&[0f32; 4], &[2, 2]);
+        hf.insert("mtp.layers.0.mixer.gate.weight".into(), junk);
+        Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
+
+        let diff = golden_logits_diff(tmp.path(), &src);
+        assert!(
+            diff < 1e-3,
+            "{case} in Hugging Face's layout: logits differ by {diff}"
+        );
+    }
 }
 
 /// Qwen3.5 and Qwen3.5-MoE checkpoints as Hugging Face ships them (the

@@ -268,7 +268,7 @@ fn granitemoehybrid_dense_rows_match_mlx_lm_batch_generator_and_serial() {
     check_family("granitemoehybrid_dense");
 }
 
-/// Nemotron-H (Mamba-2 layers, MLP layers keeping no cache): our serial
+/// Nemotron-H (Mamba-2 layers, MLP and experts layers keeping no cache): our serial
 /// tokens are mlx-lm's (`generate_step`), and rows inserted together,
 /// joining late and prefilled in chunks decode as they do alone. mlx-lm's
 /// `BatchGenerator` is no reference here: it right-pads the prompts of rows
@@ -282,7 +282,13 @@ fn nemotron_h_rows_match_mlx_lm_serial_and_our_serial() {
     let prompts = prompts(&g);
     let max_tokens = g["meta"]["max_tokens"].as_u64().unwrap() as usize;
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["nemotron_h", "nemotron_h_q4"] {
+    let cases = [
+        "nemotron_h",
+        "nemotron_h_q4",
+        "nemotron_h_moe",
+        "nemotron_h_moe_latent",
+    ];
+    for case in cases {
         let gm = &g["models"][case];
         let dir = checkpoint(case, Some(&gm["fingerprint"]), tmp.path());
         let model = Model::load(&dir).unwrap();
@@ -335,7 +341,12 @@ fn quantized_moe_rows_match_serial() {
     let prompts = prompts(&g);
     let max_tokens = g["meta"]["max_tokens"].as_u64().unwrap() as usize;
     let tmp = tempfile::tempdir().unwrap();
-    for case in ["qwen3_next_q4", "qwen3_5_moe_q4", "granitemoehybrid_q4"] {
+    for case in [
+        "qwen3_next_q4",
+        "qwen3_5_moe_q4",
+        "granitemoehybrid_q4",
+        "nemotron_h_moe_q4",
+    ] {
         let dir = checkpoint(case, None, tmp.path());
         let model = Model::load(&dir).unwrap();
         let tok = Tokenizer::load(&dir).unwrap();

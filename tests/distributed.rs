@@ -307,6 +307,11 @@ fn mamba2_families_split_by_tensors_and_layers_match_single_process() {
     ] {
         check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
     }
+    // Its experts layers go whole with their layers; they are not split by
+    // tensors yet.
+    let moe = common::arch_with_tokenizer("nemotron_h_moe", tmp.path());
+    check_tiny_sharded(&moe, &[&["--pipeline"]]);
+    check_tiny_refused(&moe, &[], "experts layers are not split");
 }
 
 /// Rewrites `dir`'s model.safetensors with its stacked experts

@@ -285,7 +285,7 @@ fn lora_gradients_on_attention_router_and_experts() {
 /// convolution (LFM2) or Mamba-2 (Nemotron-H) layers keep a recurrent state
 /// (`StateCache`, mlx-lm's `ArraysCache`) beside the attention layers' KV
 /// caches.
-const HYBRID: [&str; 11] = [
+const HYBRID: [&str; 14] = [
     "qwen3_next",
     "qwen3_next_q4",
     "qwen3_5",
@@ -294,6 +294,9 @@ const HYBRID: [&str; 11] = [
     "lfm2_q4",
     "nemotron_h",
     "nemotron_h_q4",
+    "nemotron_h_moe",
+    "nemotron_h_moe_latent",
+    "nemotron_h_moe_q4",
     "granitemoehybrid",
     "granitemoehybrid_q4",
     "granitemoehybrid_dense",
@@ -360,21 +363,24 @@ fn hybrid_families_batch_and_refuse_what_needs_trimming() {
         assert!(format!("{err:#}").contains("trimmable"), "{case}: {err:#}");
     }
 
-    // The CLI generates text with a hybrid model.
+    // The CLI generates text with hybrid models (Nemotron-H with experts too).
+    for case in ["qwen3_next", "nemotron_h_moe"] {
+        let dir = tmp.path().join(case);
+        let out = common::run_ok(&[
+            "generate",
+            "-m",
+            dir.to_str().unwrap(),
+            "-p",
+            "t1 t17 t42 t99",
+            "--ignore-chat-template",
+            "-n",
+            "8",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(text.split_whitespace().count(), 8, "{case}: {text}");
+    }
     let dir = tmp.path().join("qwen3_next");
     let dir = dir.to_str().unwrap();
-    let out = common::run_ok(&[
-        "generate",
-        "-m",
-        dir,
-        "-p",
-        "t1 t17 t42 t99",
-        "--ignore-chat-template",
-        "-n",
-        "8",
-    ]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(text.split_whitespace().count(), 8, "{text}");
 
     // A drafting server refuses the model at start, saying why, instead of
     // failing every request.

@@ -554,6 +554,15 @@ fn nemotron_h_adapts_its_mamba2_attention_and_mlp_layers_as_mlx_lm() {
     check_family_layers("nemotron_h", 4);
 }
 
+/// Nemotron-H's experts layers: the routed experts (`switch_mlp.fc1` /
+/// `fc2`, per expert), the shared experts, and the latent projections; every
+/// layer of both cases (experts layers before and after the mixers).
+#[test]
+fn nemotron_h_adapts_its_experts_layers_as_mlx_lm() {
+    check_family_layers("nemotron_h_moe", 5);
+    check_family_layers("nemotron_h_moe_latent", 4);
+}
+
 #[test]
 fn granitemoehybrid_adapts_its_mamba2_layers_experts_and_shared_mlp_as_mlx_lm() {
     check_family("granitemoehybrid");
@@ -563,6 +572,7 @@ fn granitemoehybrid_adapts_its_mamba2_layers_experts_and_shared_mlp_as_mlx_lm() 
 #[test]
 fn quantized_mamba2_families_fuse_as_mlx_lm() {
     check_quantized_fuse("nemotron_h_q4");
+    check_quantized_fuse("nemotron_h_moe_q4");
     check_quantized_fuse("granitemoehybrid_q4");
 }
 
@@ -580,11 +590,40 @@ fn quantized_phi3_and_qwen3_moe_fuse_as_mlx_lm() {
 }
 
 /// A checkpoint that keeps each expert apart (Hugging Face's
-/// `mlp.experts.{e}.gate_proj`) fuses to the same model as the stacked one.
+/// `mlp.experts.{e}.gate_proj`, Nemotron-H's `mixer.experts.{e}.up_proj`)
+/// fuses to the same model as the stacked one.
 #[test]
 fn per_expert_checkpoints_fuse_like_stacked_ones() {
+    check_per_expert_fuse(
+        "qwen3_moe",
+        |name, e| name.replace(".switch_mlp.", &format!(".experts.{e}.")),
+        "model.layers.2.mlp.switch_mlp.gate_proj.weight",
+        "model.layers.0.mlp.experts.3.up_proj.weight",
+    );
+    check_per_expert_fuse(
+        "nemotron_h_moe",
+        |name, e| {
+            let each = name.replace(".switch_mlp.", &format!(".experts.{e}."));
+            each.replace(".fc1.", ".up_proj.")
+                .replace(".fc2.", ".down_proj.")
+        },
+        "backbone.layers.4.mixer.switch_mlp.fc1.weight",
+        "backbone.layers.0.mixer.experts.3.up_proj.weight",
+    );
+}
+
+/// Fuses an adapter on the last two layers of `case` and of its copy with
+/// each expert apart (named by `per_expert_name`): the adapted experts come out
+/// stacked (`adapted`), the others as the copy had them (`kept`), every
+/// tensor equal to the stacked checkpoint's.
+fn check_per_expert_fuse(
+    case: &str,
+    per_expert_name: fn(&str, i32) -> String,
+    adapted: &str,
+    kept: &str,
+) {
     let work = tempfile::tempdir().unwrap();
-    let stacked = common::arch_with_tokenizer("qwen3_moe", work.path());
+    let stacked = common::arch_with_tokenizer(case, work.path());
     let per_expert = work.path().join("per-expert");
     std::fs::create_dir_all(&per_expert).unwrap();
     for f in ["config.json", "tokenizer.json"] {
@@ -599,8 +638,7 @@ fn per_expert_checkpoints_fuse_like_stacked_ones() {
     for name in names {
         let t = tensors.remove(&name).unwrap();
         for e in 0..t.shape()[0] {
-            let each = name.replace(".switch_mlp.", &format!(".experts.{e}."));
-            tensors.insert(each, t.index(e));
+            tensors.insert(per_expert_name(&name, e), t.index(e));
         }
     }
     Array::save_safetensors(&tensors, None, per_expert.join("model.safetensors")).unwrap();
@@ -646,16 +684,17 @@ fn per_expert_checkpoints_fuse_like_stacked_ones() {
     }
     // The adapted layers come out stacked; the others as the checkpoint had them.
     let fused = load_dir(&outs[1]);
-    assert!(fused.contains_key("model.layers.2.mlp.switch_mlp.gate_proj.weight"));
-    assert!(fused.contains_key("model.layers.0.mlp.experts.3.up_proj.weight"));
+    assert!(fused.contains_key(adapted), "{case}: {adapted}");
+    assert!(fused.contains_key(kept), "{case}: {kept}");
+    let kept_layer = kept.split(".experts.").next().unwrap();
     let reference = load_dir(&outs[0]);
     for (name, t) in &reference {
         if let Some(ours) = fused.get(name) {
-            assert_close(ours, t, 0.0, &format!("fused {name}"));
+            assert_close(ours, t, 0.0, &format!("{case}: fused {name}"));
         } else {
             assert!(
-                name.starts_with("model.layers.0.mlp.switch_mlp."),
-                "{name} missing"
+                name.starts_with(&format!("{kept_layer}.switch_mlp.")),
+                "{case}: {name} missing"
             );
         }
     }

@@ -378,6 +378,37 @@ NEMOTRON_H_Q4 = {
     "time_step_limit": [0.05, 2.0],
     "quantize": {"group_size": 32, "bits": 4},
 }
+# Nemotron-H mixture-of-experts layers (E): an experts layer first (before
+# any cache-keeping layer), Mamba-2, attention, an MLP layer, experts again.
+# 8 ReLU² experts of width 32 in 4 groups, the best 2 groups kept, top 6 (72
+# token-expert pairs in the one-pass run: SwitchMLP's sorted path), weights
+# renormalized and scaled by 2.5, one shared expert. The latent case runs its
+# experts in a 32-wide latent space (fc1/fc2_latent_proj, with biases) over
+# one group, top 2, unnormalized, without shared experts.
+NEMOTRON_H_MOE = {
+    **NEMOTRON_H,
+    "hybrid_override_pattern": "EM*-E",
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 6,
+    "moe_intermediate_size": 32,
+    "n_shared_experts": 1,
+    "moe_shared_expert_intermediate_size": 32,
+    "n_group": 4,
+    "topk_group": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+NEMOTRON_H_MOE_LATENT = {
+    **{k: v for k, v in NEMOTRON_H_MOE.items() if "shared_expert" not in k},
+    "hybrid_override_pattern": "ME*E",
+    "mlp_bias": True,
+    "moe_latent_size": 32,
+    "num_experts_per_tok": 2,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": False,
+    "routed_scaling_factor": 1.5,
+}
 
 # IBM Granite 4 (granitemoehybrid): Mamba-2 (4 heads of 16 in 2 groups,
 # state 16, kernel 4, conv bias; the gated norm over all 64 channels) and
@@ -556,6 +587,10 @@ CASES = {
     "lfm2_q4": {**LFM2, "conv_bias": True, "quantize": {"group_size": 32, "bits": 4}},
     "nemotron_h": {**NEMOTRON_H},
     "nemotron_h_q4": {**NEMOTRON_H_Q4},
+    "nemotron_h_moe": {**NEMOTRON_H_MOE},
+    "nemotron_h_moe_latent": {**NEMOTRON_H_MOE_LATENT},
+    # As the MoE cases above: mlx-lm's dense run of the dequantized weights.
+    "nemotron_h_moe_q4": {**NEMOTRON_H_MOE, "quantize": Q4_MOE},
     "gemma4_text": {**GEMMA4},
     # As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "gemma4_text_q4": {**GEMMA4, "quantize": {**Q4_MOE, "overrides": {"router.proj": {"group_size": 64, "bits": 8}}}},

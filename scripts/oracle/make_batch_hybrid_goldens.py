@@ -6,8 +6,8 @@ beside the `BatchKVCache` of the attention layers).
 Runs the tiny random checkpoints of goldens/arch/ (made by
 make_arch_goldens.py) of Qwen3-Next (gated DeltaNet layers, MoE experts),
 Qwen3.5 and Qwen3.5-MoE (gated DeltaNet layers, nested `text_config`) and
-LFM2 (short convolution layers) and Nemotron-H (Mamba-2 layers, MLP-only
-layers without a cache) on token-id prompts of uneven lengths, and records
+LFM2 (short convolution layers) and Nemotron-H (Mamba-2 layers, MLP and
+experts layers without a cache) on token-id prompts of uneven lengths, and records
 every row's greedy tokens in the scenarios of make_batch_goldens.py:
 
   b2     two prompts inserted together
@@ -20,8 +20,9 @@ the batch cache class of every layer, so a reader sees that batch and serial
 agree in mlx-lm too and which layers keep a state. The 4-bit Qwen3-Next
 and Qwen3.5-MoE checkpoints are not among them: mlx-lm's CPU build cannot
 run their quantized MoE experts (`gather_qmm` rejects the arguments), in a
-batch or alone; nor is granitemoehybrid_q4, for the same reason (its dense
-and experts variants are: granitemoehybrid, granitemoehybrid_dense).
+batch or alone; nor, for the same reason, are granitemoehybrid_q4 (its
+dense and experts variants are: granitemoehybrid, granitemoehybrid_dense)
+and nemotron_h_moe_q4 (nemotron_h_moe is).
 
 mlx-lm's BatchGenerator right-pads the prompts of rows inserted together,
 and Nemotron-H's Mamba-2 scan (`ssm_attn`, not given the row lengths) then
@@ -39,6 +40,8 @@ reference (tests/batch_hybrid.rs).
         --model lfm2_q4=goldens/arch/lfm2_q4 \
         --model nemotron_h=goldens/arch/nemotron_h \
         --model nemotron_h_q4=goldens/arch/nemotron_h_q4 \
+        --model nemotron_h_moe=goldens/arch/nemotron_h_moe \
+        --model nemotron_h_moe_latent=goldens/arch/nemotron_h_moe_latent \
         --model granitemoehybrid=goldens/arch/granitemoehybrid \
         --model granitemoehybrid_dense=goldens/arch/granitemoehybrid_dense \
         --out goldens/batch_hybrid.json

@@ -43,7 +43,7 @@ use crate::model::layers::{Linear, LinearWeight, Lora, RmsNorm};
 use crate::model::lfm2::ShortConv;
 use crate::model::mamba2::{Mamba2, NormAcrossRanks};
 use crate::model::moe::{SparseMoe, SwitchLinear, SwitchWeight, EXPERT_PROJS};
-use crate::model::nemotron_h::ReluSquaredMlp;
+use crate::model::nemotron_h::{ReluSquaredMlp, StackLayer};
 use crate::model::pipeline::PipelineStage;
 use crate::model::Model;
 use crate::quant::QuantSpec;
@@ -272,8 +272,8 @@ fn shard_stacked_layers(layers: &mut [Block], cut: &Cut) -> Result<()> {
         let Residual::Stack(stack) = &mut block.residual else {
             bail!("a Nemotron-H block without its MLP layers");
         };
-        for mlp in &mut stack.before {
-            cut.relu_squared(mlp, &next())?;
+        for layer in &mut stack.before {
+            cut.stack_layer(layer, &next())?;
         }
         let p = next();
         match block.linear_attn.as_deref_mut() {
@@ -281,8 +281,8 @@ fn shard_stacked_layers(layers: &mut [Block], cut: &Cut) -> Result<()> {
             Some(_) => bail!("{p}: this recurrent layer is not split (use --pipeline)"),
             None => cut.attention(&mut block.self_attn, &p, &STANDARD_NAMES)?,
         }
-        for mlp in &mut stack.after {
-            cut.relu_squared(mlp, &next())?;
+        for layer in &mut stack.after {
+            cut.stack_layer(layer, &next())?;
         }
     }
     Ok(())
@@ -578,6 +578,16 @@ impl Cut<'_> {
             mamba.norm_groups = g.len() as i32;
         }
         Ok(())
+    }
+
+    /// Splits a Nemotron-H MLP layer; experts layers are refused.
+    fn stack_layer(&self, layer: &mut StackLayer, prefix: &str) -> Result<()> {
+        match layer {
+            StackLayer::Mlp(mlp) => self.relu_squared(mlp, prefix),
+            StackLayer::Experts(_) => {
+                bail!("{prefix}: Nemotron-H experts layers are not split (use --pipeline)")
+            }
+        }
     }
 
     /// Splits a ReLU² MLP layer's hidden columns: up by rows, down by columns.

@@ -21,6 +21,7 @@ pub mod ministral3;
 pub mod mixtral;
 pub mod moe;
 pub mod nemotron_h;
+pub mod nemotron_h_moe;
 pub mod olmo3;
 pub mod phi3;
 pub mod pipeline;

@@ -5,6 +5,8 @@
 //! per expert in any MLX mode) and run through `gather_mm` / `gather_qmm`, so only
 //! the chosen experts' rows are read. As mlx-lm's `SwitchGLU`, tokens are
 //! sorted by expert when there are 64 or more (token, expert) pairs.
+//! Nemotron-H's experts are ReLU² MLPs instead ([`SwitchMlp`], mlx-lm's
+//! `SwitchMLP`), routed as GLM-4.5's ([`SigmoidGroupChoice`]).
 
 use std::collections::HashMap;
 
@@ -12,7 +14,7 @@ use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::topk_axis;
 use mlx_rs::ops::indexing::{Ellipsis, IndexOp};
 use mlx_rs::ops::{
-    argpartition_axis, argsort_axis, clip, expand_dims_axes, gather_mm, minimum, sigmoid,
+    argpartition_axis, argsort_axis, clip, expand_dims_axes, gather_mm, maximum, minimum, sigmoid,
     softmax_axis, unflatten,
 };
 use mlx_rs::{stop_gradient, Array};
@@ -55,7 +57,7 @@ pub struct SwitchLinear {
 }
 
 impl SwitchLinear {
-    fn load(w: &mut Weights, prefix: &str, experts: i32) -> Result<Self> {
+    pub(crate) fn load(w: &mut Weights, prefix: &str, experts: i32) -> Result<Self> {
         let name = format!("{prefix}.weight");
         let spec = w.quant_spec(prefix)?;
         let weight = w.take(&name)?;
@@ -210,30 +212,147 @@ impl SwitchGlu {
 
     /// `x` `[..., hidden]`, `indices` `[..., k]` → `[..., k, hidden]`.
     pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
-        let x = expand_dims_axes(x, &[-2, -3])?;
-        let indices = stop_gradient(indices)?;
-        let sort = indices.size() >= 64;
-        let (x, idx, inverse) = if sort {
-            let k = indices.shape()[indices.ndim() - 1];
-            let flat = indices.flatten(None, None)?;
-            let order = argsort_axis(&flat, 0)?;
-            let inverse = argsort_axis(&order, 0)?;
-            let tokens = order.floor_divide(Array::from_int(k))?;
-            let x = x.flatten(0, -3)?.take_axis(&tokens, 0)?;
-            (x, flat.take_axis(&order, 0)?, Some(inverse))
-        } else {
-            (x, indices.clone(), None)
-        };
-        let up = self.up_proj.forward(&x, &idx, sort)?;
-        let gate = self.gate_proj.forward(&x, &idx, sort)?;
-        let act = self.activation.apply(&gate, &up)?;
-        let mut y = self.down_proj.forward(&act, &idx, sort)?;
-        if let Some(inverse) = inverse {
-            let mut shape = indices.shape().to_vec();
-            shape.extend_from_slice(&y.shape()[1..]);
-            y = y.take_axis(&inverse, 0)?.reshape(&shape)?;
+        through_chosen_experts(x, indices, |x, idx, sorted| {
+            let up = self.up_proj.forward(x, idx, sorted)?;
+            let gate = self.gate_proj.forward(x, idx, sorted)?;
+            let act = self.activation.apply(&gate, &up)?;
+            self.down_proj.forward(&act, idx, sorted)
+        })
+    }
+}
+
+/// Runs `experts` (given the tokens `[..., 1, 1, hidden]`, the expert
+/// indices and whether they are sorted) on `x` `[..., hidden]` routed by
+/// `indices` `[..., k]`, giving `[..., k, hidden]`. As mlx-lm's switch
+/// layers, the (token, expert) pairs are sorted by expert first when there
+/// are 64 or more.
+fn through_chosen_experts(
+    x: &Array,
+    indices: &Array,
+    experts: impl Fn(&Array, &Array, bool) -> Result<Array>,
+) -> Result<Array> {
+    let x = expand_dims_axes(x, &[-2, -3])?;
+    let indices = stop_gradient(indices)?;
+    let sort = indices.size() >= 64;
+    if !sort {
+        return Ok(experts(&x, &indices, false)?.squeeze_axes(&[-2])?);
+    }
+    let k = indices.shape()[indices.ndim() - 1];
+    let flat = indices.flatten(None, None)?;
+    let order = argsort_axis(&flat, 0)?;
+    let inverse = argsort_axis(&order, 0)?;
+    let tokens = order.floor_divide(Array::from_int(k))?;
+    let x = x.flatten(0, -3)?.take_axis(&tokens, 0)?;
+    let y = experts(&x, &flat.take_axis(&order, 0)?, true)?;
+    let mut shape = indices.shape().to_vec();
+    shape.extend_from_slice(&y.shape()[1..]);
+    let y = y.take_axis(&inverse, 0)?.reshape(&shape)?;
+    Ok(y.squeeze_axes(&[-2])?)
+}
+
+/// The experts' ReLU² MLP (mlx-lm's `SwitchMLP` with `nn.ReLU2`):
+/// `fc2(relu(fc1(x))²)` per chosen expert (Nemotron-H).
+#[derive(Clone)]
+pub struct SwitchMlp {
+    /// The experts' input projections.
+    pub fc1: SwitchLinear,
+    /// The experts' output projections.
+    pub fc2: SwitchLinear,
+}
+
+/// The paths of `SwitchMlp`'s projections inside a Nemotron-H layer, in
+/// `SwitchMlp::proj` order (their LoRA keys).
+pub const SWITCH_MLP_KEYS: [&str; 2] = ["mixer.switch_mlp.fc1", "mixer.switch_mlp.fc2"];
+
+impl SwitchMlp {
+    /// Projection `i`: `fc1`, then `fc2`.
+    pub(crate) fn proj(&self, i: usize) -> Option<&SwitchLinear> {
+        [&self.fc1, &self.fc2].get(i).copied()
+    }
+
+    /// `proj`, mutable.
+    pub(crate) fn proj_mut(&mut self, i: usize) -> Option<&mut SwitchLinear> {
+        match i {
+            0 => Some(&mut self.fc1),
+            1 => Some(&mut self.fc2),
+            _ => None,
         }
-        Ok(y.squeeze_axes(&[-2])?)
+    }
+
+    /// Loads `{prefix}.fc1` and `{prefix}.fc2`, stacked over `experts`.
+    pub(crate) fn load(w: &mut Weights, prefix: &str, experts: i32) -> Result<Self> {
+        Ok(Self {
+            fc1: SwitchLinear::load(w, &format!("{prefix}.fc1"), experts)?,
+            fc2: SwitchLinear::load(w, &format!("{prefix}.fc2"), experts)?,
+        })
+    }
+
+    /// `x` `[..., in]`, `indices` `[..., k]` → `[..., k, in]`.
+    pub fn forward(&self, x: &Array, indices: &Array) -> Result<Array> {
+        through_chosen_experts(x, indices, |x, idx, sorted| {
+            let up = self.fc1.forward(x, idx, sorted)?;
+            let zero = Array::from_f32(0.0).as_dtype(up.dtype())?;
+            let positive = maximum(&up, &zero)?;
+            self.fc2.forward(&(&positive * &positive), idx, sorted)
+        })
+    }
+}
+
+/// `Routing::SigmoidGroups`'s choice of experts: sigmoid scores in float32
+/// plus `score_bias` pick the `top_k` experts (after zeroing all but the
+/// `topk_group` groups of experts whose two best scores sum highest), the
+/// unbiased scores weight them, renormalized when `normalize` and
+/// `top_k > 1` (with `norm_epsilon` added to the sum), then scaled by
+/// `scale`.
+pub(crate) struct SigmoidGroupChoice<'a> {
+    pub top_k: i32,
+    pub n_group: i32,
+    pub topk_group: i32,
+    pub normalize: bool,
+    pub norm_epsilon: f32,
+    pub score_bias: Option<&'a Array>,
+    pub scale: f32,
+}
+
+impl SigmoidGroupChoice<'_> {
+    /// The chosen experts `[.., top_k]` and their weights (float32) for the
+    /// router logits `[.., experts]`.
+    pub(crate) fn choose(&self, logits: &Array) -> Result<(Array, Array)> {
+        let k = self.top_k;
+        let probs = sigmoid(&logits.as_dtype(mlx_rs::Dtype::Float32)?)?;
+        let mut scores = match self.score_bias {
+            Some(bias) => &probs + bias,
+            None => probs.clone(),
+        };
+        if self.n_group > 1 {
+            scores = self.drop_weak_groups(&scores)?;
+        }
+        let inds = argpartition_axis(&(-&scores), k - 1, -1)?.index((Ellipsis, ..k));
+        let inds = stop_gradient(&inds)?;
+        let mut weights = probs.take_along_axis(&inds, -1)?;
+        if k > 1 && self.normalize {
+            let mut sum = weights.sum_axis(-1, true)?;
+            if self.norm_epsilon != 0.0 {
+                sum = &sum + &Array::from_f32(self.norm_epsilon);
+            }
+            weights = &weights / &sum;
+        }
+        let scale = Array::from_f32(self.scale);
+        Ok((inds, &weights * &scale))
+    }
+
+    /// `scores` with every expert of the `n_group - topk_group` groups whose
+    /// two best scores sum lowest set to zero.
+    fn drop_weak_groups(&self, scores: &Array) -> Result<Array> {
+        let grouped = unflatten(scores, -1, &[self.n_group, -1])?;
+        let best_two = topk_axis(&grouped, 2, -1)?.sum_axis(-1, true)?;
+        let dropped = self.n_group - self.topk_group;
+        let groups =
+            argpartition_axis(&best_two, dropped - 1, -2)?.index((Ellipsis, ..dropped, ..));
+        let zero = Array::from_f32(0.0);
+        Ok(grouped
+            .put_along_axis(stop_gradient(&groups)?, &zero, -2)?
+            .flatten(-2, -1)?)
     }
 }
 
@@ -471,31 +590,16 @@ impl SparseMoe {
         topk_group: i32,
         normalize: bool,
     ) -> Result<(Array, Array)> {
-        let k = self.top_k;
-        let probs = sigmoid(&logits.as_dtype(mlx_rs::Dtype::Float32)?)?;
-        let mut scores = match &self.score_bias {
-            Some(bias) => &probs + bias,
-            None => probs.clone(),
-        };
-        if n_group > 1 {
-            let grouped = unflatten(&scores, -1, &[n_group, -1])?;
-            let best_two = topk_axis(&grouped, 2, -1)?.sum_axis(-1, true)?;
-            let dropped = n_group - topk_group;
-            let groups =
-                argpartition_axis(&best_two, dropped - 1, -2)?.index((Ellipsis, ..dropped, ..));
-            let zero = Array::from_f32(0.0);
-            scores = grouped
-                .put_along_axis(stop_gradient(&groups)?, &zero, -2)?
-                .flatten(-2, -1)?;
+        SigmoidGroupChoice {
+            top_k: self.top_k,
+            n_group,
+            topk_group,
+            normalize,
+            norm_epsilon: 0.0,
+            score_bias: self.score_bias.as_ref(),
+            scale: self.routed_scale,
         }
-        let inds = argpartition_axis(&(-&scores), k - 1, -1)?.index((Ellipsis, ..k));
-        let inds = stop_gradient(&inds)?;
-        let mut weights = probs.take_along_axis(&inds, -1)?;
-        if k > 1 && normalize {
-            weights = &weights / &weights.sum_axis(-1, true)?;
-        }
-        let scale = Array::from_f32(self.routed_scale);
-        Ok((inds, &weights * &scale))
+        .choose(logits)
     }
 
     /// The block's output `[.., hidden]` for `x` `[.., hidden]`: the routed

@@ -3,22 +3,21 @@
 //! character per layer (or `layers_block_type` / `layer_types` one word per
 //! layer): `M` a Mamba-2 mixer ([`Mamba2`]), `*` attention without positional
 //! encoding (head size `head_dim`, else `hidden_size / num_attention_heads`),
-//! `-` a ReLU² MLP (`down_proj(relu(up_proj x)²)`). Norms are RMS norms with
+//! `-` a ReLU² MLP (`down_proj(relu(up_proj x)²)`), `E` a mixture of ReLU²
+//! experts ([`ExpertsLayer`]). Norms are RMS norms with
 //! `layer_norm_epsilon`; the embedding is `backbone.embeddings`, the last
 //! norm `backbone.norm_f`, and the output head `lm_head` is never tied.
 //!
 //! Only the Mamba-2 and attention layers keep a cache (mlx-lm's
 //! `make_cache`: an `ArraysCache` of size 2 for `M`, a `KVCache` for `*`), so
-//! each of our blocks is one such layer with the MLP layers that follow it
-//! ([`MlpStack`]; MLP layers before the first mixer run at the start of the
-//! first block): one block per cache, as mlx-lm's cache list and its
+//! each of our blocks is one such layer with the MLP and experts layers that
+//! follow it ([`MlpStack`]; those before the first mixer run at the start of
+//! the first block): one block per cache, as mlx-lm's cache list and its
 //! prompt-cache files count them. The multi-token-prediction weights
 //! (`mtp.*`) are dropped; Hugging Face convolutions `[channels, 1, kernel]`
-//! are turned as mlx-lm's `sanitize` does. Mixture-of-experts layers (`E`)
-//! are refused.
+//! are turned, and per-expert weights stacked, as mlx-lm's `sanitize` does.
 
 use anyhow::{bail, Context, Result};
-use mlx_rs::ops::maximum;
 use mlx_rs::Array;
 use serde::Deserialize;
 
@@ -29,6 +28,8 @@ use super::decoder::{
 };
 use super::layers::{Embedding, Linear, LinearWeight, RmsNorm};
 use super::mamba2::{Mamba2, Mamba2Dims, StepLimit};
+use super::moe::SwitchMlp;
+use super::nemotron_h_moe::{relu_squared, ExpertRouting, ExpertsArgs, ExpertsLayer};
 use super::weights::Weights;
 use crate::cache::KvCache;
 
@@ -58,6 +59,8 @@ struct NemotronHArgs {
     layer_types: Option<Vec<String>>,
     #[serde(default)]
     time_step_limit: Option<Vec<serde_json::Value>>,
+    #[serde(flatten)]
+    experts: ExpertsArgs,
 }
 
 /// What one layer of the stack is.
@@ -125,9 +128,6 @@ impl NemotronHArgs {
                 },
             };
         let kinds = kinds?;
-        if kinds.contains(&Kind::Experts) {
-            bail!("Nemotron-H mixture-of-experts layers (E) are not supported yet");
-        }
         if !kinds
             .iter()
             .any(|k| matches!(k, Kind::Mamba | Kind::Attention))
@@ -149,6 +149,14 @@ impl NemotronHArgs {
             bail!("time_step_limit must be ordered numbers, got [{min}, {max}]");
         }
         Ok(StepLimit { min, max })
+    }
+
+    /// The experts layers' routing, when the stack has any.
+    fn routing(&self, kinds: &[Kind]) -> Result<Option<ExpertRouting>> {
+        match kinds.contains(&Kind::Experts) {
+            true => Ok(Some(self.experts.routing()?)),
+            false => Ok(None),
+        }
     }
 
     fn dims(&self) -> Mamba2Dims {
@@ -283,33 +291,84 @@ impl ReluSquaredMlp {
 
     /// The layer's output: `h` plus the MLP of its norm.
     pub fn forward(&self, h: &Array) -> Result<Array> {
-        let up = self.up_proj.forward(&self.norm.forward(h)?)?;
-        let zero = Array::from_f32(0.0).as_dtype(up.dtype())?;
-        let positive = maximum(&up, &zero)?;
-        Ok(h + &self.down_proj.forward(&(&positive * &positive))?)
+        let normed = self.norm.forward(h)?;
+        Ok(h + &relu_squared(&self.up_proj, &self.down_proj, &normed)?)
     }
 }
 
-/// A Nemotron-H block: the MLP layers before its mixer (only in the first
-/// block, when the stack starts with them), the mixer (the block's
-/// `linear_attn` or `self_attn`, after its `input_layernorm`), then the MLP
-/// layers that follow it up to the next mixer.
+/// A layer without a cache: a ReLU² MLP (`-`) or experts (`E`).
+#[derive(Clone)]
+pub enum StackLayer {
+    /// A `-` layer.
+    Mlp(Box<ReluSquaredMlp>),
+    /// An `E` layer.
+    Experts(Box<ExpertsLayer>),
+}
+
+impl StackLayer {
+    /// The layer's output for `h`.
+    pub fn forward(&self, h: &Array) -> Result<Array> {
+        match self {
+            StackLayer::Mlp(mlp) => mlp.forward(h),
+            StackLayer::Experts(experts) => experts.forward(h),
+        }
+    }
+
+    /// Its linear layers by their path inside its layer, as mlx-lm names
+    /// them (the LoRA sites; an experts layer's routed experts are not
+    /// among them: see `switch_mlp`).
+    pub(crate) fn linears(&self) -> Vec<(&'static str, &Linear)> {
+        match self {
+            StackLayer::Mlp(mlp) => mlp.linears().to_vec(),
+            StackLayer::Experts(experts) => experts.linears(),
+        }
+    }
+
+    /// `linears`, mutable, in the same order.
+    pub(crate) fn linears_mut(&mut self) -> Vec<(&'static str, &mut Linear)> {
+        match self {
+            StackLayer::Mlp(mlp) => mlp.linears_mut().into_iter().collect(),
+            StackLayer::Experts(experts) => experts.linears_mut(),
+        }
+    }
+
+    /// The routed experts, when this is an experts layer.
+    pub(crate) fn switch_mlp(&self) -> Option<&SwitchMlp> {
+        match self {
+            StackLayer::Mlp(_) => None,
+            StackLayer::Experts(experts) => Some(&experts.switch_mlp),
+        }
+    }
+
+    /// `switch_mlp`, mutable.
+    pub(crate) fn switch_mlp_mut(&mut self) -> Option<&mut SwitchMlp> {
+        match self {
+            StackLayer::Mlp(_) => None,
+            StackLayer::Experts(experts) => Some(&mut experts.switch_mlp),
+        }
+    }
+}
+
+/// A Nemotron-H block: the MLP and experts layers before its mixer (only in
+/// the first block, when the stack starts with them), the mixer (the
+/// block's `linear_attn` or `self_attn`, after its `input_layernorm`), then
+/// the MLP and experts layers that follow it up to the next mixer.
 #[derive(Clone)]
 pub struct MlpStack {
-    /// The MLP layers before the mixer (first block only).
-    pub before: Vec<ReluSquaredMlp>,
-    /// The MLP layers after the mixer, up to the next one.
-    pub after: Vec<ReluSquaredMlp>,
+    /// The layers before the mixer (first block only).
+    pub before: Vec<StackLayer>,
+    /// The layers after the mixer, up to the next one.
+    pub after: Vec<StackLayer>,
 }
 
 impl MlpStack {
-    /// The MLP layers in stack order: `before`, then `after`.
-    pub(crate) fn mlps(&self) -> impl Iterator<Item = &ReluSquaredMlp> {
+    /// The layers around the mixer in stack order: `before`, then `after`.
+    pub(crate) fn layers(&self) -> impl Iterator<Item = &StackLayer> {
         self.before.iter().chain(&self.after)
     }
 
-    /// `mlps`, mutable, in the same order.
-    pub(crate) fn mlps_mut(&mut self) -> impl Iterator<Item = &mut ReluSquaredMlp> {
+    /// `layers`, mutable, in the same order.
+    pub(crate) fn layers_mut(&mut self) -> impl Iterator<Item = &mut StackLayer> {
         self.before.iter_mut().chain(&mut self.after)
     }
 
@@ -317,8 +376,8 @@ impl MlpStack {
     /// a residual layer, then `after`.
     pub fn forward(&self, block: &Block, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
         let mut h = x.clone();
-        for mlp in &self.before {
-            h = mlp.forward(&h)?;
+        for layer in &self.before {
+            h = layer.forward(&h)?;
         }
         let normed = block.input_layernorm.forward(&h)?;
         let mixed = match &block.linear_attn {
@@ -326,8 +385,8 @@ impl MlpStack {
             None => block.self_attn.forward(&normed, cache)?,
         };
         h = &h + &mixed;
-        for mlp in &self.after {
-            h = mlp.forward(&h)?;
+        for layer in &self.after {
+            h = layer.forward(&h)?;
         }
         Ok(h)
     }
@@ -380,6 +439,22 @@ fn no_feed_forward(dtype: mlx_rs::Dtype) -> Result<FeedForward> {
     }))
 }
 
+/// The cache-less layer at `prefix`: experts routed by `experts`, else a
+/// ReLU² MLP.
+fn stack_layer(
+    w: &mut Weights,
+    prefix: &str,
+    norm: RmsNorm,
+    experts: Option<ExpertRouting>,
+) -> Result<StackLayer> {
+    Ok(match experts {
+        Some(routing) => {
+            StackLayer::Experts(Box::new(ExpertsLayer::load(w, prefix, norm, routing)?))
+        }
+        None => StackLayer::Mlp(Box::new(ReluSquaredMlp::load(w, prefix, norm)?)),
+    })
+}
+
 /// A block under construction: its mixer, with the MLP layers around it.
 struct Part {
     norm: RmsNorm,
@@ -388,12 +463,14 @@ struct Part {
     stack: MlpStack,
 }
 
-/// Loads a Nemotron-H decoder (Mamba-2, attention and ReLU² MLP layers as
+/// Loads a Nemotron-H decoder (Mamba-2, attention, ReLU² MLP and experts
+/// layers as
 /// `hybrid_override_pattern` lists them) from the checkpoint's tensors `w`,
 /// the shared config `args` and the raw `config.json`.
 pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Result<Decoder> {
     let extra: NemotronHArgs = family_args(raw)?;
     let kinds = extra.layers()?;
+    let routing = extra.routing(&kinds)?;
     let dims = extra.dims();
     dims.check()?;
     let limit = extra.limit()?;
@@ -410,11 +487,13 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
         let p = format!("backbone.layers.{i}");
         let norm = RmsNorm::load(w, &format!("{p}.norm"), eps)?;
         let (self_attn, mixer) = match kind {
-            Kind::Mlp => {
-                let mlp = ReluSquaredMlp::load(w, &p, norm)?;
+            Kind::Mlp | Kind::Experts => {
+                let experts = routing.filter(|_| kind == Kind::Experts);
+                let layer = stack_layer(w, &p, norm, experts)
+                    .with_context(|| format!("layer {i} ({kind:?})"))?;
                 match parts.last_mut() {
-                    Some(part) => part.stack.after.push(mlp),
-                    None => leading.push(mlp),
+                    Some(part) => part.stack.after.push(layer),
+                    None => leading.push(layer),
                 }
                 continue;
             }
@@ -425,7 +504,6 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
                 (absent, Some(Box::new(Recurrent::Mamba2(mamba))))
             }
             Kind::Attention => (attention(w, &p, args)?, None),
-            Kind::Experts => unreachable!("refused by NemotronHArgs::layers"),
         };
         parts.push(Part {
             norm,
@@ -500,8 +578,11 @@ mod tests {
             a.layers().unwrap(),
             [Kind::Mamba, Kind::Mlp, Kind::Attention]
         );
-        let a = args(serde_json::json!({"hybrid_override_pattern": "ME*"}));
-        assert!(format!("{:#}", a.layers().unwrap_err()).contains("not supported"));
+        let a = args(serde_json::json!({"layers_block_type": ["moe", "mamba"]}));
+        let kinds = a.layers().unwrap();
+        assert_eq!(kinds, [Kind::Experts, Kind::Mamba]);
+        let err = format!("{:#}", a.routing(&kinds).unwrap_err());
+        assert!(err.contains("n_routed_experts"), "{err}");
         let a = args(serde_json::json!({"hybrid_override_pattern": "--"}));
         assert!(a.layers().is_err());
         let a = args(serde_json::json!({"time_step_limit": [0.0, {"__float__": "Infinity"}]}));

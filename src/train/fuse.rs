@@ -13,7 +13,7 @@ use mlx_rs::{Array, Dtype};
 
 use crate::adapters;
 use crate::convert::quantize::quantize_with_mode;
-use crate::lora::{Site, SiteKind};
+use crate::lora::{LayerPart, Site, SiteKind};
 use crate::mlx_ext::cast_float;
 use crate::model::decoder::FeedForward;
 use crate::model::weights::{layer_quant_spec, stack_expert_tensors};
@@ -135,6 +135,9 @@ fn per_expert_source(model: &Model, site: &Site) -> Option<((String, String), i3
     let SiteKind::Experts(i) = site.kind else {
         return None;
     };
+    if let LayerPart::Mlp(_) = site.part {
+        return nemotron_h_per_expert_source(model, site, i);
+    }
     let FeedForward::Sparse(moe) = &model.decoder.layers[site.block].mlp else {
         return None;
     };
@@ -147,6 +150,21 @@ fn per_expert_source(model: &Model, site: &Site) -> Option<((String, String), i3
         ),
         count,
     ))
+}
+
+/// `per_expert_source` for projection `i` of a Nemotron-H experts layer:
+/// Hugging Face keeps `fc1` / `fc2` as `mixer.experts.{e}.up_proj` / `down_proj`.
+fn nemotron_h_per_expert_source(
+    model: &Model,
+    site: &Site,
+    i: usize,
+) -> Option<((String, String), i32)> {
+    let (Some(count), _, _) = crate::lora::site_dims(model, site) else {
+        return None;
+    };
+    let name = ["up_proj", "down_proj"].get(i)?;
+    let parent = format!("{}.{}.mixer.experts", site.layers_path, site.layer);
+    Some(((parent, name.to_string()), count))
 }
 
 /// Takes the scales (and, in affine mode, the biases) of `prefix`.
