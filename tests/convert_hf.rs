@@ -66,6 +66,7 @@ const MORE_FAMILIES: &[&str] = &[
     "lfm2",
     "granitemoehybrid",
     "granitemoehybrid_dense",
+    "nemotron_h",
 ];
 
 /// Families whose Hugging Face checkpoints come quantized (MXFP4 experts):
@@ -77,7 +78,13 @@ const NO_MIXED: &[&str] = &["lfm2"];
 
 /// Families also converted to mxfp4 (their routers and per-head projections
 /// under the fp4 modes).
-const MXFP4_FAMILIES: &[&str] = &["glm4_moe", "deepseek_v3", "lfm2", "granitemoehybrid"];
+const MXFP4_FAMILIES: &[&str] = &[
+    "glm4_moe",
+    "deepseek_v3",
+    "lfm2",
+    "granitemoehybrid",
+    "nemotron_h",
+];
 
 struct Case {
     name: String,
@@ -696,6 +703,9 @@ fn generates(model: &Path) {
         "--ignore-chat-template",
         "-n",
         "3",
+        // The tiny checkpoints' end-of-text ids (random weights may pick them).
+        "--logit-bias",
+        r#"{"2": -100, "3": -100}"#,
         "--json",
     ]);
     let v: Value = serde_json::from_slice(&gen.stdout).unwrap();

@@ -93,6 +93,10 @@ FAMILIES = {
     "granitemoehybrid_dense": dict(dtype="bfloat16", tied=True, model_type="granitemoehybrid"),
     # MXFP4 experts, which mlx-lm keeps packed
     "gpt_oss": dict(dtype="bfloat16"),
+    # Mamba-2, attention, ReLU² MLP and experts layers under backbone.; per-expert
+    # up/down mlx-lm stacks into switch_mlp fc1/fc2; a float32 score correction and
+    # A_log it keeps; mtp.* it drops; an untied head
+    "nemotron_h": dict(dtype="bfloat16"),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -123,6 +127,7 @@ ARCHITECTURES = {
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
     "granitemoehybrid_dense": "GraniteMoeHybridForCausalLM",
+    "nemotron_h": "NemotronHForCausalLM",
 }
 
 GRANITE_HYBRID = dict(
@@ -378,6 +383,48 @@ def gpt_oss_tensors(rnd, norm, w):
         norm(f"{p}.post_attention_layernorm.weight", HIDDEN)
 
 
+# Nemotron-H's layers: experts, Mamba-2, attention, a ReLU² MLP.
+NEMOTRON_H_PATTERN = "EM*-"
+
+
+def nemotron_h_tensors(rnd, norm, w):
+    """Nemotron-H: one mixer per layer under `backbone.layers.{i}.mixer`, the
+    Mamba-2 convolution `[channels, 1, kernel]`, experts one by one beside a
+    shared expert behind a sigmoid router with a float32 score correction."""
+    inner = MAMBA_HEADS * MAMBA_HEAD_DIM
+    conv_dim = inner + 2 * MAMBA_GROUPS * MAMBA_STATE
+    for i, kind in enumerate(NEMOTRON_H_PATTERN):
+        p = f"backbone.layers.{i}"
+        m = f"{p}.mixer"
+        norm(f"{p}.norm.weight", HIDDEN)
+        if kind == "M":
+            rnd(f"{m}.in_proj.weight", inner + conv_dim + MAMBA_HEADS, HIDDEN)
+            rnd(f"{m}.conv1d.weight", conv_dim, 1, MAMBA_KERNEL, scale=0.3)
+            rnd(f"{m}.conv1d.bias", conv_dim)
+            rnd(f"{m}.dt_bias", MAMBA_HEADS, scale=1.0)
+            w[f"{m}.A_log"] = mx.random.normal((MAMBA_HEADS,))
+            rnd(f"{m}.D", MAMBA_HEADS, scale=1.0)
+            norm(f"{m}.norm.weight", inner)
+            rnd(f"{m}.out_proj.weight", HIDDEN, inner)
+        elif kind == "*":
+            rnd(f"{m}.q_proj.weight", HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{m}.k_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{m}.v_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
+            rnd(f"{m}.o_proj.weight", HIDDEN, HEADS * HEAD_DIM)
+        elif kind == "-":
+            rnd(f"{m}.up_proj.weight", INTER, HIDDEN)
+            rnd(f"{m}.down_proj.weight", HIDDEN, INTER)
+        else:
+            rnd(f"{m}.gate.weight", EXPERTS, HIDDEN)
+            w[f"{m}.gate.e_score_correction_bias"] = mx.random.normal((EXPERTS,)) * 0.1
+            for e in range(EXPERTS):
+                rnd(f"{m}.experts.{e}.up_proj.weight", MOE_INTER, HIDDEN)
+                rnd(f"{m}.experts.{e}.down_proj.weight", HIDDEN, MOE_INTER)
+            rnd(f"{m}.shared_experts.up_proj.weight", MOE_INTER, HIDDEN)
+            rnd(f"{m}.shared_experts.down_proj.weight", HIDDEN, MOE_INTER)
+    rnd("mtp.layers.0.mixer.up_proj.weight", INTER, HIDDEN)
+
+
 # Families whose layers the generic spec does not describe.
 OWN_LAYERS = {
     "lfm2": lfm2_tensors,
@@ -387,6 +434,7 @@ OWN_LAYERS = {
     "glm4_moe": glm4_moe_tensors,
     "deepseek_v3": deepseek_v3_tensors,
     "kimi_k2": deepseek_v3_tensors,
+    "nemotron_h": nemotron_h_tensors,
 }
 
 
@@ -400,7 +448,7 @@ def own_tensors(family, spec):
     def norm(name, size):
         w[name] = (1 + mx.random.normal((size,)) * 0.1).astype(dt)
 
-    rnd("model.embed_tokens.weight", VOCAB, HIDDEN, scale=0.5)
+    rnd(EMBEDDINGS.get(family, "model.embed_tokens.weight"), VOCAB, HIDDEN, scale=0.5)
     OWN_LAYERS[family](rnd, norm, w)
     norm(FINAL_NORMS.get(family, "model.norm.weight"), HIDDEN)
     if not spec["tied"] or spec["extra_head"]:
@@ -408,7 +456,8 @@ def own_tensors(family, spec):
     return w
 
 
-FINAL_NORMS = {"lfm2": "model.embedding_norm.weight"}
+FINAL_NORMS = {"lfm2": "model.embedding_norm.weight", "nemotron_h": "backbone.norm_f.weight"}
+EMBEDDINGS = {"nemotron_h": "backbone.embeddings.weight"}
 
 
 def delta_net(rnd, norm, prefix, split_in_proj):
@@ -528,6 +577,16 @@ def config(family, spec):
                 block_auto_adjust_ff_dim=False, tie_embedding=True,
             ),
             "kimi_k2": DEEPSEEK_V3,
+            "nemotron_h": dict(
+                hybrid_override_pattern=NEMOTRON_H_PATTERN, attention_bias=False, mlp_bias=False,
+                use_bias=False, mamba_num_heads=MAMBA_HEADS, mamba_head_dim=MAMBA_HEAD_DIM,
+                mamba_proj_bias=False, ssm_state_size=MAMBA_STATE, conv_kernel=MAMBA_KERNEL,
+                n_groups=MAMBA_GROUPS, use_conv_bias=True, layer_norm_epsilon=1e-5,
+                n_routed_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
+                n_shared_experts=1, moe_shared_expert_intermediate_size=MOE_INTER, n_group=2,
+                topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
+                num_nextn_predict_layers=1,
+            ),
             "qwen3_5": HYBRID_TEXT,
             "qwen3_5_moe": dict(
                 HYBRID_TEXT, num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,

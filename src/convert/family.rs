@@ -15,6 +15,7 @@ use crate::model::gated_delta::conv_weight_for_mlx;
 use crate::model::lfm2::short_conv_for_mlx;
 use crate::model::moe::MoeLayout;
 use crate::model::qwen3_next::norm_from_offset;
+use crate::model::weights::stack_expert_tensors;
 use crate::model::{deepseek_v3, glm4_moe, mixtral, qwen3_5, qwen3_moe, qwen3_next};
 
 /// One architecture (`model_type` in `config.json`).
@@ -336,6 +337,43 @@ fn granitemoehybrid_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) 
     Ok(())
 }
 
+/// Nemotron-H: the Mamba-2 convolutions turned to MLX's layout and every
+/// experts layer's `experts.{e}.up_proj` / `down_proj` stacked into
+/// `switch_mlp.fc1` / `fc2`.
+fn nemotron_h_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    for (name, tensor) in tensors.iter_mut() {
+        if name.contains("conv1d.weight") {
+            *tensor = conv_weight_for_mlx(tensor.clone())?.0;
+        }
+    }
+    let mixers: Vec<String> = tensors
+        .keys()
+        .filter_map(|k| k.strip_suffix(".experts.0.up_proj.weight"))
+        .map(str::to_string)
+        .collect();
+    if mixers.is_empty() {
+        return Ok(());
+    }
+    let count = config_int(config, "n_routed_experts")? as i32;
+    for mixer in mixers {
+        for (from, to) in [("up_proj", "fc1"), ("down_proj", "fc2")] {
+            let target = format!("{mixer}.switch_mlp.{to}");
+            stack_expert_tensors(tensors, &format!("{mixer}.experts"), from, &target, count)?;
+        }
+    }
+    Ok(())
+}
+
+/// Nemotron-H's router is a plain matrix, not a `Linear`.
+fn nemotron_h_quantizable(name: &str, ndim: usize) -> bool {
+    linear_embedding_or_experts(name, ndim) && !name.ends_with(".mixer.gate.weight")
+}
+
+/// Nemotron-H keeps `A_log` and the score correction in their dtypes.
+fn all_but_a_log_or_score_correction(name: &str) -> bool {
+    all_but_a_log(name) && all_but_score_correction(name)
+}
+
 /// `{from}.input_linear` (gate then up along `axis`) and `{from}.output_linear`
 /// become `{to}.gate_proj`, `{to}.up_proj` and `{to}.down_proj`.
 fn split_input_linear(tensors: &mut Tensors, from: &str, to: &str, axis: i32) -> Result<()> {
@@ -551,6 +589,12 @@ const FAMILIES: &[Family] = &[
         rewrite: gpt_oss_for_mlx,
         reads_mxfp4: true,
         ..dense("gpt_oss", Head::Kept, nothing)
+    },
+    Family {
+        dropped: multi_token_prediction,
+        quantizable: nemotron_h_quantizable,
+        cast: all_but_a_log_or_score_correction,
+        ..sparse("nemotron_h", Head::Kept, nemotron_h_for_mlx)
     },
     deepseek_v3("deepseek_v3"),
     // mlx-lm runs Kimi K2 as deepseek_v3.
