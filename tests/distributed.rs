@@ -314,6 +314,99 @@ fn mamba2_families_split_by_tensors_and_layers_match_single_process() {
     check_tiny_refused(&moe, &[], "experts layers are not split");
 }
 
+/// Rewrites the tiny Granite 4 checkpoint in `dir` (two Mamba-2 groups of
+/// state 16, 64 channels) as one with a single group, as published Granite 4
+/// models have: the second group's B and C rows of `in_proj` and channels of
+/// the convolution are dropped.
+fn keep_one_mamba_group(dir: &std::path::Path) {
+    let config = dir.join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    assert_eq!(c["mamba_n_groups"], 2);
+    c["mamba_n_groups"] = json!(1);
+    std::fs::write(&config, c.to_string()).unwrap();
+    let (inner, state) = (64, 16);
+    // Row ranges of the second group's B and C: in_proj is z | x | B | C | dt,
+    // the convolution x | B | C.
+    let dropped = |name: &str| -> Vec<std::ops::Range<usize>> {
+        let xbc = if name.ends_with("in_proj.weight") {
+            inner
+        } else {
+            0
+        };
+        let b = xbc + inner;
+        vec![b + state..b + 2 * state, b + 3 * state..b + 4 * state]
+    };
+    rewrite_safetensors(dir, |name, shape, bytes| {
+        let mamba = name.contains(".mamba.")
+            && (name.ends_with("in_proj.weight") || name.contains("conv1d."));
+        if !mamba {
+            return None;
+        }
+        let rows = shape[0] as usize;
+        let row_bytes = bytes.len() / rows;
+        let gone = dropped(name);
+        let kept: Vec<u8> = (0..rows)
+            .filter(|r| !gone.iter().any(|g| g.contains(r)))
+            .flat_map(|r| bytes[r * row_bytes..(r + 1) * row_bytes].iter().copied())
+            .collect();
+        let mut shape = shape.to_vec();
+        shape[0] = (kept.len() / row_bytes) as u64;
+        Some((shape, kept))
+    });
+}
+
+/// Rewrites `dir`'s model.safetensors, replacing each tensor for which
+/// `edit(name, shape, bytes)` returns a new shape and bytes.
+fn rewrite_safetensors(
+    dir: &std::path::Path,
+    edit: impl Fn(&str, &[u64], &[u8]) -> Option<(Vec<u64>, Vec<u8>)>,
+) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let (mut out_header, mut out_data) = (serde_json::Map::new(), Vec::new());
+    for (name, info) in &header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let [start, end] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
+        let shape: Vec<u64> = info["shape"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d.as_u64().unwrap())
+            .collect();
+        let (shape, tensor) = edit(name, &shape, &data[start..end])
+            .unwrap_or_else(|| (shape.clone(), data[start..end].to_vec()));
+        let at = out_data.len();
+        out_data.extend(tensor);
+        let offsets = json!([at, out_data.len()]);
+        out_header.insert(
+            name.clone(),
+            json!({"dtype": info["dtype"], "shape": shape, "data_offsets": offsets}),
+        );
+    }
+    let mut header = Value::Object(out_header).to_string().into_bytes();
+    header.resize(header.len().div_ceil(8) * 8, b' ');
+    let mut file = (header.len() as u64).to_le_bytes().to_vec();
+    file.extend(header);
+    file.extend(out_data);
+    std::fs::write(&path, file).unwrap();
+}
+
+#[test]
+fn a_single_mamba2_group_splits_by_head() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = common::arch_with_tokenizer("granitemoehybrid", tmp.path());
+    let two_groups = tiny_tokens(&model, false, &[]).unwrap();
+    keep_one_mamba_group(&model);
+    let one_group = tiny_tokens(&model, false, &[]).unwrap();
+    assert_ne!(one_group, two_groups, "the rewrite changed nothing");
+    check_tiny_sharded(&model, &BOTH_SPLITS);
+}
+
 /// Rewrites `dir`'s model.safetensors with its stacked experts
 /// (`…mlp.switch_mlp.{proj}.weight` `[experts, out, in]`) stored one by one
 /// as Hugging Face does (`…mlp.experts.{e}.{proj}.weight`).

@@ -514,24 +514,37 @@ impl Cut<'_> {
     }
 
     /// Splits a Mamba-2 mixer by group, each rank keeping the heads of its
-    /// groups: `in_proj`'s gate, x, B, C and step-size rows of them, the
+    /// groups (with fewer groups than ranks, a share of one group's heads and
+    /// that group's B and C whole): `in_proj`'s gate, x, B, C and step-size rows of them, the
     /// convolution's x, B and C channels, the per-head parameters and the
     /// gated norm's scale with their heads, `out_proj` by columns. The scan
     /// state then holds this rank's heads.
     fn mamba2(&self, mamba: &mut Mamba2, prefix: &str) -> Result<()> {
         let (rank, size) = (self.group.rank(), self.group.size());
         let d = mamba.dims;
-        if d.groups % size as i32 != 0 {
+        let ranks = size as i32;
+        let (g, h) = if d.groups % ranks == 0 {
+            let g = part(d.groups, rank, size);
+            let h = scaled(&g, d.heads / d.groups);
+            (g, h)
+        } else if ranks % d.groups == 0 && d.heads % ranks == 0 {
+            // Fewer groups than ranks (Granite 4 has one): each rank takes
+            // heads of one group and keeps that group's B and C whole.
+            let h = part(d.heads, rank, size);
+            let group = h.start / (d.heads / d.groups);
+            (group..group + 1, h)
+        } else {
             bail!(
-                "{prefix}: {} Mamba-2 groups cannot be split evenly across {size} ranks (use \
-                 --pipeline)",
-                d.groups
+                "{prefix}: {} Mamba-2 groups of {} heads cannot be split across {size} ranks \
+                 (use --pipeline)",
+                d.groups,
+                d.heads
             );
-        }
+        };
         // Nemotron-H normalizes each group apart, Granite 4 all channels at once.
         let norm_across_ranks = match mamba.norm_groups {
-            n if n == d.groups => false,
             1 => true,
+            n if n == d.groups && d.groups % ranks == 0 => false,
             n => bail!(
                 "{prefix}: the gated norm spans {n} group(s) of {} heads' groups, which a split \
                  of the heads changes (use --pipeline)",
@@ -539,8 +552,6 @@ impl Cut<'_> {
             ),
         };
         let (hd, n) = (d.head_dim, d.state_size);
-        let g = part(d.groups, rank, size);
-        let h = scaled(&g, d.heads / d.groups);
         let (inner, bc) = (d.inner(), d.groups * n);
         let channels = scaled(&h, hd);
         // The convolution's channels, as x | B | C.
