@@ -257,6 +257,10 @@ pub fn perplexity(
     batch_size: usize,
     on_batch: &mut dyn FnMut(usize, usize),
 ) -> Result<Perplexity> {
+    for row in rows {
+        let ids: Vec<u32> = row.iter().map(|&t| t as u32).collect();
+        model.check_token_ids(&ids)?;
+    }
     let losses = token_losses(model, rows, batch_size, on_batch)?;
     summarize(&losses, rows.len(), rows.first().map_or(0, Vec::len))
 }

@@ -175,7 +175,9 @@ pub fn loglikelihood_rolling(
 ) -> Result<Vec<f64>> {
     let mut out = Vec::with_capacity(docs.len());
     for (d, doc) in docs.iter().enumerate() {
-        let ids: Vec<i32> = tok.encode(doc)?.iter().map(|&t| t as i32).collect();
+        let tokens = tok.encode(doc)?;
+        model.check_token_ids(&tokens)?;
+        let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         if ids.is_empty() {
             bail!("document {} has no tokens", d + 1);
         }

@@ -322,6 +322,7 @@ pub fn loglikelihood(
     let mut out = vec![(0.0f64, false); requests.len()];
     for (g, ctx) in order.iter().enumerate() {
         let prefix = tok.encode(ctx)?;
+        model.check_token_ids(&prefix)?;
         if prefix.is_empty() {
             bail!("an empty context cannot be scored");
         }
@@ -329,6 +330,7 @@ pub fn loglikelihood(
         let best = argmax(&logprobs, None)?.item_cast::<u32>();
         for &i in &groups[ctx] {
             let full = tok.encode(&format!("{ctx}{}", requests[i].1))?;
+            model.check_token_ids(&full)?;
             if full.len() <= prefix.len() {
                 bail!(
                     "the continuation {:?} adds no token to its context",
