@@ -351,15 +351,18 @@ fn keep_one_mamba_group(dir: &std::path::Path) {
             .collect();
         let mut shape = shape.to_vec();
         shape[0] = (kept.len() / row_bytes) as u64;
-        Some((shape, kept))
+        Some(vec![(name.to_string(), shape, kept)])
     });
 }
 
+/// A tensor as written back: its name, shape and bytes.
+type Tensor = (String, Vec<u64>, Vec<u8>);
+
 /// Rewrites `dir`'s model.safetensors, replacing each tensor for which
-/// `edit(name, shape, bytes)` returns a new shape and bytes.
+/// `edit(name, shape, bytes)` returns the tensors to store in its place.
 fn rewrite_safetensors(
     dir: &std::path::Path,
-    edit: impl Fn(&str, &[u64], &[u8]) -> Option<(Vec<u64>, Vec<u8>)>,
+    edit: impl Fn(&str, &[u64], &[u8]) -> Option<Vec<Tensor>>,
 ) {
     let path = dir.join("model.safetensors");
     let bytes = std::fs::read(&path).unwrap();
@@ -378,15 +381,17 @@ fn rewrite_safetensors(
             .iter()
             .map(|d| d.as_u64().unwrap())
             .collect();
-        let (shape, tensor) = edit(name, &shape, &data[start..end])
-            .unwrap_or_else(|| (shape.clone(), data[start..end].to_vec()));
-        let at = out_data.len();
-        out_data.extend(tensor);
-        let offsets = json!([at, out_data.len()]);
-        out_header.insert(
-            name.clone(),
-            json!({"dtype": info["dtype"], "shape": shape, "data_offsets": offsets}),
-        );
+        let tensors = edit(name, &shape, &data[start..end])
+            .unwrap_or_else(|| vec![(name.clone(), shape.clone(), data[start..end].to_vec())]);
+        for (name, shape, tensor) in tensors {
+            let at = out_data.len();
+            out_data.extend(tensor);
+            let offsets = json!([at, out_data.len()]);
+            out_header.insert(
+                name,
+                json!({"dtype": info["dtype"], "shape": shape, "data_offsets": offsets}),
+            );
+        }
     }
     let mut header = Value::Object(out_header).to_string().into_bytes();
     header.resize(header.len().div_ceil(8) * 8, b' ');
@@ -411,44 +416,22 @@ fn a_single_mamba2_group_splits_by_head() {
 /// (`…mlp.switch_mlp.{proj}.weight` `[experts, out, in]`) stored one by one
 /// as Hugging Face does (`…mlp.experts.{e}.{proj}.weight`).
 fn unstack_experts(dir: &std::path::Path) {
-    let path = dir.join("model.safetensors");
-    let bytes = std::fs::read(&path).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let header: serde_json::Map<String, Value> = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    let data = &bytes[8 + n..];
-    let (mut out_header, mut out_data) = (serde_json::Map::new(), Vec::new());
-    let mut push = |name: String, dtype: &Value, shape: &[Value], bytes: &[u8]| {
-        let start = out_data.len();
-        out_data.extend_from_slice(bytes);
-        let offsets = json!([start, out_data.len()]);
-        let info = json!({"dtype": dtype, "shape": shape, "data_offsets": offsets});
-        out_header.insert(name, info);
-    };
-    for (name, info) in &header {
-        if name == "__metadata__" {
-            continue;
-        }
-        let [start, end] = [0, 1].map(|i| info["data_offsets"][i].as_u64().unwrap() as usize);
-        let shape = info["shape"].as_array().unwrap();
-        match name.split_once(".switch_mlp.") {
-            Some((layer, proj)) => {
-                let experts = shape[0].as_u64().unwrap() as usize;
-                let each = (end - start) / experts;
-                for e in 0..experts {
-                    let at = start + e * each;
-                    let name = format!("{layer}.experts.{e}.{proj}");
-                    push(name, &info["dtype"], &shape[1..], &data[at..at + each]);
-                }
-            }
-            None => push(name.clone(), &info["dtype"], shape, &data[start..end]),
-        }
-    }
-    let mut header = Value::Object(out_header).to_string().into_bytes();
-    header.resize(header.len().div_ceil(8) * 8, b' ');
-    let mut file = (header.len() as u64).to_le_bytes().to_vec();
-    file.extend(header);
-    file.extend(out_data);
-    std::fs::write(&path, file).unwrap();
+    rewrite_safetensors(dir, |name, shape, bytes| {
+        let (layer, proj) = name.split_once(".switch_mlp.")?;
+        let experts = shape[0] as usize;
+        let each = bytes.len() / experts;
+        let tensors = (0..experts)
+            .map(|e| {
+                let name = format!("{layer}.experts.{e}.{proj}");
+                (
+                    name,
+                    shape[1..].to_vec(),
+                    bytes[e * each..(e + 1) * each].to_vec(),
+                )
+            })
+            .collect();
+        Some(tensors)
+    });
 }
 
 #[test]
