@@ -326,21 +326,26 @@ def granitemoehybrid_dense_tensors(rnd, norm, w):
     granite_hybrid_layers(rnd, norm, w, experts=False)
 
 
-def granite_hybrid_layers(rnd, norm, w, experts):
+def mamba2_mixer(rnd, norm, w, m):
+    """A Mamba-2 mixer at `m`, its convolution `[channels, 1, kernel]`."""
     inner = MAMBA_HEADS * MAMBA_HEAD_DIM
     conv_dim = inner + 2 * MAMBA_GROUPS * MAMBA_STATE
+    rnd(f"{m}.in_proj.weight", inner + conv_dim + MAMBA_HEADS, HIDDEN)
+    rnd(f"{m}.conv1d.weight", conv_dim, 1, MAMBA_KERNEL, scale=0.3)
+    rnd(f"{m}.conv1d.bias", conv_dim)
+    rnd(f"{m}.dt_bias", MAMBA_HEADS, scale=1.0)
+    w[f"{m}.A_log"] = mx.random.normal((MAMBA_HEADS,))
+    rnd(f"{m}.D", MAMBA_HEADS, scale=1.0)
+    norm(f"{m}.norm.weight", inner)
+    rnd(f"{m}.out_proj.weight", HIDDEN, inner)
+
+
+def granite_hybrid_layers(rnd, norm, w, experts):
     for i, kind in enumerate(GRANITE_HYBRID_LAYERS):
         p = f"model.layers.{i}"
         if kind == "mamba":
             m = f"{p}.mamba"
-            rnd(f"{m}.in_proj.weight", inner + conv_dim + MAMBA_HEADS, HIDDEN)
-            rnd(f"{m}.conv1d.weight", conv_dim, 1, MAMBA_KERNEL, scale=0.3)
-            rnd(f"{m}.conv1d.bias", conv_dim)
-            rnd(f"{m}.dt_bias", MAMBA_HEADS, scale=1.0)
-            w[f"{m}.A_log"] = mx.random.normal((MAMBA_HEADS,))
-            rnd(f"{m}.D", MAMBA_HEADS, scale=1.0)
-            norm(f"{m}.norm.weight", inner)
-            rnd(f"{m}.out_proj.weight", HIDDEN, inner)
+            mamba2_mixer(rnd, norm, w, m)
         else:
             a = f"{p}.self_attn"
             rnd(f"{a}.q_proj.weight", HEADS * HEAD_DIM, HIDDEN)
@@ -391,21 +396,12 @@ def nemotron_h_tensors(rnd, norm, w):
     """Nemotron-H: one mixer per layer under `backbone.layers.{i}.mixer`, the
     Mamba-2 convolution `[channels, 1, kernel]`, experts one by one beside a
     shared expert behind a sigmoid router with a float32 score correction."""
-    inner = MAMBA_HEADS * MAMBA_HEAD_DIM
-    conv_dim = inner + 2 * MAMBA_GROUPS * MAMBA_STATE
     for i, kind in enumerate(NEMOTRON_H_PATTERN):
         p = f"backbone.layers.{i}"
         m = f"{p}.mixer"
         norm(f"{p}.norm.weight", HIDDEN)
         if kind == "M":
-            rnd(f"{m}.in_proj.weight", inner + conv_dim + MAMBA_HEADS, HIDDEN)
-            rnd(f"{m}.conv1d.weight", conv_dim, 1, MAMBA_KERNEL, scale=0.3)
-            rnd(f"{m}.conv1d.bias", conv_dim)
-            rnd(f"{m}.dt_bias", MAMBA_HEADS, scale=1.0)
-            w[f"{m}.A_log"] = mx.random.normal((MAMBA_HEADS,))
-            rnd(f"{m}.D", MAMBA_HEADS, scale=1.0)
-            norm(f"{m}.norm.weight", inner)
-            rnd(f"{m}.out_proj.weight", HIDDEN, inner)
+            mamba2_mixer(rnd, norm, w, m)
         elif kind == "*":
             rnd(f"{m}.q_proj.weight", HEADS * HEAD_DIM, HIDDEN)
             rnd(f"{m}.k_proj.weight", KV_HEADS * HEAD_DIM, HIDDEN)
