@@ -24,10 +24,6 @@ use mlx_rs::ops::{arange, concatenate, expand_dims, ge, gt, logical_and, subtrac
 use mlx_rs::Array;
 
 /// How KV caches are built: dense (the default), bounded to `max_kv_size`
-/// positions (`--max-kv-size`), or quantized (`--kv-bits`). Bounded and
-/// quantized caches do not batch in the server: such servers run requests
-/// serially (see `gateway::route`).
-/// How KV caches are built: dense (the default), bounded to `max_kv_size`
 /// positions, or quantized.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KvSettings {

@@ -213,7 +213,13 @@ impl<'a> BatchScheduler<'a> {
 
     fn chunk_size(&self) -> usize {
         let step = self.limits.prefill_step;
-        let Some(target) = self.limits.prefill_target else {
+        // Timed chunks only keep decoding rows streaming; alone, a prompt
+        // prefills as `generate` prefills it.
+        let Some(target) = self
+            .limits
+            .prefill_target
+            .filter(|_| !self.batch.is_empty())
+        else {
             return step;
         };
         if self.prefill_rate <= 0.0 {

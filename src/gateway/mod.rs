@@ -420,9 +420,14 @@ impl Gateway {
                         prefill_step: config
                             .fixed_prefill_step
                             .unwrap_or(crate::generate::DEFAULT_PREFILL_STEP),
-                        // Timed chunks would differ between ranks.
-                        prefill_target: (sharding.is_none() && config.fixed_prefill_step.is_none())
-                            .then_some(BATCH_PREFILL_TARGET),
+                        // Timed chunks would differ between ranks. A bounded
+                        // cache keeps its first positions, so what later prompt
+                        // tokens attend to depends on the chunks (as in mlx-lm):
+                        // fixed chunks keep its answers equal to `generate`'s.
+                        prefill_target: (sharding.is_none()
+                            && config.fixed_prefill_step.is_none()
+                            && models.kv.max_kv_size.is_none())
+                        .then_some(BATCH_PREFILL_TARGET),
                     },
                     budget,
                     sharding,
