@@ -42,7 +42,7 @@ use serde::Deserialize;
 use super::config::{family_args, ModelArgs, RopeScaling};
 use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
 use super::layers::{Linear, LinearWeight, RmsNorm, Rope};
-use super::moe::{ExpertActivation, MoeLayout, Routing, SharedExperts, SparseMoe};
+use super::moe::{ExpertActivation, GroupedSigmoidMoe, MoeLayout, SparseMoe};
 use super::quantized_attention::quantized_sdpa;
 use super::weights::Weights;
 use crate::cache::{KvCache, Mask, QuantizedState};
@@ -523,40 +523,18 @@ fn sparse_layer(
     extra: &DeepseekV3Args,
     experts: i32,
 ) -> Result<SparseMoe> {
-    let gate = format!("{prefix}.gate");
-    if w.contains(&format!("{gate}.scales")) {
-        bail!("{gate} is quantized; mlx-lm keeps DeepSeek-V3's router dense");
-    }
-    // A bare matrix in mlx-lm (`mx.zeros`): no construction draws.
-    let router = Linear {
-        weight: LinearWeight::Dense(w.take(&format!("{gate}.weight"))?),
-        bias: None,
-        lora: None,
-        all_sum: None,
-    };
-    let routing = Routing::SigmoidGroups {
+    GroupedSigmoidMoe {
+        family: "DeepSeek-V3",
+        experts,
+        top_k: extra.num_experts_per_tok,
         n_group: extra.n_group,
         topk_group: extra.topk_group,
         normalize: extra.norm_topk_prob,
-    };
-    let mut moe = SparseMoe::with_router(
-        w,
-        prefix,
-        experts,
-        extra.num_experts_per_tok,
-        routing,
-        LAYOUT,
-        router,
-    )?;
-    let bias = w.take(&format!("{gate}.e_score_correction_bias"))?;
-    moe.score_bias = Some(bias.as_dtype(Dtype::Float32)?);
-    moe.routed_scale = extra.routed_scaling_factor;
-    moe.router_is_linear = false;
-    if extra.n_shared_experts.is_some() {
-        let shared = Mlp::load(w, &format!("{prefix}.shared_experts"))?;
-        moe.shared = Some(Box::new(SharedExperts::new(shared, "mlp.shared_experts")));
+        routed_scale: extra.routed_scaling_factor,
+        shared_experts: extra.n_shared_experts.is_some(),
+        layout: LAYOUT,
     }
-    Ok(moe)
+    .load(w, prefix)
 }
 
 /// The Hugging Face quantized format a tensor name belongs to, of those

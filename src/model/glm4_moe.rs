@@ -9,13 +9,12 @@
 //! (`model.layers.{num_hidden_layers}`) is dropped.
 
 use anyhow::{bail, Result};
-use mlx_rs::Dtype;
 use serde::Deserialize;
 
 use super::config::{family_args, ModelArgs};
 use super::decoder::{Attention, Block, Decoder, DecoderOptions, FeedForward, Mlp};
-use super::layers::{Linear, LinearWeight, Rope};
-use super::moe::{ExpertActivation, MoeLayout, Routing, SharedExperts, SparseMoe};
+use super::layers::Rope;
+use super::moe::{ExpertActivation, GroupedSigmoidMoe, MoeLayout, SparseMoe};
 use super::weights::Weights;
 
 /// The GLM-4.5 fields of `config.json` (required as in mlx-lm).
@@ -93,39 +92,18 @@ fn sparse_layer(
     extra: &Glm4MoeArgs,
     experts: i32,
 ) -> Result<SparseMoe> {
-    let gate = format!("{prefix}.gate");
-    if w.contains(&format!("{gate}.scales")) {
-        bail!("{gate} is quantized; mlx-lm keeps GLM-4.5's router dense");
-    }
-    let router = Linear {
-        weight: LinearWeight::Dense(w.take(&format!("{gate}.weight"))?),
-        bias: None,
-        lora: None,
-        all_sum: None,
-    };
-    let routing = Routing::SigmoidGroups {
+    GroupedSigmoidMoe {
+        family: "GLM-4.5",
+        experts,
+        top_k: extra.num_experts_per_tok,
         n_group: extra.n_group,
         topk_group: extra.topk_group,
         normalize: extra.norm_topk_prob,
-    };
-    let mut moe = SparseMoe::with_router(
-        w,
-        prefix,
-        experts,
-        extra.num_experts_per_tok,
-        routing,
-        LAYOUT,
-        router,
-    )?;
-    let bias = w.take(&format!("{gate}.e_score_correction_bias"))?;
-    moe.score_bias = Some(bias.as_dtype(Dtype::Float32)?);
-    moe.routed_scale = extra.routed_scaling_factor;
-    moe.router_is_linear = false;
-    if extra.n_shared_experts.is_some() {
-        let shared = Mlp::load(w, &format!("{prefix}.shared_experts"))?;
-        moe.shared = Some(Box::new(SharedExperts::new(shared, "mlp.shared_experts")));
+        routed_scale: extra.routed_scaling_factor,
+        shared_experts: extra.n_shared_experts.is_some(),
+        layout: LAYOUT,
     }
-    Ok(moe)
+    .load(w, prefix)
 }
 
 /// Loads a GLM-4.5 (`glm4_moe`) decoder, dropping the multi-token-prediction

@@ -17,10 +17,10 @@ use mlx_rs::ops::{
     argpartition_axis, argsort_axis, clip, expand_dims_axes, gather_mm, maximum, minimum, sigmoid,
     softmax_axis, unflatten,
 };
-use mlx_rs::{stop_gradient, Array};
+use mlx_rs::{stop_gradient, Array, Dtype};
 
 use super::decoder::Mlp;
-use super::layers::{Linear, Lora};
+use super::layers::{Linear, LinearWeight, Lora};
 use super::weights::{stack_expert_tensors, Weights};
 use crate::quant::QuantSpec;
 
@@ -489,6 +489,66 @@ impl SharedExperts {
             gate: None,
             key,
         }
+    }
+}
+
+/// The routing settings GLM-4.5 and DeepSeek-V3 share: grouped sigmoid
+/// scores with `e_score_correction_bias`, scaled by `routed_scaling_factor`.
+pub(crate) struct GroupedSigmoidMoe<'a> {
+    /// The family, for the error about a quantized router.
+    pub family: &'a str,
+    pub experts: i32,
+    pub top_k: i32,
+    pub n_group: i32,
+    pub topk_group: i32,
+    pub normalize: bool,
+    pub routed_scale: f32,
+    /// The checkpoint has `{prefix}.shared_experts`.
+    pub shared_experts: bool,
+    pub layout: MoeLayout,
+}
+
+impl GroupedSigmoidMoe<'_> {
+    /// Loads the block at `prefix`: a bare router matrix (never quantized,
+    /// as in mlx-lm), its score correction in float32, the experts, and the
+    /// shared experts when the family has them.
+    pub(crate) fn load(&self, w: &mut Weights, prefix: &str) -> Result<SparseMoe> {
+        let gate = format!("{prefix}.gate");
+        if w.contains(&format!("{gate}.scales")) {
+            bail!(
+                "{gate} is quantized; mlx-lm keeps {}'s router dense",
+                self.family
+            );
+        }
+        let router = Linear {
+            weight: LinearWeight::Dense(w.take(&format!("{gate}.weight"))?),
+            bias: None,
+            lora: None,
+            all_sum: None,
+        };
+        let routing = Routing::SigmoidGroups {
+            n_group: self.n_group,
+            topk_group: self.topk_group,
+            normalize: self.normalize,
+        };
+        let mut moe = SparseMoe::with_router(
+            w,
+            prefix,
+            self.experts,
+            self.top_k,
+            routing,
+            self.layout,
+            router,
+        )?;
+        let bias = w.take(&format!("{gate}.e_score_correction_bias"))?;
+        moe.score_bias = Some(bias.as_dtype(Dtype::Float32)?);
+        moe.routed_scale = self.routed_scale;
+        moe.router_is_linear = false;
+        if self.shared_experts {
+            let shared = Mlp::load(w, &format!("{prefix}.shared_experts"))?;
+            moe.shared = Some(Box::new(SharedExperts::new(shared, "mlp.shared_experts")));
+        }
+        Ok(moe)
     }
 }
 
