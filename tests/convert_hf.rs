@@ -536,6 +536,40 @@ fn dequantize_and_cast_of_quantized_models_match_mlx_lm() {
     assert!(dense.get("quantization").is_none() && dense.get("quantization_config").is_none());
 }
 
+/// Ministral 3 as Mistral publishes it: float8 weights with their scales.
+/// mlx-lm 0.32.2 multiplies the float8 bytes (which MLX loads as uint8) by
+/// the scales; the reference is its conversion of the same weights read as
+/// float8 (`ministral3_fp8_dequantized`), plain and quantized.
+#[test]
+fn fp8_checkpoints_convert_as_their_float_weights() {
+    let work = tempfile::tempdir().unwrap();
+    let variants: [(&str, &[&str], Value); 3] = [
+        ("plain", &[], json!({})),
+        ("q4", &["-q"], json!({"quantize": true})),
+        ("f32", &["--dtype", "float32"], json!({"dtype": "float32"})),
+    ];
+    let theirs = |name: &str| work.path().join(format!("theirs-{name}"));
+    let jobs: Vec<_> = variants
+        .iter()
+        .map(|(name, _, args)| {
+            (
+                family("ministral3_fp8_dequantized"),
+                theirs(name),
+                args.clone(),
+            )
+        })
+        .collect();
+    oracle_convert(&jobs);
+    for (name, flags, _) in &variants {
+        let ours = work.path().join(format!("ours-{name}"));
+        convert_ok(&family("ministral3_fp8"), &ours, flags);
+        assert_same_model(&ours, &theirs(name), &format!("ministral3_fp8 {name}"));
+        let config = read_json(&ours.join("config.json"));
+        assert_ne!(config["quantization_config"]["quant_method"], json!("fp8"));
+        generates(&ours);
+    }
+}
+
 fn assert_fails(args: &[&str], expect: &str) {
     let out = convert(args);
     let err = String::from_utf8_lossy(&out.stderr);

@@ -296,22 +296,21 @@ fn mamba2_families_split_by_tensors_and_layers_match_single_process() {
     let tmp = tempfile::tempdir().unwrap();
     // Nemotron-H's Mamba-2 layers split by group (gate, x, B, C and step
     // sizes of in_proj, the convolution's channels, the per-group gated
-    // norm), its ReLU² MLP layers by columns, dense and 4-bit; Granite 4's
-    // gated norm over all channels (squares summed across ranks), its
-    // experts beside the fused shared MLP, or the fused dense MLP alone.
+    // norm), its ReLU² MLP layers by columns, dense and 4-bit, its experts
+    // layers' routed and shared experts by columns (with the latent
+    // projections whole and their biases); Granite 4's gated norm over all
+    // channels (squares summed across ranks), its experts beside the fused
+    // shared MLP, or the fused dense MLP alone.
     for case in [
         "nemotron_h",
         "nemotron_h_q4",
+        "nemotron_h_moe",
+        "nemotron_h_moe_latent",
         "granitemoehybrid",
         "granitemoehybrid_dense",
     ] {
         check_tiny_sharded(&common::arch_with_tokenizer(case, tmp.path()), &BOTH_SPLITS);
     }
-    // Its experts layers go whole with their layers; they are not split by
-    // tensors yet.
-    let moe = common::arch_with_tokenizer("nemotron_h_moe", tmp.path());
-    check_tiny_sharded(&moe, &[&["--pipeline"]]);
-    check_tiny_refused(&moe, &[], "experts layers are not split");
 }
 
 /// Rewrites the tiny Granite 4 checkpoint in `dir` (two Mamba-2 groups of
@@ -418,6 +417,12 @@ fn a_single_mamba2_group_splits_by_head() {
 fn unstack_experts(dir: &std::path::Path) {
     rewrite_safetensors(dir, |name, shape, bytes| {
         let (layer, proj) = name.split_once(".switch_mlp.")?;
+        // Nemotron-H's `fc1` and `fc2` are Hugging Face's `up_proj` and `down_proj`.
+        let proj = match proj.split_once('.') {
+            Some(("fc1", part)) => format!("up_proj.{part}"),
+            Some(("fc2", part)) => format!("down_proj.{part}"),
+            _ => proj.to_string(),
+        };
         let experts = shape[0] as usize;
         let each = bytes.len() / experts;
         let tensors = (0..experts)
@@ -444,6 +449,14 @@ fn experts_stored_one_by_one_split_as_stacked_ones() {
     assert!(String::from_utf8_lossy(&header).contains("model.layers.0.mlp.experts.7.down_proj"));
     assert_eq!(tiny_tokens(&model, false, &[]).unwrap(), stacked);
     check_tiny_sharded(&model, &BOTH_SPLITS);
+    let model = common::arch_with_tokenizer("nemotron_h_moe", tmp.path());
+    let stacked = tiny_tokens(&model, false, &[]).unwrap();
+    unstack_experts(&model);
+    let header = std::fs::read(model.join("model.safetensors")).unwrap();
+    let names = String::from_utf8_lossy(&header);
+    assert!(names.contains("backbone.layers.0.mixer.experts.7.down_proj"));
+    assert_eq!(tiny_tokens(&model, false, &[]).unwrap(), stacked);
+    check_tiny_sharded(&model, &[&[]]);
 }
 
 #[test]
@@ -461,6 +474,10 @@ fn families_tensor_parallelism_refuses_split_by_layers() {
         ),
         (
             "deepseek_v3_q4",
+            "1 quantization group(s) of 32, which cannot be split across 2 ranks",
+        ),
+        (
+            "nemotron_h_moe_q4",
             "1 quantization group(s) of 32, which cannot be split across 2 ranks",
         ),
     ] {

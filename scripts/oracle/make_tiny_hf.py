@@ -3,7 +3,9 @@ convert tests: HF tensor names, two safetensors shards with an index, a
 config.json, and the tokenizer files of a real model.
 
 Usage: python make_tiny_hf.py OUT_DIR TOKENIZER_DIR
-Creates OUT_DIR/<model_type> for each of FAMILIES. Deterministic (fixed seed).
+Creates OUT_DIR/<model_type> for each of FAMILIES (and, for a float8 one,
+OUT_DIR/<model_type>_dequantized: the same weights as floats, for mlx-lm,
+which misreads float8 bytes). Deterministic (fixed seed).
 """
 
 import json
@@ -27,7 +29,7 @@ GRANITE_HYBRID_LAYERS = ["mamba", "attention", "mamba", "attention"]
 BASE = dict(
     tied=False, extra_head=False, qkv_bias=False, qk_norm=None, inv_freq=False,
     norms=("input_layernorm", "post_attention_layernorm"), fused=False, mlp="mlp", moe=None,
-    hybrid=False, mtp=False, split_in_proj=False, nested=False,
+    hybrid=False, mtp=False, split_in_proj=False, nested=False, fp8=False,
 )
 # Sparse feed-forwards as Hugging Face stores them: a router `gate` and each
 # expert's projections apart, `{block}.experts.{e}.{gate,up,down names}`.
@@ -97,6 +99,10 @@ FAMILIES = {
     # up/down mlx-lm stacks into switch_mlp fc1/fc2; a float32 score correction and
     # A_log it keeps; mtp.* it drops; an untied head
     "nemotron_h": dict(dtype="bfloat16"),
+    # (last, so the families above draw the same random tensors)
+    # as Mistral publishes Ministral 3: every layer's linear weights F8_E4M3
+    # with a per-tensor weight_scale_inv and an activation_scale
+    "ministral3_fp8": dict(dtype="bfloat16", tied=True, extra_head=True, model_type="ministral3", fp8=True),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -113,6 +119,7 @@ ARCHITECTURES = {
     "olmo3": "Olmo3ForCausalLM",
     "exaone4": "Exaone4ForCausalLM",
     "ministral3": "Ministral3ForCausalLM",
+    "ministral3_fp8": "Ministral3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "llama4_text": "Llama4ForCausalLM",
     "mixtral": "MixtralForCausalLM",
@@ -146,6 +153,45 @@ DEEPSEEK_V3 = dict(
     SIGMOID_MOE, q_lora_rank=Q_RANK, kv_lora_rank=KV_RANK, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
     v_head_dim=V_DIM, moe_layer_freq=1, attention_bias=False, num_key_value_heads=HEADS, rope_scaling=None,
 )
+
+
+MINISTRAL3 = dict(
+    rope_parameters={
+        "rope_type": "default", "rope_theta": 10000.0,
+        "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 2048,
+    },
+)
+FP8_MAX = 448.0
+
+
+def to_fp8(w):
+    """Every layer's linear weights as e4m3 bytes over a per-tensor scale, as
+    transformers' FP8 layers store them: `weight` (uint8 here, F8_E4M3 once
+    written), `weight_scale_inv` and an `activation_scale` no loader uses."""
+    out = {}
+    for name, v in w.items():
+        if not (name.startswith("model.layers.") and name.endswith("_proj.weight")):
+            out[name] = v
+            continue
+        scale = mx.max(mx.abs(v.astype(mx.float32))) / FP8_MAX
+        out[name] = mx.to_fp8(v.astype(mx.float32) / scale)
+        base = name[: -len("weight")]
+        out[base + "weight_scale_inv"] = scale.astype(v.dtype)
+        out[base + "activation_scale"] = mx.array(0.5 + mx.random.uniform().item()).astype(v.dtype)
+    return out
+
+
+def mark_fp8(path):
+    """Rewrites a safetensors file's uint8 tensors as F8_E4M3 (MLX writes no fp8 dtype)."""
+    data = path.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    for k, v in header.items():
+        if k != "__metadata__" and v["dtype"] == "U8":
+            v["dtype"] = "F8_E4M3"
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data[8 + n :])
 
 
 def tensors(spec):
@@ -537,10 +583,12 @@ def config(family, spec):
             "exaone4": dict(
                 sliding_window=64, sliding_window_pattern="LLLG", layer_types=sliding, rope_scaling=None,
             ),
-            "ministral3": dict(
-                rope_parameters={
-                    "rope_type": "default", "rope_theta": 10000.0,
-                    "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 2048,
+            "ministral3": MINISTRAL3,
+            "ministral3_fp8": dict(
+                MINISTRAL3,
+                quantization_config={
+                    "activation_scheme": "static", "dequantize": False, "modules_to_not_convert": ["lm_head"],
+                    "quant_method": "fp8", "weight_block_size": None,
                 },
             ),
             "phi3": dict(rope_scaling=None),
@@ -602,9 +650,28 @@ def config(family, spec):
 
 
 def write(out, family, spec, tokenizer_dir):
-    d = out / family
-    d.mkdir(parents=True, exist_ok=False)
     w = own_tensors(family, spec) if family in OWN_LAYERS else tensors(spec)
+    c = config(family, spec)
+    if spec["fp8"]:
+        w = to_fp8(w)
+        plain = {k: v for k, v in c.items() if k != "quantization_config"}
+        save(out / f"{family}_dequantized", dequantized(w), plain, False, tokenizer_dir)
+    save(out / family, w, c, spec["fp8"], tokenizer_dir)
+
+
+def dequantized(w):
+    """The float weights an fp8 checkpoint holds: e4m3 values (in bfloat16)
+    times their weight_scale_inv, without the scales."""
+    out = {k: v for k, v in w.items() if not k.endswith(("_scale_inv", "activation_scale"))}
+    for k, scale in w.items():
+        if k.endswith("weight_scale_inv"):
+            base = k[: -len("_scale_inv")]
+            out[base] = mx.from_fp8(w[base], dtype=mx.bfloat16) * scale
+    return out
+
+
+def save(d, w, c, fp8, tokenizer_dir):
+    d.mkdir(parents=True, exist_ok=False)
     names = sorted(w)
     half = len(names) // 2
     shards = [names[:half], names[half:]]
@@ -613,13 +680,15 @@ def write(out, family, spec, tokenizer_dir):
     for i, part in enumerate(shards):
         fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         mx.save_safetensors(str(d / fname), {k: w[k] for k in part}, metadata={"format": "pt"})
+        if fp8:
+            mark_fp8(d / fname)
         for k in part:
             weight_map[k] = fname
             total += w[k].nbytes
     (d / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2)
     )
-    (d / "config.json").write_text(json.dumps(config(family, spec), indent=2))
+    (d / "config.json").write_text(json.dumps(c, indent=2))
     (d / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": [2, 3]}))
     for f in ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]:
         shutil.copy(Path(tokenizer_dir) / f, d / f)

@@ -42,6 +42,9 @@ pub(crate) struct Family {
     /// Whether a checkpoint quantized as MXFP4 (`quant_method: mxfp4`) is
     /// read, its packed layers kept as mxfp4 ones.
     reads_mxfp4: bool,
+    /// Whether float8 weights with scales (`quant_method: fp8`) are read,
+    /// as float weights.
+    reads_fp8: bool,
 }
 
 pub(crate) type Tensors = HashMap<String, Array>;
@@ -105,6 +108,11 @@ fn every_tensor(_: &str) -> bool {
 
 fn as_stored(_: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     Ok(())
+}
+
+/// Ministral 3: float8 weights times their scales (see [`super::fp8`]).
+fn fp8_scales_folded(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
+    super::fp8::fold_scales(tensors)
 }
 
 /// Stacks every MoE block's per-expert tensors into its `switch_mlp`,
@@ -491,6 +499,7 @@ const fn dense(model_type: &'static str, head: Head, dropped: fn(&str) -> bool) 
         cast: every_tensor,
         config_edit: as_read,
         reads_mxfp4: false,
+        reads_fp8: false,
     }
 }
 
@@ -534,8 +543,11 @@ const FAMILIES: &[Family] = &[
     dense("seed_oss", Head::Tied(Some(true)), nothing),
     dense("olmo3", Head::Tied(Some(false)), nothing),
     dense("exaone4", Head::Tied(None), nothing),
-    // mlx-lm also folds fp8 block scales here; convert refuses fp8 inputs.
-    dense("ministral3", Head::Tied(Some(true)), rotary_cache),
+    Family {
+        rewrite: fp8_scales_folded,
+        reads_fp8: true,
+        ..dense("ministral3", Head::Tied(Some(true)), rotary_cache)
+    },
     dense("phi3", Head::Tied(Some(false)), nothing),
     dense("llama4_text", Head::Tied(None), nothing),
     sparse("mixtral", Head::Tied(Some(false)), mixtral_experts),
@@ -666,6 +678,11 @@ impl Family {
     /// Whether an MXFP4-quantized checkpoint is read (as mxfp4 layers).
     pub(crate) fn reads_mxfp4(&self) -> bool {
         self.reads_mxfp4
+    }
+
+    /// Whether a float8 checkpoint with scales is read (as float weights).
+    pub(crate) fn reads_fp8(&self) -> bool {
+        self.reads_fp8
     }
 
     pub(crate) fn quantizable(&self, name: &str, ndim: usize) -> bool {

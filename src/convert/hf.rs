@@ -276,6 +276,7 @@ impl Source {
                 .and_then(Value::as_str)
                 .unwrap_or("unknown")
                 .to_string();
+            let folded_fp8 = family.reads_fp8() && super::fp8::is_scaled_fp8(q);
             if method == "mxfp4" && family.reads_mxfp4() && !config.contains_key("quantization") {
                 // mlx-lm's loader reads such a checkpoint as mxfp4 layers.
                 config.insert(
@@ -283,7 +284,10 @@ impl Source {
                     json!({"group_size": 32, "bits": 4, "mode": "mxfp4"}),
                 );
             }
-            if !config.contains_key("quantization") {
+            if folded_fp8 {
+                // mlx-lm's sanitize folds the scales into float weights.
+                config.remove("quantization_config");
+            } else if !config.contains_key("quantization") {
                 bail!(
                     "{} is quantized with {method:?}, which convert cannot read; start from the float checkpoint",
                     dir.display()

@@ -5,6 +5,7 @@
 pub mod card;
 pub mod dynamic;
 pub mod family;
+mod fp8;
 pub mod gguf;
 pub mod gguf_llama;
 pub mod gguf_tokenizer;

@@ -44,6 +44,7 @@ use crate::model::lfm2::ShortConv;
 use crate::model::mamba2::{Mamba2, NormAcrossRanks};
 use crate::model::moe::{SparseMoe, SwitchLinear, SwitchWeight, EXPERT_PROJS};
 use crate::model::nemotron_h::{ReluSquaredMlp, StackLayer};
+use crate::model::nemotron_h_moe::ExpertsLayer;
 use crate::model::pipeline::PipelineStage;
 use crate::model::Model;
 use crate::quant::QuantSpec;
@@ -499,10 +500,7 @@ impl Cut<'_> {
     /// bias) with them, `out_proj` by columns.
     fn short_conv(&self, conv: &mut ShortConv, prefix: &str) -> Result<()> {
         let (hidden, _) = conv.out_proj.shape();
-        let unit = match &conv.out_proj.weight {
-            LinearWeight::Quantized { spec, .. } => spec.group_size,
-            LinearWeight::Dense(_) => 1,
-        };
+        let unit = linear_unit(&conv.out_proj);
         let channels = self.intermediate(hidden, unit, prefix)?;
         let thirds: Vec<_> = (0..3).map(|i| shifted(&channels, i * hidden)).collect();
         let name = |n: &str| format!("{prefix}.{n}");
@@ -591,23 +589,56 @@ impl Cut<'_> {
         Ok(())
     }
 
-    /// Splits a Nemotron-H MLP layer; experts layers are refused.
+    /// Splits a Nemotron-H MLP or experts layer.
     fn stack_layer(&self, layer: &mut StackLayer, prefix: &str) -> Result<()> {
         match layer {
             StackLayer::Mlp(mlp) => self.relu_squared(mlp, prefix),
-            StackLayer::Experts(_) => {
-                bail!("{prefix}: Nemotron-H experts layers are not split (use --pipeline)")
-            }
+            StackLayer::Experts(experts) => self.nemotron_experts(experts, prefix),
         }
+    }
+
+    /// Splits a Nemotron-H experts layer as other mixtures of experts: the
+    /// router whole, every expert's intermediate columns (`fc1` by rows,
+    /// `fc2` by columns), the shared experts' likewise, and one sum across
+    /// ranks of the layer's output. The latent projections stay whole; each
+    /// rank projects its partial latent sum back, with the bias added once.
+    fn nemotron_experts(&self, experts: &mut ExpertsLayer, mixer: &str) -> Result<()> {
+        let count = experts.routing.experts;
+        let source = |stacked: &str, hf: &str| {
+            let prefix = format!("{mixer}.switch_mlp.{stacked}");
+            match self.files.contains(&format!("{prefix}.weight")) {
+                true => Experts::Stacked(prefix),
+                false => Experts::Each(
+                    (0..count)
+                        .map(|e| format!("{mixer}.experts.{e}.{hf}"))
+                        .collect(),
+                ),
+            }
+        };
+        let s = &mut experts.switch_mlp;
+        let (_, inter, _) = s.fc1.shape();
+        let cols = self.intermediate(inter, switch_unit(&s.fc2), mixer)?;
+        self.expert_rows(&mut s.fc1, &source("fc1", "up_proj"), cols.clone())?;
+        self.expert_columns(&mut s.fc2, &source("fc2", "down_proj"), cols)?;
+        if let Some(shared) = &mut experts.shared_experts {
+            let at = format!("{mixer}.shared_experts");
+            let (inter, _) = shared.first.shape();
+            let cols = self.intermediate(inter, linear_unit(&shared.second), &at)?;
+            self.rows(&mut shared.first, &format!("{at}.up_proj"), cols.clone())?;
+            self.columns(&mut shared.second, &format!("{at}.down_proj"), cols)?;
+            shared.second.all_sum = None;
+        }
+        if let Some(latent) = experts.latent.as_mut().filter(|_| self.group.rank() != 0) {
+            latent.second.bias = None;
+        }
+        experts.all_sum = Some(self.group.clone());
+        Ok(())
     }
 
     /// Splits a ReLU² MLP layer's hidden columns: up by rows, down by columns.
     fn relu_squared(&self, mlp: &mut ReluSquaredMlp, prefix: &str) -> Result<()> {
         let (hidden, _) = mlp.up_proj.shape();
-        let unit = match &mlp.down_proj.weight {
-            LinearWeight::Quantized { spec, .. } => spec.group_size,
-            LinearWeight::Dense(_) => 1,
-        };
+        let unit = linear_unit(&mlp.down_proj);
         let cols = self.intermediate(hidden, unit, prefix)?;
         self.rows(&mut mlp.up_proj, &format!("{prefix}.up_proj"), cols.clone())?;
         self.columns(&mut mlp.down_proj, &format!("{prefix}.down_proj"), cols)
@@ -656,10 +687,7 @@ impl Cut<'_> {
     /// Splits the intermediate columns: gate/up by rows, down by columns.
     fn mlp(&self, mlp: &mut Mlp, prefix: &str, names: &LayerNames) -> Result<()> {
         let (hidden, _) = mlp.gate_proj.shape();
-        let unit = match &mlp.down_proj.weight {
-            LinearWeight::Quantized { spec, .. } => spec.group_size,
-            LinearWeight::Dense(_) => 1,
-        };
+        let unit = linear_unit(&mlp.down_proj);
         let cols = self.intermediate(hidden, unit, prefix)?;
         let name = |n: &str| format!("{prefix}.{n}");
         let [gate, up, down] = names.mlp_projs;
@@ -696,10 +724,7 @@ impl Cut<'_> {
         let [gate, up, down] = [source(0), source(1), source(2)];
         let s = &mut moe.switch_mlp;
         let (_, inter, _) = s.gate_proj.shape();
-        let unit = match &s.down_proj.weight {
-            SwitchWeight::Quantized { spec, .. } => spec.group_size,
-            SwitchWeight::Dense(_) => 1,
-        };
+        let unit = switch_unit(&s.down_proj);
         let cols = self.intermediate(inter, unit, &stacked)?;
         self.expert_rows(&mut s.gate_proj, &gate, cols.clone())?;
         self.expert_rows(&mut s.up_proj, &up, cols.clone())?;
@@ -851,6 +876,23 @@ impl Cut<'_> {
             linear.bias = None;
         }
         Ok(())
+    }
+}
+
+/// The columns a row-parallel split must keep together: a quantization
+/// group, or one column.
+fn linear_unit(linear: &Linear) -> i32 {
+    match &linear.weight {
+        LinearWeight::Quantized { spec, .. } => spec.group_size,
+        LinearWeight::Dense(_) => 1,
+    }
+}
+
+/// `linear_unit` for stacked experts.
+fn switch_unit(linear: &SwitchLinear) -> i32 {
+    match &linear.weight {
+        SwitchWeight::Quantized { spec, .. } => spec.group_size,
+        SwitchWeight::Dense(_) => 1,
     }
 }
 

@@ -140,6 +140,8 @@ pub struct ExpertsLayer {
     pub latent: Option<LinearPair>,
     /// How tokens are routed.
     pub routing: ExpertRouting,
+    /// Sums the output across ranks when the experts are split.
+    pub all_sum: Option<crate::collective::Group>,
 }
 
 impl ExpertsLayer {
@@ -182,6 +184,7 @@ impl ExpertsLayer {
             shared_experts,
             latent,
             routing,
+            all_sum: None,
         })
     }
 
@@ -252,8 +255,11 @@ impl ExpertsLayer {
         if let Some(latent) = &self.latent {
             out = latent.second.forward(&out)?;
         }
-        match &self.shared_experts {
-            Some(shared) => Ok(&out + &relu_squared(&shared.first, &shared.second, x)?),
+        if let Some(shared) = &self.shared_experts {
+            out = &out + &relu_squared(&shared.first, &shared.second, x)?;
+        }
+        match &self.all_sum {
+            Some(group) => group.all_sum(&out),
             None => Ok(out),
         }
     }
