@@ -99,23 +99,11 @@ pub(crate) fn slice_update(src: &Array, update: &Array, start: &[i32]) -> Result
 
 /// The float8 (e4m3) values whose bytes `bytes` (uint8) holds, as `dtype`.
 pub(crate) fn from_fp8(bytes: &Array, dtype: Dtype) -> Result<Array> {
-    let stream = mlx_rs::StreamOrDevice::default();
-    // SAFETY: the handles are valid for the call; the result is owned by the
-    // returned Array on success and freed on failure.
-    unsafe {
-        let mut res = mlx_sys::mlx_array_new();
-        let rc = mlx_sys::mlx_from_fp8(
-            &mut res,
-            bytes.as_ptr(),
-            dtype as mlx_sys::mlx_dtype,
-            AsRef::<mlx_rs::Stream>::as_ref(&stream).as_ptr(),
-        );
-        if rc != 0 {
-            mlx_sys::mlx_array_free(res);
-            anyhow::bail!("MLX could not read {:?} as float8", bytes.dtype());
-        }
-        Ok(Array::from_ptr(res))
-    }
+    let what = || format!("read {:?} as float8", bytes.dtype());
+    // SAFETY (inside `call`): valid handles owned by the caller.
+    crate::quant::call(what, |res, _, s| unsafe {
+        mlx_sys::mlx_from_fp8(res, bytes.as_ptr(), dtype as mlx_sys::mlx_dtype, s)
+    })
 }
 
 /// Waits until the work queued on this thread's stream has run. A decoder

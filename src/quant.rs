@@ -300,7 +300,7 @@ fn optional_int(value: i32) -> mlx_sys::mlx_optional_int {
 }
 
 /// Runs one mlx-c op writing an array; `what` names it in the error.
-fn call(
+pub(crate) fn call(
     what: impl FnOnce() -> String,
     f: impl FnOnce(*mut mlx_sys::mlx_array, mlx_sys::mlx_array, mlx_sys::mlx_stream) -> i32,
 ) -> Result<Array> {
