@@ -10,7 +10,7 @@ use mlx_bun::kernels::{
 use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::ops::{concatenate, quantize, quantized_matmul};
+use mlx_rs::ops::{concatenate, dequantize, quantize, quantized_matmul};
 use mlx_rs::transforms::{eval, value_and_grad_with_argnums};
 use mlx_rs::Array;
 use rand::rngs::StdRng;
@@ -630,6 +630,57 @@ fn quantized_attention_matches_mlx_lm_formulation() {
                     &want,
                     &format!("{bits}-bit attention {:?}", (b, h, l, s)),
                 );
+            }
+        }
+    }
+}
+
+/// The quantized path folds the dequantization into its products; it
+/// agrees with attention over the dequantized keys and values.
+#[test]
+fn quantized_attention_matches_dequantized_attention() {
+    let mut rng = StdRng::seed_from_u64(36);
+    for bits in [2, 4, 8] {
+        for (d, group_size) in [(64, 64), (64, 32), (128, 128), (128, 64), (96, 32)] {
+            // Query heads per key head 5: blocks of several query vectors and a remainder.
+            for (b, h, hk, l, s) in [(1, 10, 2, 1, 70), (2, 4, 4, 3, 19)] {
+                let q = random_array(&mut rng, &[b, h, l, d], 1.0);
+                let mut quantized = || {
+                    let x = random_array(&mut rng, &[b, hk, s, d], 2.0);
+                    let (w, sc, bi) = quantize(&x, group_size, bits).unwrap();
+                    let dense = dequantize(&w, &sc, &bi, group_size, bits).unwrap();
+                    ([w, sc, bi], dense)
+                };
+                let ([kw, ks, kb], k) = quantized();
+                let ([vw, vs, vb], v) = quantized();
+                for mask in [AttentionMask::None, AttentionMask::Causal] {
+                    let got = quantized_attention(
+                        &q,
+                        [&kw, &ks, &kb],
+                        [&vw, &vs, &vb],
+                        (bits, group_size),
+                        0.125,
+                        mask,
+                        None,
+                    )
+                    .unwrap()
+                    .unwrap();
+                    let want = attention(&q, &k, &v, 0.125, mask).unwrap().unwrap();
+                    eval([&got, &want]).unwrap();
+                    let g = got.as_slice::<f32>();
+                    let w = want.as_slice::<f32>();
+                    let scale = w.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+                    let worst = g
+                        .iter()
+                        .zip(w)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max);
+                    assert!(
+                        worst <= 1e-5 * scale,
+                        "{bits}-bit, D {d}, group {group_size}, {:?}: max difference {worst}",
+                        (b, h, hk, l, s)
+                    );
+                }
             }
         }
     }

@@ -12,7 +12,9 @@
 // over the visible keys s (causal: s <= S - L + l; a boolean mask, broadcast
 // to [B, H, L, S], where given). Same operation order as the fallback: the
 // queries are scaled first, then the products, softmax by the maximum and the
-// reciprocal of the sum, and the probability-weighted sum of values.
+// reciprocal of the sum, and the probability-weighted sum of values. Over a
+// quantized cache the dequantization is folded into the products instead
+// (see `quant_key_scores`), which rounds slightly differently.
 
 #include <cmath>
 #include <limits>
@@ -161,6 +163,219 @@ MaskView mask_view(const mx::array& m) {
   return view;
 }
 
+// `out[i] = scale * q_i` over the `n` fields of a packed group.
+template <int BITS>
+MLX_BUN_INLINE void unpack_scaled(const uint8_t* bytes, int n, float scale, float* out) {
+  if constexpr (BITS == 8) {
+    for (int i = 0; i < n; ++i) out[i] = scale * static_cast<float>(bytes[i]);
+  } else if constexpr (BITS == 4) {
+    for (int i = 0; i < n / 2; ++i) {
+      out[2 * i] = scale * static_cast<float>(bytes[i] & 0x0F);
+      out[2 * i + 1] = scale * static_cast<float>(bytes[i] >> 4);
+    }
+  } else {
+    for (int i = 0; i < n / 4; ++i) {
+      for (int j = 0; j < 4; ++j) {
+        out[4 * i + j] = scale * static_cast<float>((bytes[i] >> (2 * j)) & 0x03);
+      }
+    }
+  }
+}
+
+// One head's packed rows with their groups' scales and biases: row s's
+// bytes at `bytes + s * row_bytes`, its scales at `scales + s * scale_stride`,
+// its biases likewise.
+struct PackedHead {
+  const uint8_t* bytes;
+  int64_t row_bytes;
+  const float* scales;
+  int64_t scale_stride;
+  const float* biases;
+  int64_t bias_stride;
+  int group_size;
+};
+
+// `dot` with its lanes summed pairwise: shorter dependency chains than its
+// running sum, and a different rounding.
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+typedef float Half __attribute__((vector_size(kLanes / 2 * sizeof(float))));
+typedef float Quarter __attribute__((vector_size(kLanes / 4 * sizeof(float))));
+
+MLX_BUN_INLINE float dot_pairwise(const float* a, const float* b, int n) {
+  Lanes acc = {};
+  int i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    Lanes x, y;
+    __builtin_memcpy(&x, a + i, sizeof(x));
+    __builtin_memcpy(&y, b + i, sizeof(y));
+    acc += x * y;
+  }
+  float tail = 0.0f;
+  for (; i < n; ++i) tail += a[i] * b[i];
+  const Half h = __builtin_shufflevector(acc, acc, 0, 1, 2, 3, 4, 5, 6, 7) +
+                 __builtin_shufflevector(acc, acc, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Quarter q = __builtin_shufflevector(h, h, 0, 1, 2, 3) +
+                    __builtin_shufflevector(h, h, 4, 5, 6, 7);
+  return ((q[0] + q[2]) + (q[1] + q[3])) + tail;
+}
+
+// Row s of a packed head without its biases: `row[i] = scale_g * q_i`.
+template <int BITS>
+MLX_BUN_INLINE void scaled_row(const PackedHead& h, int s, int d, float* row) {
+  const int gs = h.group_size;
+  const int group_bytes = gs * BITS / 8;
+  const uint8_t* bytes = h.bytes + s * h.row_bytes;
+  const float* sc = h.scales + s * h.scale_stride;
+  for (int g = 0; g * gs < d; ++g) {
+    unpack_scaled<BITS>(bytes + g * group_bytes, gs, sc[g], row + g * gs);
+  }
+}
+
+// `key_scores` over quantized keys, the biases folded into the products:
+// with each query's per-group sums,
+// x . (scale * q + bias) = x . (scale * q) + sum_g bias_g * sum_{i in g} x_i.
+template <int BITS>
+MLX_BUN_INLINE void quant_key_scores_of(const float* queries, const float* sums, int n, int d,
+                                        const PackedHead& k, int keys, float* row,
+                                        float* scores) {
+  const int groups = d / k.group_size;
+  for (int s = 0; s < keys; ++s) {
+    bool seen = false;
+    for (int j = 0; j < n; ++j) seen |= scores[static_cast<int64_t>(j) * keys + s] == 0.0f;
+    if (!seen) continue;
+    scaled_row<BITS>(k, s, d, row);
+    const float* bi = k.biases + s * k.bias_stride;
+    for (int j = 0; j < n; ++j) {
+      float* score = scores + static_cast<int64_t>(j) * keys + s;
+      if (*score != 0.0f) continue;
+      const float* sum = sums + static_cast<int64_t>(j) * groups;
+      float offset = 0.0f;
+      for (int g = 0; g < groups; ++g) offset += bi[g] * sum[g];
+      *score = dot_pairwise(queries + static_cast<int64_t>(j) * d, row, d) + offset;
+    }
+  }
+}
+
+MLX_BUN_CLONES void quant_key_scores(const float* queries, const float* sums, int n, int d,
+                                     const PackedHead& k, int bits, int keys, float* row,
+                                     float* scores) {
+  switch (bits) {
+    case 8:
+      quant_key_scores_of<8>(queries, sums, n, d, k, keys, row, scores);
+      break;
+    case 4:
+      quant_key_scores_of<4>(queries, sums, n, d, k, keys, row, scores);
+      break;
+    default:
+      quant_key_scores_of<2>(queries, sums, n, d, k, keys, row, scores);
+      break;
+  }
+}
+
+// `weighted_sum` over quantized values for J query vectors at once, each
+// row unpacked once for all of them, the biases folded out of the sum:
+// sum_s w_s (scale_s * q_s + bias_s) = sum_s w_s (scale_s * q_s) + sum_s w_s bias_s
+// per group. `row` holds D floats, `offsets` J * D / group_size.
+template <int D, int J, int BITS>
+MLX_BUN_INLINE void quant_weighted_sums(const float* const* weights, int keys,
+                                        const PackedHead& v, float* row, float* offsets,
+                                        float* const* outs) {
+  const int gs = v.group_size;
+  const int groups = D / gs;
+  float acc[J][D];
+  for (int j = 0; j < J; ++j) {
+    for (int i = 0; i < D; ++i) acc[j][i] = 0.0f;
+  }
+  for (int g = 0; g < J * groups; ++g) offsets[g] = 0.0f;
+  for (int s = 0; s < keys; ++s) {
+    bool seen = false;
+    for (int j = 0; j < J; ++j) seen |= weights[j][s] != 0.0f;
+    if (!seen) continue;
+    scaled_row<BITS>(v, s, D, row);
+    const float* bi = v.biases + s * v.bias_stride;
+    for (int j = 0; j < J; ++j) {
+      const float w = weights[j][s];
+      for (int g = 0; g < groups; ++g) offsets[j * groups + g] += w * bi[g];
+      for (int i = 0; i < D; ++i) acc[j][i] += w * row[i];
+    }
+  }
+  for (int j = 0; j < J; ++j) {
+    for (int g = 0; g < groups; ++g) {
+      const float offset = offsets[j * groups + g];
+      for (int i = g * gs; i < (g + 1) * gs; ++i) outs[j][i] = acc[j][i] + offset;
+    }
+  }
+}
+
+// Any head size: one query vector at a time, the sums in `out`.
+template <int BITS>
+MLX_BUN_INLINE void quant_weighted_sum_any(const float* weights, int keys, const PackedHead& v,
+                                           int d, float* row, float* offsets, float* out) {
+  const int gs = v.group_size;
+  const int groups = d / gs;
+  for (int i = 0; i < d; ++i) out[i] = 0.0f;
+  for (int g = 0; g < groups; ++g) offsets[g] = 0.0f;
+  for (int s = 0; s < keys; ++s) {
+    const float w = weights[s];
+    if (w == 0.0f) continue;
+    scaled_row<BITS>(v, s, d, row);
+    const float* bi = v.biases + s * v.bias_stride;
+    for (int g = 0; g < groups; ++g) offsets[g] += w * bi[g];
+    for (int i = 0; i < d; ++i) out[i] += w * row[i];
+  }
+  for (int g = 0; g < groups; ++g) {
+    for (int i = g * gs; i < (g + 1) * gs; ++i) out[i] += offsets[g];
+  }
+}
+
+// Query vectors in blocks of up to J (accumulators of J * D floats in
+// registers), each block reading the rows once.
+template <int D, int J, int BITS>
+MLX_BUN_INLINE void quant_weighted_blocks(const float* weights, int n, int keys,
+                                          const PackedHead& v, float* row, float* offsets,
+                                          float* const* outs) {
+  if constexpr (J > 0) {
+    for (; n >= J; n -= J, weights += static_cast<int64_t>(J) * keys, outs += J) {
+      const float* w[J];
+      for (int t = 0; t < J; ++t) w[t] = weights + static_cast<int64_t>(t) * keys;
+      quant_weighted_sums<D, J, BITS>(w, keys, v, row, offsets, outs);
+    }
+    quant_weighted_blocks<D, J - 1, BITS>(weights, n, keys, v, row, offsets, outs);
+  }
+}
+
+template <int BITS>
+MLX_BUN_INLINE void quant_weighted_values_of(const float* weights, int n, int keys,
+                                             const PackedHead& v, int d, float* row,
+                                             float* offsets, float* const* outs) {
+  if (d == 64) {
+    quant_weighted_blocks<64, 4, BITS>(weights, n, keys, v, row, offsets, outs);
+  } else if (d == 128) {
+    quant_weighted_blocks<128, 2, BITS>(weights, n, keys, v, row, offsets, outs);
+  } else {
+    for (int j = 0; j < n; ++j) {
+      quant_weighted_sum_any<BITS>(weights + static_cast<int64_t>(j) * keys, keys, v, d, row,
+                                   offsets, outs[j]);
+    }
+  }
+}
+
+MLX_BUN_CLONES void quant_weighted_values(const float* weights, int n, int keys,
+                                          const PackedHead& v, int bits, int d, float* row,
+                                          float* offsets, float* const* outs) {
+  switch (bits) {
+    case 8:
+      quant_weighted_values_of<8>(weights, n, keys, v, d, row, offsets, outs);
+      break;
+    case 4:
+      quant_weighted_values_of<4>(weights, n, keys, v, d, row, offsets, outs);
+      break;
+    default:
+      quant_weighted_values_of<2>(weights, n, keys, v, d, row, offsets, outs);
+      break;
+  }
+}
+
 // Keys or values stored as float32 [B, kv_heads, S, D].
 struct FloatRows {
   Operand a;
@@ -182,68 +397,19 @@ struct FloatRows {
     for (int s = 0; s < count; ++s) row(b, h, s, d, scratch.data() + static_cast<size_t>(s) * d);
     return {scratch.data(), d};
   }
+
+  void scores(int b, int h, const float* queries, int n, int d, int keys, float* out,
+              std::vector<float>& scratch) const {
+    const RowSpan k = rows(b, h, keys, d, scratch);
+    key_scores(queries, n, d, k.base, k.stride, keys, out);
+  }
+
+  void values(int b, int h, const float* weights, int n, int d, int keys, float* const* outs,
+              std::vector<float>& scratch) const {
+    const RowSpan v = rows(b, h, keys, d, scratch);
+    weighted_values(weights, n, keys, v.base, v.stride, d, outs);
+  }
 };
-
-// `out[i] = scale * q_i + bias` over one group of a packed row.
-template <int BITS>
-MLX_BUN_INLINE void dequantize_group(const uint8_t* bytes, float scale, float bias, float* out,
-                                     int group_size) {
-  if constexpr (BITS == 8) {
-    for (int i = 0; i < group_size; ++i) out[i] = scale * static_cast<float>(bytes[i]) + bias;
-  } else if constexpr (BITS == 4) {
-    for (int i = 0; i < group_size / 2; ++i) {
-      out[2 * i] = scale * static_cast<float>(bytes[i] & 0x0F) + bias;
-      out[2 * i + 1] = scale * static_cast<float>(bytes[i] >> 4) + bias;
-    }
-  } else {
-    for (int i = 0; i < group_size / 4; ++i) {
-      for (int j = 0; j < 4; ++j) {
-        out[4 * i + j] = scale * static_cast<float>((bytes[i] >> (2 * j)) & 0x03) + bias;
-      }
-    }
-  }
-}
-
-template <int BITS>
-MLX_BUN_INLINE void dequantize_rows_of(const uint8_t* bytes, int64_t row_bytes,
-                                       const float* scales, int64_t scale_stride,
-                                       const float* biases, int64_t bias_stride, int count,
-                                       int d, int group_size, float* out) {
-  const int group_bytes = group_size * BITS / 8;
-  for (int s = 0; s < count; ++s) {
-    const uint8_t* row = bytes + s * row_bytes;
-    const float* sc = scales + s * scale_stride;
-    const float* bi = biases + s * bias_stride;
-    float* dst = out + static_cast<int64_t>(s) * d;
-    for (int g = 0; g * group_size < d; ++g) {
-      dequantize_group<BITS>(row + g * group_bytes, sc[g], bi[g], dst + g * group_size,
-                             group_size);
-    }
-  }
-}
-
-// `count` rows of `d` features into `out` (count x d): row s's packed bytes
-// at `bytes + s * row_bytes`, its groups' scales and biases at
-// `scales + s * scale_stride` and `biases + s * bias_stride`.
-MLX_BUN_CLONES void dequantize_rows(const uint8_t* bytes, int64_t row_bytes, const float* scales,
-                                    int64_t scale_stride, const float* biases,
-                                    int64_t bias_stride, int count, int d, int bits,
-                                    int group_size, float* out) {
-  switch (bits) {
-    case 8:
-      dequantize_rows_of<8>(bytes, row_bytes, scales, scale_stride, biases, bias_stride, count, d,
-                            group_size, out);
-      break;
-    case 4:
-      dequantize_rows_of<4>(bytes, row_bytes, scales, scale_stride, biases, bias_stride, count, d,
-                            group_size, out);
-      break;
-    default:
-      dequantize_rows_of<2>(bytes, row_bytes, scales, scale_stride, biases, bias_stride, count, d,
-                            group_size, out);
-      break;
-  }
-}
 
 // Keys or values in MLX's affine quantized layout, as a quantized KV cache
 // keeps them: packed uint32 [B, kv_heads, S, D * bits / 32] with float32
@@ -260,16 +426,38 @@ struct QuantRows {
   int bits;
   int group_size;
 
-  // Rows 0..count of head h, dequantized into `scratch`.
-  RowSpan rows(int b, int h, int count, int d, std::vector<float>& scratch) const {
-    scratch.resize(static_cast<size_t>(count) * d);
-    const auto* bytes =
-        reinterpret_cast<const uint8_t*>(packed + b * packed_stride[0] + h * packed_stride[1]);
-    dequantize_rows(bytes, packed_stride[2] * 4,
-                    scales + b * scale_stride[0] + h * scale_stride[1], scale_stride[2],
-                    biases + b * bias_stride[0] + h * bias_stride[1], bias_stride[2], count, d,
-                    bits, group_size, scratch.data());
-    return {scratch.data(), d};
+  PackedHead head(int b, int h) const {
+    return {reinterpret_cast<const uint8_t*>(packed + b * packed_stride[0] + h * packed_stride[1]),
+            packed_stride[2] * 4,
+            scales + b * scale_stride[0] + h * scale_stride[1],
+            scale_stride[2],
+            biases + b * bias_stride[0] + h * bias_stride[1],
+            bias_stride[2],
+            group_size};
+  }
+
+  void scores(int b, int h, const float* queries, int n, int d, int keys, float* out,
+              std::vector<float>& scratch) const {
+    const int groups = d / group_size;
+    scratch.resize(d + static_cast<size_t>(n) * groups);
+    float* row = scratch.data();
+    float* sums = row + d;
+    for (int j = 0; j < n; ++j) {
+      const float* x = queries + static_cast<int64_t>(j) * d;
+      for (int g = 0; g < groups; ++g) {
+        float sum = 0.0f;
+        for (int i = g * group_size; i < (g + 1) * group_size; ++i) sum += x[i];
+        sums[j * groups + g] = sum;
+      }
+    }
+    quant_key_scores(queries, sums, n, d, head(b, h), bits, keys, row, out);
+  }
+
+  void values(int b, int h, const float* weights, int n, int d, int keys, float* const* outs,
+              std::vector<float>& scratch) const {
+    scratch.resize(d + static_cast<size_t>(n) * (d / group_size));
+    quant_weighted_values(weights, n, keys, head(b, h), bits, d, scratch.data(),
+                          scratch.data() + d, outs);
   }
 };
 
@@ -321,8 +509,7 @@ void attend(const Problem<Rows>& p, int task) {
       row[s] = seen ? 0.0f : minus_inf;
     }
   }
-  const RowSpan k = p.k.rows(b, kh, p.keys, d, key_rows);
-  key_scores(queries.data(), n, d, k.base, k.stride, p.keys, scores.data());
+  p.k.scores(b, kh, queries.data(), n, d, p.keys, scores.data(), key_rows);
   // Softmax per query vector; a query that sees no key gets zeros.
   for (int j = 0; j < n; ++j) {
     float* row = scores.data() + static_cast<size_t>(j) * p.keys;
@@ -345,8 +532,7 @@ void attend(const Problem<Rows>& p, int task) {
     const int l = j % p.queries;
     outputs[j] = p.out + ((static_cast<int64_t>(b) * p.queries + l) * p.heads + h) * d;
   }
-  const RowSpan v = p.v.rows(b, kh, p.keys, d, value_rows);
-  weighted_values(scores.data(), n, p.keys, v.base, v.stride, d, outputs.data());
+  p.v.values(b, kh, scores.data(), n, d, p.keys, outputs.data(), value_rows);
 }
 
 template <class Rows>
