@@ -82,6 +82,12 @@ pub(crate) fn text_model(raw: &Value) -> Result<TextModel> {
     }
 }
 
+/// Whether `name` belongs to the vision tower or the multimodal projector,
+/// which mlx-lm's `sanitize` drops.
+pub(crate) fn is_vision(name: &str) -> bool {
+    name.contains("vision_tower") || name.contains("multi_modal_projector")
+}
+
 /// Renames a checkpoint's tensors to the text model's own (`model.*`,
 /// `lm_head.*`) as mlx-lm's `sanitize` does before handing them to the text
 /// model: `model.language_model.*` becomes `model.*`, a leading
@@ -91,7 +97,7 @@ pub(crate) fn to_text_model(tensors: &mut HashMap<String, Array>) {
     let names: Vec<String> = tensors.keys().cloned().collect();
     for name in names {
         let tensor = tensors.remove(&name).expect("listed above");
-        if name.contains("vision_tower") || name.contains("multi_modal_projector") {
+        if is_vision(&name) {
             continue;
         }
         let renamed = match name.strip_prefix("model.language_model.") {
