@@ -230,7 +230,7 @@ fn family_key(model_type: &str, key: &str) -> String {
 /// Where a family's blocks sit in its checkpoint (and mlx-lm's parameter tree).
 fn layers_path(model: &Model) -> &'static str {
     match model.args.model_type.as_str() {
-        "qwen3_5" | "qwen3_5_moe" | "gemma4" => "language_model.model.layers",
+        "qwen3_5" | "qwen3_5_moe" | "gemma4" | "mistral3" => "language_model.model.layers",
         "nemotron_h" => "backbone.layers",
         _ => "model.layers",
     }

@@ -176,6 +176,18 @@ impl Quantization {
         self.layers.get(prefix).copied()
     }
 
+    /// Names the layers without `root` (a wrapper's `language_model.`), for
+    /// a model whose tensors were renamed the same way.
+    pub(crate) fn strip_layer_prefix(&mut self, root: &str) {
+        self.layers = std::mem::take(&mut self.layers)
+            .into_iter()
+            .map(|(name, spec)| match name.strip_prefix(root) {
+                Some(rest) => (rest.to_string(), spec),
+                None => (name, spec),
+            })
+            .collect();
+    }
+
     /// Checks every `(group_size, bits)` against its mode, naming the field.
     pub fn validate(&self) -> Result<()> {
         let check = |path: &str, s: &QuantSpec| {

@@ -10,7 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{abs, concatenate};
 use mlx_rs::Array;
 
-const CASES: [&str; 57] = [
+const CASES: [&str; 60] = [
     "llama",
     "llama3_rope",
     "llama_sliding",
@@ -82,6 +82,12 @@ const CASES: [&str; 57] = [
     // As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "granitemoehybrid_q4",
     "granitemoehybrid_dense",
+    // The Mistral 3 wrapper: text_config (Ministral 3 untied by default, a
+    // tied LLaMA-style one), language_model.*, vision tensors to drop; the
+    // 4-bit one with per-layer overrides named under language_model.
+    "mistral3",
+    "mistral3_llama",
+    "mistral3_q4",
 ];
 
 /// How far the logits of the model in `dir` are from the golden of `golden`
@@ -175,7 +181,7 @@ fn unknown_architecture_is_a_clear_error() {
     );
     assert!(
         format!("{err:#}")
-            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, deepseek_v3, kimi_k2, nemotron_h, gemma4_text, gemma4, granitemoehybrid"),
+            .contains("supported: llama, mistral, qwen2, qwen3, gemma2, gemma3_text, phi3, qwen3_moe, mixtral, smollm3, granite, gpt_oss, seed_oss, llama4_text, glm4_moe, olmo3, exaone4, ministral3, qwen3_next, qwen3_5, qwen3_5_moe, lfm2, deepseek_v3, kimi_k2, nemotron_h, gemma4_text, gemma4, granitemoehybrid, mistral3"),
         "{err:#}"
     );
 
@@ -355,4 +361,49 @@ fn lfm2_hugging_face_layout_loads() {
 
     let diff = golden_logits_diff(tmp.path(), &src);
     assert!(diff < 1e-3, "Hugging Face layout: logits differ by {diff}");
+}
+
+/// Mistral 3 checkpoints as Hugging Face ships them (the text model under
+/// `model.language_model.`, `lm_head` and the vision tensors beside it)
+/// load as mlx-lm's `sanitize` renames them: the same logits. A
+/// `text_config` of `mistral4` is refused by name.
+#[test]
+fn mistral3_hugging_face_layout_loads() {
+    for case in ["mistral3", "mistral3_llama"] {
+        let src = common::repo_root().join("goldens/arch").join(case);
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::copy(src.join("config.json"), tmp.path().join("config.json")).unwrap();
+        let mut hf = std::collections::HashMap::new();
+        for (name, t) in Array::load_safetensors(src.join("model.safetensors")).unwrap() {
+            let name = match name.strip_prefix("language_model.model.") {
+                Some(rest) => format!("model.language_model.{rest}"),
+                None => name.replace("language_model.lm_head", "lm_head"),
+            };
+            hf.insert(name.replace("vision_tower", "model.vision_tower"), t);
+        }
+        assert!(hf.contains_key("model.vision_tower.patch_conv.weight"));
+        Array::save_safetensors(&hf, None, tmp.path().join("model.safetensors")).unwrap();
+
+        let diff = golden_logits_diff(tmp.path(), &src);
+        assert!(
+            diff < 1e-3,
+            "{case} in Hugging Face's layout: logits differ by {diff}"
+        );
+    }
+
+    let src = common::repo_root().join("goldens/arch/mistral3");
+    let tmp = tempfile::tempdir().unwrap();
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    config["text_config"]["model_type"] = "mistral4".into();
+    std::fs::write(tmp.path().join("config.json"), config.to_string()).unwrap();
+    std::fs::copy(
+        src.join("model.safetensors"),
+        tmp.path().join("model.safetensors"),
+    )
+    .unwrap();
+    let err = Model::load(tmp.path())
+        .err()
+        .expect("mistral4 must be refused");
+    assert!(format!("{err:#}").contains("\"mistral4\""), "{err:#}");
 }

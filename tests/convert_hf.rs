@@ -67,6 +67,11 @@ const MORE_FAMILIES: &[&str] = &[
     "granitemoehybrid",
     "granitemoehybrid_dense",
     "nemotron_h",
+    // The vision-language wrapper, its vision tensors dropped: Ministral 3 in
+    // Hugging Face's model.language_model.* layout, a tied LLaMA-style one
+    // in the older language_model.* layout.
+    "mistral3",
+    "mistral3_llama",
 ];
 
 /// Families whose Hugging Face checkpoints come quantized (MXFP4 experts):
@@ -568,6 +573,55 @@ fn fp8_checkpoints_convert_as_their_float_weights() {
         assert_ne!(config["quantization_config"]["quant_method"], json!("fp8"));
         generates(&ours);
     }
+}
+
+/// The same for Ministral 3 in the Mistral 3 wrapper (its text model under
+/// `model.language_model.`): the float8 weights folded whatever their
+/// prefix, the vision tower dropped.
+#[test]
+fn mistral3_fp8_checkpoints_convert_as_their_float_weights() {
+    let work = tempfile::tempdir().unwrap();
+    let variants: [(&str, &[&str], Value); 2] = [
+        ("plain", &[], json!({})),
+        ("q4", &["-q"], json!({"quantize": true})),
+    ];
+    let theirs = |name: &str| work.path().join(format!("theirs-{name}"));
+    let jobs: Vec<_> = variants
+        .iter()
+        .map(|(name, _, args)| {
+            (
+                family("mistral3_fp8_dequantized"),
+                theirs(name),
+                args.clone(),
+            )
+        })
+        .collect();
+    oracle_convert(&jobs);
+    for (name, flags, _) in &variants {
+        let ours = work.path().join(format!("ours-{name}"));
+        convert_ok(&family("mistral3_fp8"), &ours, flags);
+        assert_same_model(&ours, &theirs(name), &format!("mistral3_fp8 {name}"));
+        let tensors = load_all(&ours);
+        assert!(tensors.keys().all(|k| k.starts_with("language_model.")));
+        generates(&ours);
+    }
+
+    // Mistral Small 4 shares the wrapper's model_type, not its decoder.
+    let mistral4 = work.path().join("mistral4");
+    copy_dir(&family("mistral3"), &mistral4);
+    let mut config = read_json(&mistral4.join("config.json"));
+    config["text_config"]["model_type"] = json!("mistral4");
+    std::fs::write(mistral4.join("config.json"), config.to_string()).unwrap();
+    let out = work.path().join("out-mistral4");
+    assert_fails(
+        &[
+            "--hf-path",
+            mistral4.to_str().unwrap(),
+            "--mlx-path",
+            out.to_str().unwrap(),
+        ],
+        "\"mistral4\"",
+    );
 }
 
 fn assert_fails(args: &[&str], expect: &str) {

@@ -39,6 +39,8 @@ const CASES: &[&str] = &[
     "ministral3",
     "ministral3_q4",
     "mistral",
+    "mistral3",
+    "mistral3_llama",
     "nemotron_h",
     "nemotron_h_q4",
     "olmo3",

@@ -542,6 +542,13 @@ fn the_dense_attention_families_adapt_as_mlx_lm() {
     }
 }
 
+/// The Mistral 3 wrapper: its text model's layers at `language_model.model.layers`.
+#[test]
+fn mistral3_adapts_its_text_model_as_mlx_lm() {
+    check_family("mistral3");
+    check_family("mistral3_llama");
+}
+
 #[test]
 fn lfm2_adapts_its_short_convolutions_as_mlx_lm() {
     check_family("lfm2");

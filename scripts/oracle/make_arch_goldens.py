@@ -10,6 +10,7 @@ For each case it writes goldens/arch/<case>/: config.json, model.safetensors
     python scripts/oracle/make_arch_goldens.py --out goldens/arch
 """
 import argparse
+import copy
 import json
 from pathlib import Path
 
@@ -522,6 +523,26 @@ GEMMA4_NESTED = {
     "tie_word_embeddings": False,
 }
 
+# The Mistral 3 wrapper (model_type mistral3) as mlx-community publishes it:
+# the decoder in text_config (its own model_type picks Ministral 3 or LLaMA),
+# tensors under language_model., plus vision tensors mlx-lm's sanitize drops
+# ("vision"). The Ministral 3 one leaves tie_word_embeddings out of
+# text_config ("drop"), which the wrapper reads as untied.
+MISTRAL3 = {
+    **MINISTRAL3,
+    "model_type": "mistral3",
+    "nest": True,
+    "text_model_type": "ministral3",
+    "drop": ["tie_word_embeddings"],
+    "vision": True,
+}
+MISTRAL3_LLAMA = {
+    "model_type": "mistral3",
+    "nest": True,
+    "text_model_type": "mistral",
+    "vision": True,
+}
+
 CASES = {
     "llama": {"model_type": "llama"},
     "llama3_rope": {
@@ -599,6 +620,10 @@ CASES = {
     # As the MoE cases above: mlx-lm's dense run of the dequantized weights.
     "granitemoehybrid_q4": {**GRANITEMOEHYBRID, "quantize": {**Q4_MOE, "overrides": {"router.layer": {"group_size": 64, "bits": 8}}}},
     "granitemoehybrid_dense": {**GRANITEMOEHYBRID_DENSE},
+    "mistral3": {**MISTRAL3},
+    "mistral3_llama": {**MISTRAL3_LLAMA},
+    # A per-layer override, written under the wrapper's language_model. path.
+    "mistral3_q4": {**MISTRAL3, "quantize": {"group_size": 32, "bits": 4, "overrides": {"mlp.down_proj": {"group_size": 64, "bits": 8}}}},
 }
 
 
@@ -653,13 +678,21 @@ def main():
         extra = dict(extra)
         quant = extra.pop("quantize", None)
         config = {**BASE, **extra}
+        for key in config.pop("drop", []):
+            del config[key]
+        vision = config.pop("vision", False)
+        text_type = config.pop("text_model_type", None)
         nest = config.pop("nest", False)
         if nest:
             kept = {k: config[k] for k in nest} if isinstance(nest, list) else {}
             config = {"model_type": config["model_type"], **kept, "text_config": config}
+            if text_type:
+                config["text_config"]["model_type"] = text_type
         mx.random.seed(7)
         model_class, args_class = _get_classes(config)
-        model = model_class(args_class.from_dict(config))
+        # mistral3's arguments fill defaults into text_config in place: build
+        # from a copy so config.json stays as written.
+        model = model_class(args_class.from_dict(copy.deepcopy(config) if text_type else config))
         # Random norms and biases too, so every parameter matters.
         params = tree_flatten(model.parameters())
         model.load_weights(
@@ -671,6 +704,9 @@ def main():
         out = Path(a.out) / name
         out.mkdir(parents=True, exist_ok=True)
         weights = dict(tree_flatten(model.parameters()))
+        if vision:
+            weights["vision_tower.patch_conv.weight"] = mx.random.normal((8, 3, 4, 4))
+            weights["multi_modal_projector.linear_1.weight"] = mx.random.normal((16, 8))
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
         (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
 

@@ -29,7 +29,7 @@ GRANITE_HYBRID_LAYERS = ["mamba", "attention", "mamba", "attention"]
 BASE = dict(
     tied=False, extra_head=False, qkv_bias=False, qk_norm=None, inv_freq=False,
     norms=("input_layernorm", "post_attention_layernorm"), fused=False, mlp="mlp", moe=None,
-    hybrid=False, mtp=False, split_in_proj=False, nested=False, fp8=False,
+    hybrid=False, mtp=False, split_in_proj=False, nested=False, fp8=False, mistral3=None,
 )
 # Sparse feed-forwards as Hugging Face stores them: a router `gate` and each
 # expert's projections apart, `{block}.experts.{e}.{gate,up,down names}`.
@@ -103,6 +103,15 @@ FAMILIES = {
     # as Mistral publishes Ministral 3: every layer's linear weights F8_E4M3
     # with a per-tensor weight_scale_inv and an activation_scale
     "ministral3_fp8": dict(dtype="bfloat16", tied=True, extra_head=True, model_type="ministral3", fp8=True),
+    # The Mistral 3 vision-language wrapper: the decoder's config in text_config,
+    # a vision tower and projector mlx-lm drops. Ministral 3 in transformers 5's
+    # layout (model.language_model.*, lm_head, model.vision_tower.*), text_config
+    # without tie_word_embeddings (untied to mlx-lm); a tied LLaMA-style one in
+    # the older layout (language_model.model.*, language_model.lm_head, a stray
+    # head mlx-lm drops, vision_tower.*); the Ministral 3 one in float8.
+    "mistral3": dict(dtype="bfloat16", inv_freq=True, model_type="ministral3", mistral3="hf"),
+    "mistral3_llama": dict(dtype="bfloat16", tied=True, extra_head=True, model_type="mistral", mistral3="legacy"),
+    "mistral3_fp8": dict(dtype="bfloat16", model_type="ministral3", fp8=True, mistral3="hf"),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -135,6 +144,9 @@ ARCHITECTURES = {
     "gpt_oss": "GptOssForCausalLM",
     "granitemoehybrid_dense": "GraniteMoeHybridForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
+    "mistral3": "Mistral3ForConditionalGeneration",
+    "mistral3_llama": "Mistral3ForConditionalGeneration",
+    "mistral3_fp8": "Mistral3ForConditionalGeneration",
 }
 
 GRANITE_HYBRID = dict(
@@ -540,6 +552,35 @@ def nest_text_config(family, c):
     return {**{k: c[k] for k in top}, "text_config": text}
 
 
+def nest_mistral3(c, spec):
+    """Mistral 3's layout: the decoder's fields in text_config (tied only when
+    it says so), the wrapper's own fields and quantization at the top."""
+    top = ("architectures", "_name_or_path", "torch_dtype", "quantization_config")
+    text = {k: v for k, v in c.items() if k not in top + ("tie_word_embeddings",)}
+    if spec["tied"]:
+        text["tie_word_embeddings"] = True
+    vision = dict(model_type="pixtral", hidden_size=16, num_hidden_layers=1, patch_size=4, image_size=16)
+    wrapper = dict(
+        model_type="mistral3", image_token_index=10, projector_hidden_act="gelu", spatial_merge_size=2,
+        vision_feature_layer=-1, multimodal_projector_bias=False, vision_config=vision,
+    )
+    return {**{k: c[k] for k in top if k in c}, **wrapper, "text_config": text}
+
+
+def wrap_mistral3(w, layout):
+    """The text model's tensors renamed into the wrapper, with a vision tower
+    and projector beside them (zeros: they draw no random numbers)."""
+    if layout == "hf":
+        out = {(f"model.language_model.{k[6:]}" if k.startswith("model.") else k): v for k, v in w.items()}
+        vision = "model.vision_tower.", "model.multi_modal_projector."
+    else:
+        out = {f"language_model.{k}": v for k, v in w.items()}
+        vision = "vision_tower.", "multi_modal_projector."
+    out[vision[0] + "patch_conv.weight"] = mx.zeros((16, 3, 4, 4), dtype=mx.bfloat16)
+    out[vision[1] + "linear_1.weight"] = mx.zeros((HIDDEN, 16), dtype=mx.bfloat16)
+    return out
+
+
 def config(family, spec):
     c = {
         "architectures": [ARCHITECTURES[family]],
@@ -584,6 +625,15 @@ def config(family, spec):
                 sliding_window=64, sliding_window_pattern="LLLG", layer_types=sliding, rope_scaling=None,
             ),
             "ministral3": MINISTRAL3,
+            "mistral3": MINISTRAL3,
+            "mistral3_fp8": dict(
+                MINISTRAL3,
+                quantization_config={
+                    "activation_scheme": "static", "dequantize": False,
+                    "modules_to_not_convert": ["model.vision_tower", "model.multi_modal_projector", "lm_head"],
+                    "quant_method": "fp8", "weight_block_size": None,
+                },
+            ),
             "ministral3_fp8": dict(
                 MINISTRAL3,
                 quantization_config={
@@ -646,17 +696,20 @@ def config(family, spec):
             ),
         }.get(family, {})
     )
+    if spec["mistral3"]:
+        return nest_mistral3(c, spec)
     return nest_text_config(family, c) if spec["nested"] else c
 
 
 def write(out, family, spec, tokenizer_dir):
     w = own_tensors(family, spec) if family in OWN_LAYERS else tensors(spec)
     c = config(family, spec)
+    wrap = (lambda w: wrap_mistral3(w, spec["mistral3"])) if spec["mistral3"] else (lambda w: w)
     if spec["fp8"]:
         w = to_fp8(w)
         plain = {k: v for k, v in c.items() if k != "quantization_config"}
-        save(out / f"{family}_dequantized", dequantized(w), plain, False, tokenizer_dir)
-    save(out / family, w, c, spec["fp8"], tokenizer_dir)
+        save(out / f"{family}_dequantized", wrap(dequantized(w)), plain, False, tokenizer_dir)
+    save(out / family, wrap(w), c, spec["fp8"], tokenizer_dir)
 
 
 def dequantized(w):

@@ -16,7 +16,7 @@ use crate::model::lfm2::short_conv_for_mlx;
 use crate::model::moe::MoeLayout;
 use crate::model::qwen3_next::norm_from_offset;
 use crate::model::weights::stack_expert_tensors;
-use crate::model::{deepseek_v3, glm4_moe, mixtral, qwen3_5, qwen3_moe, qwen3_next};
+use crate::model::{deepseek_v3, glm4_moe, mistral3, mixtral, qwen3_5, qwen3_moe, qwen3_next};
 
 /// One architecture (`model_type` in `config.json`).
 pub(crate) struct Family {
@@ -113,6 +113,37 @@ fn as_stored(_: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
 /// Ministral 3: float8 weights times their scales (see [`super::fp8`]).
 fn fp8_scales_folded(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     super::fp8::fold_scales(tensors)
+}
+
+/// Mistral 3 as mlx-lm's `sanitize` leaves it: the vision tower and
+/// projector dropped, the text model's tensors under `language_model.`
+/// (from Hugging Face's `model.language_model.*` and `lm_head`), a tied
+/// head dropped (`text_config.tie_word_embeddings`, false when absent),
+/// float8 weights times their scales (see [`super::fp8`]). A `mistral4`
+/// text model is refused.
+fn mistral3_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    let config = Value::Object(config.clone());
+    mistral3::text_model(&config)?;
+    mistral3::to_text_model(tensors);
+    let tied = config["text_config"]["tie_word_embeddings"].as_bool();
+    if tied == Some(true) {
+        tensors.remove("lm_head.weight");
+    }
+    super::fp8::fold_scales(tensors)?;
+    let names: Vec<String> = tensors.keys().cloned().collect();
+    for name in names {
+        let tensor = tensors.remove(&name).expect("listed above");
+        tensors.insert(format!("{}{name}", mistral3::ROOT), tensor);
+    }
+    Ok(())
+}
+
+/// Mistral 3's arguments write the untied default into `text_config`,
+/// which mlx-lm then saves.
+fn text_config_untied_by_default(config: &mut Map<String, Value>) {
+    if let Some(Value::Object(text)) = config.get_mut("text_config") {
+        text.entry("tie_word_embeddings").or_insert(false.into());
+    }
 }
 
 /// Stacks every MoE block's per-expert tensors into its `switch_mlp`,
@@ -611,6 +642,13 @@ const FAMILIES: &[Family] = &[
     deepseek_v3("deepseek_v3"),
     // mlx-lm runs Kimi K2 as deepseek_v3.
     deepseek_v3("kimi_k2"),
+    // The head is settled by the rewrite, from text_config.
+    Family {
+        rewrite: mistral3_for_mlx,
+        config_edit: text_config_untied_by_default,
+        reads_fp8: true,
+        ..dense("mistral3", Head::Kept, rotary_cache)
+    },
 ];
 
 /// The `model_type`s that convert supports.

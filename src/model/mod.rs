@@ -18,6 +18,7 @@ pub mod llama;
 pub mod llama4_text;
 pub mod mamba2;
 pub mod ministral3;
+pub mod mistral3;
 pub mod mixtral;
 pub mod moe;
 pub mod nemotron_h;
@@ -67,7 +68,7 @@ pub struct Model {
 }
 
 /// Every `model_type` this crate loads.
-pub(crate) const SUPPORTED: [&str; 28] = [
+pub(crate) const SUPPORTED: [&str; 29] = [
     "llama",
     "mistral",
     "qwen2",
@@ -96,6 +97,7 @@ pub(crate) const SUPPORTED: [&str; 28] = [
     "gemma4_text",
     "gemma4",
     "granitemoehybrid",
+    "mistral3",
 ];
 
 fn unsupported(model_type: &str) -> anyhow::Error {
@@ -119,6 +121,8 @@ fn load_decoder(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> R
         "granitemoehybrid" => return granitemoehybrid::load(w, args, raw),
         // Latent attention: no k_proj / v_proj for `check_shapes` to read.
         "deepseek_v3" | "kimi_k2" => return deepseek_v3::load(w, args, raw),
+        // Tensors under `language_model.`, the decoder named by `text_config`.
+        "mistral3" => return mistral3::load(w, args, raw),
         _ => {}
     }
     let qk_norm = matches!(
@@ -162,6 +166,7 @@ pub fn read_config(dir: &Path) -> Result<(ModelArgs, serde_json::Value)> {
         Some("qwen3_5" | "qwen3_5_moe") => qwen3_5::flatten_text_config(raw),
         Some("lfm2") => lfm2::shared_config(raw),
         Some("gemma4") => gemma4_text::flatten_config(raw),
+        Some("mistral3") => mistral3::flatten_config(raw),
         Some("nemotron_h") => nemotron_h::shared_config(raw),
         _ => raw,
     };

@@ -129,6 +129,11 @@ impl Weights {
         Ok(self.tensors.remove(name))
     }
 
+    /// The config's quantization, for layers renamed in place.
+    pub(crate) fn quantization_mut(&mut self) -> Option<&mut Quantization> {
+        self.quantization.as_mut()
+    }
+
     /// The tensors not yet taken, for renames done in place.
     pub(crate) fn tensors_mut(&mut self) -> &mut HashMap<String, Array> {
         &mut self.tensors

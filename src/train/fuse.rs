@@ -59,6 +59,11 @@ pub fn fuse(
         .and_then(crate::mlx_ext::parse_dtype)
         .unwrap_or(Dtype::Float32);
     let mut tensors = read_tensors(model_dir)?;
+    // mlx-lm writes the model's parameters: a Mistral 3 checkpoint's vision
+    // tensors are not among them.
+    if model.args.model_type == "mistral3" {
+        tensors.retain(|name, _| !crate::model::mistral3::is_vision(name));
+    }
 
     for (site, ab) in layout.sites.iter().zip(params.chunks(2)) {
         let prefix = site.path();
