@@ -111,8 +111,8 @@ fn as_stored(_: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
 }
 
 /// Ministral 3: float8 weights times their scales (see [`super::fp8`]).
-fn fp8_scales_folded(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
-    super::fp8::fold_scales(tensors)
+fn fp8_scales_folded(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    super::fp8::fold_scales(tensors, config)
 }
 
 /// Stacks every MoE block's per-expert tensors into its `switch_mlp`,
@@ -265,14 +265,24 @@ fn deepseek_v3_quantizable(name: &str, ndim: usize) -> bool {
     linear_embedding_or_experts_but_router(name, ndim) || per_head
 }
 
-/// DeepSeek-V3 (and Kimi K2): experts stacked and each `kv_b_proj` split
-/// into `embed_q` and `unembed_out`. The fp8 and int4 formats mlx-lm
-/// dequantizes itself are refused.
+/// DeepSeek-V3 (and Kimi K2): fp8 weights (block scales) folded into
+/// floats when the config says fp8, experts stacked and each `kv_b_proj`
+/// split into `embed_q` and `unembed_out`. The compressed-tensors int4
+/// format mlx-lm dequantizes itself is refused.
 fn deepseek_v3_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    if super::fp8::config_says_scaled_fp8(config) {
+        super::fp8::fold_scales(tensors, config)?;
+    }
     if let Some((name, format)) = tensors
         .keys()
         .find_map(|n| foreign_quantization(n).map(|f| (n, f)))
     {
+        if name.ends_with("weight_scale_inv") {
+            bail!(
+                "{name}: fp8 scales, but config.json's quantization_config does not say \
+                 quant_method fp8"
+            );
+        }
         bail!("{name}: {format} are not supported by convert; start from a bfloat16 checkpoint");
     }
     stack_experts(tensors, &deepseek_v3::LAYOUT)?;
@@ -522,6 +532,7 @@ const fn deepseek_v3(model_type: &'static str) -> Family {
         dropped: deepseek_v3_extra_layer_or_rotary_cache,
         quantizable: deepseek_v3_quantizable,
         cast: all_but_score_correction,
+        reads_fp8: true,
         ..sparse(model_type, Head::Kept, deepseek_v3_for_mlx)
     }
 }
