@@ -539,10 +539,13 @@ fn dequantize_and_cast_of_quantized_models_match_mlx_lm() {
     assert!(dense.get("quantization").is_none() && dense.get("quantization_config").is_none());
 }
 
-/// Ministral 3 as Mistral publishes it: float8 weights with their scales.
-/// mlx-lm 0.32.2 multiplies the float8 bytes (which MLX loads as uint8) by
-/// the scales; the reference is its conversion of the same weights read as
-/// float8 (`ministral3_fp8_dequantized`), plain and quantized.
+/// Float8 checkpoints of families whose mlx-lm 0.32.2 `sanitize` does not
+/// read them right: Ministral 3 as Mistral publishes it (per-tensor scales;
+/// mlx-lm multiplies the float8 bytes, which MLX loads as uint8, by the
+/// scales) and Qwen3 as Qwen publishes it (128×128 block scales, which
+/// mlx-lm does not read). The reference is mlx-lm's conversion of the same
+/// weights read as float8 and scaled (`<case>_dequantized`), plain and
+/// quantized.
 #[test]
 fn fp8_checkpoints_convert_as_their_float_weights() {
     let work = tempfile::tempdir().unwrap();
@@ -551,25 +554,29 @@ fn fp8_checkpoints_convert_as_their_float_weights() {
         ("q4", &["-q"], json!({"quantize": true})),
         ("f32", &["--dtype", "float32"], json!({"dtype": "float32"})),
     ];
-    let theirs = |name: &str| work.path().join(format!("theirs-{name}"));
-    let jobs: Vec<_> = variants
+    let cases = ["ministral3_fp8", "qwen3_fp8"];
+    let theirs = |case: &str, name: &str| work.path().join(format!("theirs-{case}-{name}"));
+    let jobs: Vec<_> = cases
         .iter()
-        .map(|(name, _, args)| {
+        .flat_map(|case| variants.iter().map(move |v| (case, v)))
+        .map(|(case, (name, _, args))| {
             (
-                family("ministral3_fp8_dequantized"),
-                theirs(name),
+                family(&format!("{case}_dequantized")),
+                theirs(case, name),
                 args.clone(),
             )
         })
         .collect();
     oracle_convert(&jobs);
-    for (name, flags, _) in &variants {
-        let ours = work.path().join(format!("ours-{name}"));
-        convert_ok(&family("ministral3_fp8"), &ours, flags);
-        assert_same_model(&ours, &theirs(name), &format!("ministral3_fp8 {name}"));
-        let config = read_json(&ours.join("config.json"));
-        assert_ne!(config["quantization_config"]["quant_method"], json!("fp8"));
-        generates(&ours);
+    for case in cases {
+        for (name, flags, _) in &variants {
+            let ours = work.path().join(format!("ours-{case}-{name}"));
+            convert_ok(&family(case), &ours, flags);
+            assert_same_model(&ours, &theirs(case, name), &format!("{case} {name}"));
+            let config = read_json(&ours.join("config.json"));
+            assert_ne!(config["quantization_config"]["quant_method"], json!("fp8"));
+            generates(&ours);
+        }
     }
 }
 

@@ -108,6 +108,10 @@ FAMILIES = {
     # intermediate size of 192 and the 96-row kv_a_proj_with_mqa leave
     # partial blocks at the edges
     "deepseek_v3_fp8": dict(dtype="bfloat16", model_type="deepseek_v3", fp8="block"),
+    # as Qwen publishes Qwen3-FP8: the same block layout (the 64-row k/v
+    # projections partial blocks); mlx-lm does not read it, so a dequantized
+    # copy is its reference
+    "qwen3_fp8": dict(dtype="bfloat16", qk_norm="head", model_type="qwen3", fp8="block"),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -136,6 +140,7 @@ ARCHITECTURES = {
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "kimi_k2": "DeepseekV3ForCausalLM",
     "deepseek_v3_fp8": "DeepseekV3ForCausalLM",
+    "qwen3_fp8": "Qwen3ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -171,6 +176,10 @@ FP8_MAX = 448.0
 FP8_BLOCK = 128
 # DeepSeek-V3 fp8's dense intermediate size: one full and one partial block.
 FP8_INTER = 192
+FP8_BLOCKS = {
+    "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+    "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+}
 
 
 def to_fp8(w):
@@ -654,14 +663,8 @@ def config(family, spec):
                 block_auto_adjust_ff_dim=False, tie_embedding=True,
             ),
             "kimi_k2": DEEPSEEK_V3,
-            "deepseek_v3_fp8": dict(
-                DEEPSEEK_V3,
-                intermediate_size=FP8_INTER,
-                quantization_config={
-                    "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                    "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
-                },
-            ),
+            "deepseek_v3_fp8": dict(DEEPSEEK_V3, intermediate_size=FP8_INTER, quantization_config=FP8_BLOCKS),
+            "qwen3_fp8": dict(quantization_config=FP8_BLOCKS),
             "nemotron_h": dict(
                 hybrid_override_pattern=NEMOTRON_H_PATTERN, attention_bias=False, mlp_bias=False,
                 use_bias=False, mamba_num_heads=MAMBA_HEADS, mamba_head_dim=MAMBA_HEAD_DIM,
@@ -693,11 +696,13 @@ def config(family, spec):
 def write(out, family, spec, tokenizer_dir):
     w = own_tensors(family, spec) if family in OWN_LAYERS else tensors(spec)
     c = config(family, spec)
+    plain = {k: v for k, v in c.items() if k != "quantization_config"}
     if spec["fp8"] == "block":
         w = to_fp8_blocks(w)
+        if family not in MLX_LM_READS_FP8:
+            save(out / f"{family}_dequantized", block_dequantized(w), plain, False, tokenizer_dir)
     elif spec["fp8"]:
         w = to_fp8(w)
-        plain = {k: v for k, v in c.items() if k != "quantization_config"}
         save(out / f"{family}_dequantized", dequantized(w), plain, False, tokenizer_dir)
     save(out / family, w, c, spec["fp8"], tokenizer_dir)
 
@@ -710,6 +715,23 @@ def dequantized(w):
         if k.endswith("weight_scale_inv"):
             base = k[: -len("_scale_inv")]
             out[base] = mx.from_fp8(w[base], dtype=mx.bfloat16) * scale
+    return out
+
+
+# Block-scaled fp8 checkpoints whose families mlx-lm's sanitize dequantizes.
+MLX_LM_READS_FP8 = {"deepseek_v3_fp8"}
+
+
+def block_dequantized(w):
+    """The float weights a block-scaled fp8 checkpoint holds: e4m3 values (in
+    bfloat16) times their block's scale, rounded to bfloat16."""
+    out = {k: v for k, v in w.items() if not k.endswith("_scale_inv")}
+    for k, scale in w.items():
+        if k.endswith("weight_scale_inv"):
+            base = k[: -len("_scale_inv")]
+            rows, cols = w[base].shape
+            per_weight = mx.repeat(mx.repeat(scale, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:rows, :cols]
+            out[base] = (mx.from_fp8(w[base], dtype=mx.bfloat16) * per_weight).astype(mx.bfloat16)
     return out
 
 

@@ -110,7 +110,7 @@ fn as_stored(_: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     Ok(())
 }
 
-/// Ministral 3: float8 weights times their scales (see [`super::fp8`]).
+/// Ministral 3, Qwen3: float8 weights times their scales (see [`super::fp8`]).
 fn fp8_scales_folded(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
     super::fp8::fold_scales(tensors, config)
 }
@@ -542,7 +542,11 @@ const FAMILIES: &[Family] = &[
     // mlx-lm runs mistral as llama.
     dense("mistral", Head::Tied(Some(true)), rotary_cache),
     dense("qwen2", Head::Tied(Some(true)), rotary_cache),
-    dense("qwen3", Head::Tied(None), nothing),
+    Family {
+        rewrite: fp8_scales_folded,
+        reads_fp8: true,
+        ..dense("qwen3", Head::Tied(None), nothing)
+    },
     // gemma2 has no lm_head at all: the embedding is the head.
     dense("gemma2", Head::Tied(Some(true)), nothing),
     dense("gemma3_text", Head::Kept, nothing),
