@@ -285,7 +285,10 @@ fn oracle_convert(jobs: &[(PathBuf, PathBuf, Value)]) {
         .iter()
         .map(|(from, to, args)| json!({"hf_path": from, "mlx_path": to, "args": args}))
         .collect();
-    let file = tiny().join(format!("cases-{}.json", jobs.len()));
+    // One file per call: tests run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let file = tiny().join(format!("cases-{call}.json"));
     std::fs::write(&file, serde_json::to_string(&list).unwrap()).unwrap();
     let out = Command::new(py)
         .arg(repo_root().join("scripts/oracle/convert_cases.py"))
@@ -541,12 +544,53 @@ fn dequantize_and_cast_of_quantized_models_match_mlx_lm() {
     assert!(dense.get("quantization").is_none() && dense.get("quantization_config").is_none());
 }
 
-/// Ministral 3 as Mistral publishes it: float8 weights with their scales.
-/// mlx-lm 0.32.2 multiplies the float8 bytes (which MLX loads as uint8) by
-/// the scales; the reference is its conversion of the same weights read as
-/// float8 (`ministral3_fp8_dequantized`), plain and quantized.
+/// Float8 checkpoints of families whose mlx-lm 0.32.2 `sanitize` does not
+/// read them right: Ministral 3 as Mistral publishes it (per-tensor scales;
+/// mlx-lm multiplies the float8 bytes, which MLX loads as uint8, by the
+/// scales) and Qwen3 as Qwen publishes it (128×128 block scales, which
+/// mlx-lm does not read). The reference is mlx-lm's conversion of the same
+/// weights read as float8 and scaled (`<case>_dequantized`), plain and
+/// quantized.
 #[test]
 fn fp8_checkpoints_convert_as_their_float_weights() {
+    let work = tempfile::tempdir().unwrap();
+    let variants: [(&str, &[&str], Value); 3] = [
+        ("plain", &[], json!({})),
+        ("q4", &["-q"], json!({"quantize": true})),
+        ("f32", &["--dtype", "float32"], json!({"dtype": "float32"})),
+    ];
+    let cases = ["ministral3_fp8", "qwen3_fp8"];
+    let theirs = |case: &str, name: &str| work.path().join(format!("theirs-{case}-{name}"));
+    let jobs: Vec<_> = cases
+        .iter()
+        .flat_map(|case| variants.iter().map(move |v| (case, v)))
+        .map(|(case, (name, _, args))| {
+            (
+                family(&format!("{case}_dequantized")),
+                theirs(case, name),
+                args.clone(),
+            )
+        })
+        .collect();
+    oracle_convert(&jobs);
+    for case in cases {
+        for (name, flags, _) in &variants {
+            let ours = work.path().join(format!("ours-{case}-{name}"));
+            convert_ok(&family(case), &ours, flags);
+            assert_same_model(&ours, &theirs(case, name), &format!("{case} {name}"));
+            let config = read_json(&ours.join("config.json"));
+            assert_ne!(config["quantization_config"]["quant_method"], json!("fp8"));
+            generates(&ours);
+        }
+    }
+}
+
+/// DeepSeek-V3 as DeepSeek publishes it: float8 weights with a float32
+/// scale per 128×128 block, partial blocks at the edges. mlx-lm's
+/// `sanitize` reads these itself, so the reference is its conversion of the
+/// same checkpoint, plain, quantized and in float32.
+#[test]
+fn block_fp8_checkpoints_convert_as_mlx_lm_reads_them() {
     let work = tempfile::tempdir().unwrap();
     let variants: [(&str, &[&str], Value); 3] = [
         ("plain", &[], json!({})),
@@ -556,19 +600,13 @@ fn fp8_checkpoints_convert_as_their_float_weights() {
     let theirs = |name: &str| work.path().join(format!("theirs-{name}"));
     let jobs: Vec<_> = variants
         .iter()
-        .map(|(name, _, args)| {
-            (
-                family("ministral3_fp8_dequantized"),
-                theirs(name),
-                args.clone(),
-            )
-        })
+        .map(|(name, _, args)| (family("deepseek_v3_fp8"), theirs(name), args.clone()))
         .collect();
     oracle_convert(&jobs);
     for (name, flags, _) in &variants {
         let ours = work.path().join(format!("ours-{name}"));
-        convert_ok(&family("ministral3_fp8"), &ours, flags);
-        assert_same_model(&ours, &theirs(name), &format!("ministral3_fp8 {name}"));
+        convert_ok(&family("deepseek_v3_fp8"), &ours, flags);
+        assert_same_model(&ours, &theirs(name), &format!("deepseek_v3_fp8 {name}"));
         let config = read_json(&ours.join("config.json"));
         assert_ne!(config["quantization_config"]["quant_method"], json!("fp8"));
         generates(&ours);
@@ -716,8 +754,8 @@ fn quantized_input_is_never_quantized_again_and_bad_options_are_refused() {
             "no down_proj layers",
         );
     }
-    // DeepSeek-V3's fp8 checkpoints: refused by their config, and by their
-    // block scales when the config does not say.
+    // fp8 scales in a DeepSeek-V3 checkpoint: refused when the config does
+    // not say fp8, and when they do not tile their weight in its blocks.
     let fp8 = work.path().join("fp8");
     copy_dir(&family("deepseek_v3"), &fp8);
     let scale = Array::from_slice(&[1.0f32], &[1, 1]);
@@ -729,14 +767,14 @@ fn quantized_input_is_never_quantized_again_and_bad_options_are_refused() {
     .unwrap();
     assert_fails(
         &["--hf-path", fp8.to_str().unwrap(), "--mlx-path", outs],
-        "fp8 block-quantized weights are not supported by convert",
+        "fp8 scales, but config.json's quantization_config does not say",
     );
     let mut config = read_json(&fp8.join("config.json"));
     config["quantization_config"] = json!({"quant_method": "fp8", "weight_block_size": [128, 128]});
     std::fs::write(fp8.join("config.json"), config.to_string()).unwrap();
     assert_fails(
         &["--hf-path", fp8.to_str().unwrap(), "--mlx-path", outs],
-        "quantized with \"fp8\"",
+        "do not tile a weight [128, 256] in 128×128 blocks (expected [1, 2])",
     );
     let mamba = work.path().join("mamba");
     std::fs::create_dir(&mamba).unwrap();

@@ -3,9 +3,9 @@ convert tests: HF tensor names, two safetensors shards with an index, a
 config.json, and the tokenizer files of a real model.
 
 Usage: python make_tiny_hf.py OUT_DIR TOKENIZER_DIR
-Creates OUT_DIR/<model_type> for each of FAMILIES (and, for a float8 one,
-OUT_DIR/<model_type>_dequantized: the same weights as floats, for mlx-lm,
-which misreads float8 bytes). Deterministic (fixed seed).
+Creates OUT_DIR/<model_type> for each of FAMILIES (and, for one float8 with
+per-tensor scales, OUT_DIR/<model_type>_dequantized: the same weights as
+floats, for mlx-lm, which misreads those float8 bytes). Deterministic (fixed seed).
 """
 
 import json
@@ -102,7 +102,7 @@ FAMILIES = {
     # (last, so the families above draw the same random tensors)
     # as Mistral publishes Ministral 3: every layer's linear weights F8_E4M3
     # with a per-tensor weight_scale_inv and an activation_scale
-    "ministral3_fp8": dict(dtype="bfloat16", tied=True, extra_head=True, model_type="ministral3", fp8=True),
+    "ministral3_fp8": dict(dtype="bfloat16", tied=True, extra_head=True, model_type="ministral3", fp8="tensor"),
     # The Mistral 3 vision-language wrapper: the decoder's config in text_config,
     # a vision tower and projector mlx-lm drops. Ministral 3 in transformers 5's
     # layout (model.language_model.*, lm_head, model.vision_tower.*), text_config
@@ -111,7 +111,16 @@ FAMILIES = {
     # head mlx-lm drops, vision_tower.*); the Ministral 3 one in float8.
     "mistral3": dict(dtype="bfloat16", inv_freq=True, model_type="ministral3", mistral3="hf"),
     "mistral3_llama": dict(dtype="bfloat16", tied=True, extra_head=True, model_type="mistral", mistral3="legacy"),
-    "mistral3_fp8": dict(dtype="bfloat16", model_type="ministral3", fp8=True, mistral3="hf"),
+    "mistral3_fp8": dict(dtype="bfloat16", model_type="ministral3", fp8="tensor", mistral3="hf"),
+    # as DeepSeek publishes DeepSeek-V3: the layers' linear weights (not the
+    # routers) F8_E4M3 with float32 weight_scale_inv per 128×128 block; a dense
+    # intermediate size of 192 and the 96-row kv_a_proj_with_mqa leave
+    # partial blocks at the edges
+    "deepseek_v3_fp8": dict(dtype="bfloat16", model_type="deepseek_v3", fp8="block"),
+    # as Qwen publishes Qwen3-FP8: the same block layout (the 64-row k/v
+    # projections partial blocks); mlx-lm does not read it, so a dequantized
+    # copy is its reference
+    "qwen3_fp8": dict(dtype="bfloat16", qk_norm="head", model_type="qwen3", fp8="block"),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -139,6 +148,8 @@ ARCHITECTURES = {
     "glm4_moe": "Glm4MoeForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
     "kimi_k2": "DeepseekV3ForCausalLM",
+    "deepseek_v3_fp8": "DeepseekV3ForCausalLM",
+    "qwen3_fp8": "Qwen3ForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -174,6 +185,13 @@ MINISTRAL3 = dict(
     },
 )
 FP8_MAX = 448.0
+FP8_BLOCK = 128
+# DeepSeek-V3 fp8's dense intermediate size: one full and one partial block.
+FP8_INTER = 192
+FP8_BLOCKS = {
+    "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+    "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+}
 
 
 def to_fp8(w):
@@ -190,6 +208,29 @@ def to_fp8(w):
         base = name[: -len("weight")]
         out[base + "weight_scale_inv"] = scale.astype(v.dtype)
         out[base + "activation_scale"] = mx.array(0.5 + mx.random.uniform().item()).astype(v.dtype)
+    return out
+
+
+def to_fp8_blocks(w):
+    """Every layer's linear weights (not the routers) as e4m3 bytes, each
+    FP8_BLOCK × FP8_BLOCK block over its own float32 `weight_scale_inv`, as
+    DeepSeek's checkpoints store them; blocks at the edges may be partial."""
+    out = {}
+    for name, v in w.items():
+        if not (name.startswith("model.layers.") and v.ndim == 2 and not name.endswith(".gate.weight")):
+            out[name] = v
+            continue
+        rows, cols = v.shape
+        up = lambda n: -(-n // FP8_BLOCK)
+        scale = mx.zeros((up(rows), up(cols)))
+        blocks = v.astype(mx.float32)
+        for r in range(up(rows)):
+            for c in range(up(cols)):
+                tile = blocks[r * FP8_BLOCK : (r + 1) * FP8_BLOCK, c * FP8_BLOCK : (c + 1) * FP8_BLOCK]
+                scale[r, c] = mx.max(mx.abs(tile)) / FP8_MAX
+        per_weight = mx.repeat(mx.repeat(scale, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:rows, :cols]
+        out[name] = mx.to_fp8(blocks / per_weight)
+        out[name[: -len("weight")] + "weight_scale_inv"] = scale
     return out
 
 
@@ -321,7 +362,7 @@ def glm4_moe_tensors(rnd, norm, w):
     norm(f"model.layers.{LAYERS}.enorm.weight", HIDDEN)
 
 
-def deepseek_v3_tensors(rnd, norm, w):
+def deepseek_v3_tensors(rnd, norm, w, inter=INTER):
     """DeepSeek-V3: latent attention with the unsplit `kv_b_proj`, a dense
     first layer, rotary caches mlx-lm drops."""
     for i in range(LAYERS):
@@ -336,7 +377,7 @@ def deepseek_v3_tensors(rnd, norm, w):
         rnd(f"{a}.o_proj.weight", HIDDEN, HEADS * V_DIM)
         w[f"{a}.rotary_emb.inv_freq"] = mx.arange(ROPE // 2).astype(mx.float32)
         if i == 0:
-            swiglu(rnd, f"{p}.mlp", INTER)
+            swiglu(rnd, f"{p}.mlp", inter)
         else:
             sigmoid_routed_moe(rnd, w, f"{p}.mlp")
         norm(f"{p}.input_layernorm.weight", HIDDEN)
@@ -488,6 +529,7 @@ OWN_LAYERS = {
     "glm4_moe": glm4_moe_tensors,
     "deepseek_v3": deepseek_v3_tensors,
     "kimi_k2": deepseek_v3_tensors,
+    "deepseek_v3_fp8": lambda rnd, norm, w: deepseek_v3_tensors(rnd, norm, w, inter=FP8_INTER),
     "nemotron_h": nemotron_h_tensors,
 }
 
@@ -671,6 +713,8 @@ def config(family, spec):
                 block_auto_adjust_ff_dim=False, tie_embedding=True,
             ),
             "kimi_k2": DEEPSEEK_V3,
+            "deepseek_v3_fp8": dict(DEEPSEEK_V3, intermediate_size=FP8_INTER, quantization_config=FP8_BLOCKS),
+            "qwen3_fp8": dict(quantization_config=FP8_BLOCKS),
             "nemotron_h": dict(
                 hybrid_override_pattern=NEMOTRON_H_PATTERN, attention_bias=False, mlp_bias=False,
                 use_bias=False, mamba_num_heads=MAMBA_HEADS, mamba_head_dim=MAMBA_HEAD_DIM,
@@ -705,9 +749,13 @@ def write(out, family, spec, tokenizer_dir):
     w = own_tensors(family, spec) if family in OWN_LAYERS else tensors(spec)
     c = config(family, spec)
     wrap = (lambda w: wrap_mistral3(w, spec["mistral3"])) if spec["mistral3"] else (lambda w: w)
-    if spec["fp8"]:
+    plain = {k: v for k, v in c.items() if k != "quantization_config"}
+    if spec["fp8"] == "block":
+        w = to_fp8_blocks(w)
+        if family not in MLX_LM_READS_FP8:
+            save(out / f"{family}_dequantized", wrap(block_dequantized(w)), plain, False, tokenizer_dir)
+    elif spec["fp8"]:
         w = to_fp8(w)
-        plain = {k: v for k, v in c.items() if k != "quantization_config"}
         save(out / f"{family}_dequantized", wrap(dequantized(w)), plain, False, tokenizer_dir)
     save(out / family, wrap(w), c, spec["fp8"], tokenizer_dir)
 
@@ -720,6 +768,23 @@ def dequantized(w):
         if k.endswith("weight_scale_inv"):
             base = k[: -len("_scale_inv")]
             out[base] = mx.from_fp8(w[base], dtype=mx.bfloat16) * scale
+    return out
+
+
+# Block-scaled fp8 checkpoints whose families mlx-lm's sanitize dequantizes.
+MLX_LM_READS_FP8 = {"deepseek_v3_fp8"}
+
+
+def block_dequantized(w):
+    """The float weights a block-scaled fp8 checkpoint holds: e4m3 values (in
+    bfloat16) times their block's scale, rounded to bfloat16."""
+    out = {k: v for k, v in w.items() if not k.endswith("_scale_inv")}
+    for k, scale in w.items():
+        if k.endswith("weight_scale_inv"):
+            base = k[: -len("_scale_inv")]
+            rows, cols = w[base].shape
+            per_weight = mx.repeat(mx.repeat(scale, FP8_BLOCK, axis=0), FP8_BLOCK, axis=1)[:rows, :cols]
+            out[base] = (mx.from_fp8(w[base], dtype=mx.bfloat16) * per_weight).astype(mx.bfloat16)
     return out
 
 

@@ -110,9 +110,9 @@ fn as_stored(_: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
     Ok(())
 }
 
-/// Ministral 3: float8 weights times their scales (see [`super::fp8`]).
-fn fp8_scales_folded(tensors: &mut Tensors, _: &Map<String, Value>) -> Result<()> {
-    super::fp8::fold_scales(tensors)
+/// Ministral 3, Qwen3: float8 weights times their scales (see [`super::fp8`]).
+fn fp8_scales_folded(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    super::fp8::fold_scales(tensors, config)
 }
 
 /// Mistral 3 as mlx-lm's `sanitize` leaves it: the vision tower and
@@ -296,14 +296,24 @@ fn deepseek_v3_quantizable(name: &str, ndim: usize) -> bool {
     linear_embedding_or_experts_but_router(name, ndim) || per_head
 }
 
-/// DeepSeek-V3 (and Kimi K2): experts stacked and each `kv_b_proj` split
-/// into `embed_q` and `unembed_out`. The fp8 and int4 formats mlx-lm
-/// dequantizes itself are refused.
+/// DeepSeek-V3 (and Kimi K2): fp8 weights (block scales) folded into
+/// floats when the config says fp8, experts stacked and each `kv_b_proj`
+/// split into `embed_q` and `unembed_out`. The compressed-tensors int4
+/// format mlx-lm dequantizes itself is refused.
 fn deepseek_v3_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    if super::fp8::config_says_scaled_fp8(config) {
+        super::fp8::fold_scales(tensors, config)?;
+    }
     if let Some((name, format)) = tensors
         .keys()
         .find_map(|n| foreign_quantization(n).map(|f| (n, f)))
     {
+        if name.ends_with("weight_scale_inv") {
+            bail!(
+                "{name}: fp8 scales, but config.json's quantization_config does not say \
+                 quant_method fp8"
+            );
+        }
         bail!("{name}: {format} are not supported by convert; start from a bfloat16 checkpoint");
     }
     stack_experts(tensors, &deepseek_v3::LAYOUT)?;
@@ -553,6 +563,7 @@ const fn deepseek_v3(model_type: &'static str) -> Family {
         dropped: deepseek_v3_extra_layer_or_rotary_cache,
         quantizable: deepseek_v3_quantizable,
         cast: all_but_score_correction,
+        reads_fp8: true,
         ..sparse(model_type, Head::Kept, deepseek_v3_for_mlx)
     }
 }
@@ -562,7 +573,11 @@ const FAMILIES: &[Family] = &[
     // mlx-lm runs mistral as llama.
     dense("mistral", Head::Tied(Some(true)), rotary_cache),
     dense("qwen2", Head::Tied(Some(true)), rotary_cache),
-    dense("qwen3", Head::Tied(None), nothing),
+    Family {
+        rewrite: fp8_scales_folded,
+        reads_fp8: true,
+        ..dense("qwen3", Head::Tied(None), nothing)
+    },
     // gemma2 has no lm_head at all: the embedding is the head.
     dense("gemma2", Head::Tied(Some(true)), nothing),
     dense("gemma3_text", Head::Kept, nothing),

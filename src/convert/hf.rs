@@ -284,10 +284,7 @@ impl Source {
                     json!({"group_size": 32, "bits": 4, "mode": "mxfp4"}),
                 );
             }
-            if folded_fp8 {
-                // mlx-lm's sanitize folds the scales into float weights.
-                config.remove("quantization_config");
-            } else if !config.contains_key("quantization") {
+            if !folded_fp8 && !config.contains_key("quantization") {
                 bail!(
                     "{} is quantized with {method:?}, which convert cannot read; start from the float checkpoint",
                     dir.display()
@@ -311,6 +308,11 @@ impl Source {
         family
             .rewrite(&mut tensors, &config)
             .with_context(|| format!("reading the tensors of {}", dir.display()))?;
+        if family.reads_fp8() && super::fp8::config_says_scaled_fp8(&config) {
+            // The rewrite (mlx-lm's sanitize) folded the scales into float
+            // weights, as its block size said.
+            config.remove("quantization_config");
+        }
         let mut source = Self {
             dir: dir.to_path_buf(),
             config,

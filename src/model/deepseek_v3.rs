@@ -552,11 +552,16 @@ pub(crate) fn foreign_quantization(name: &str) -> Option<&'static str> {
 /// Refuses the Hugging Face formats mlx-lm's `sanitize` dequantizes itself.
 fn refuse_foreign_quantization(w: &Weights) -> Result<()> {
     for name in w.remaining() {
-        if let Some(format) = foreign_quantization(&name) {
-            bail!(
+        match foreign_quantization(&name) {
+            Some(format) if name.ends_with("weight_scale_inv") => bail!(
+                "{name}: {format} are not loaded directly; convert the checkpoint with \
+                 `mlx-bun convert --hf-path` first"
+            ),
+            Some(format) => bail!(
                 "{name}: {format} are not supported; convert the checkpoint with \
                  mlx_lm.convert first"
-            );
+            ),
+            None => {}
         }
     }
     Ok(())
