@@ -122,14 +122,14 @@ fn fp8_scales_folded(tensors: &mut Tensors, config: &Map<String, Value>) -> Resu
 /// float8 weights times their scales (see [`super::fp8`]). A `mistral4`
 /// text model is refused.
 fn mistral3_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
-    let config = Value::Object(config.clone());
-    mistral3::text_model(&config)?;
+    let whole = Value::Object(config.clone());
+    mistral3::text_model(&whole)?;
     mistral3::to_text_model(tensors);
-    let tied = config["text_config"]["tie_word_embeddings"].as_bool();
+    let tied = whole["text_config"]["tie_word_embeddings"].as_bool();
     if tied == Some(true) {
         tensors.remove("lm_head.weight");
     }
-    super::fp8::fold_scales(tensors)?;
+    super::fp8::fold_scales(tensors, config)?;
     let names: Vec<String> = tensors.keys().cloned().collect();
     for name in names {
         let tensor = tensors.remove(&name).expect("listed above");
