@@ -547,8 +547,9 @@ fn dequantize_and_cast_of_quantized_models_match_mlx_lm() {
 /// Float8 checkpoints of families whose mlx-lm 0.32.2 `sanitize` does not
 /// read them right: Ministral 3 as Mistral publishes it (per-tensor scales;
 /// mlx-lm multiplies the float8 bytes, which MLX loads as uint8, by the
-/// scales) and Qwen3 as Qwen publishes it (128×128 block scales, which
-/// mlx-lm does not read). The reference is mlx-lm's conversion of the same
+/// scales), and Qwen3 and GLM-4.5 as Qwen and Z.ai publish them (128×128
+/// block scales, experts one by one in GLM's, which mlx-lm does not read).
+/// The reference is mlx-lm's conversion of the same
 /// weights read as float8 and scaled (`<case>_dequantized`), plain and
 /// quantized.
 #[test]
@@ -559,7 +560,7 @@ fn fp8_checkpoints_convert_as_their_float_weights() {
         ("q4", &["-q"], json!({"quantize": true})),
         ("f32", &["--dtype", "float32"], json!({"dtype": "float32"})),
     ];
-    let cases = ["ministral3_fp8", "qwen3_fp8"];
+    let cases = ["ministral3_fp8", "qwen3_fp8", "glm4_moe_fp8"];
     let theirs = |case: &str, name: &str| work.path().join(format!("theirs-{case}-{name}"));
     let jobs: Vec<_> = cases
         .iter()

@@ -121,6 +121,9 @@ FAMILIES = {
     # projections partial blocks); mlx-lm does not read it, so a dequantized
     # copy is its reference
     "qwen3_fp8": dict(dtype="bfloat16", qk_norm="head", model_type="qwen3", fp8="block"),
+    # as Z.ai publishes GLM-4.5-FP8: the same block layout on every expert's
+    # projections (the router kept in bfloat16); mlx-lm does not read it
+    "glm4_moe_fp8": dict(dtype="bfloat16", model_type="glm4_moe", fp8="block"),
 }
 FAMILIES = {k: {**BASE, **v} for k, v in FAMILIES.items()}
 
@@ -150,6 +153,7 @@ ARCHITECTURES = {
     "kimi_k2": "DeepseekV3ForCausalLM",
     "deepseek_v3_fp8": "DeepseekV3ForCausalLM",
     "qwen3_fp8": "Qwen3ForCausalLM",
+    "glm4_moe_fp8": "Glm4MoeForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
     "granitemoehybrid": "GraniteMoeHybridForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
@@ -171,6 +175,10 @@ SIGMOID_MOE = dict(
     n_routed_experts=EXPERTS, n_shared_experts=1, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
     first_k_dense_replace=1, n_group=2, topk_group=1, norm_topk_prob=True, routed_scaling_factor=2.5,
     topk_method="noaux_tc", scoring_func="sigmoid",
+)
+GLM4_MOE = dict(
+    SIGMOID_MOE, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5, rope_scaling=None,
+    num_nextn_predict_layers=1,
 )
 DEEPSEEK_V3 = dict(
     SIGMOID_MOE, q_lora_rank=Q_RANK, kv_lora_rank=KV_RANK, qk_nope_head_dim=NOPE, qk_rope_head_dim=ROPE,
@@ -527,6 +535,7 @@ OWN_LAYERS = {
     "granitemoehybrid_dense": granitemoehybrid_dense_tensors,
     "gpt_oss": gpt_oss_tensors,
     "glm4_moe": glm4_moe_tensors,
+    "glm4_moe_fp8": glm4_moe_tensors,
     "deepseek_v3": deepseek_v3_tensors,
     "kimi_k2": deepseek_v3_tensors,
     "deepseek_v3_fp8": lambda rnd, norm, w: deepseek_v3_tensors(rnd, norm, w, inter=FP8_INTER),
@@ -690,10 +699,7 @@ def config(family, spec):
                 num_experts=EXPERTS, num_experts_per_tok=TOP_K, moe_intermediate_size=MOE_INTER,
                 decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, attention_bias=False,
             ),
-            "glm4_moe": dict(
-                SIGMOID_MOE, attention_bias=True, use_qk_norm=True, partial_rotary_factor=0.5, rope_scaling=None,
-                num_nextn_predict_layers=1,
-            ),
+            "glm4_moe": GLM4_MOE,
             "deepseek_v3": DEEPSEEK_V3,
             "granitemoehybrid": dict(GRANITE_HYBRID, num_local_experts=EXPERTS, num_experts_per_tok=TOP_K),
             "granitemoehybrid_dense": dict(GRANITE_HYBRID, num_local_experts=0),
@@ -715,6 +721,7 @@ def config(family, spec):
             "kimi_k2": DEEPSEEK_V3,
             "deepseek_v3_fp8": dict(DEEPSEEK_V3, intermediate_size=FP8_INTER, quantization_config=FP8_BLOCKS),
             "qwen3_fp8": dict(quantization_config=FP8_BLOCKS),
+            "glm4_moe_fp8": dict(GLM4_MOE, quantization_config=FP8_BLOCKS),
             "nemotron_h": dict(
                 hybrid_override_pattern=NEMOTRON_H_PATTERN, attention_bias=False, mlp_bias=False,
                 use_bias=False, mamba_num_heads=MAMBA_HEADS, mamba_head_dim=MAMBA_HEAD_DIM,

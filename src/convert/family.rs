@@ -275,9 +275,14 @@ fn linear_embedding_or_experts_but_router(name: &str, ndim: usize) -> bool {
     linear_embedding_or_experts(name, ndim) && !name.ends_with(".mlp.gate.weight")
 }
 
-/// GLM-4.5: experts stacked; the multi-token-prediction layer
-/// (`model.layers.{num_hidden_layers}`) dropped, matched by prefix as mlx-lm does.
+/// GLM-4.5: fp8 weights (block scales, as GLM-4.5-FP8) folded into floats
+/// when the config says fp8; experts stacked; the multi-token-prediction
+/// layer (`model.layers.{num_hidden_layers}`) dropped, matched by prefix as
+/// mlx-lm does.
 fn glm4_moe_for_mlx(tensors: &mut Tensors, config: &Map<String, Value>) -> Result<()> {
+    if super::fp8::config_says_scaled_fp8(config) {
+        super::fp8::fold_scales(tensors, config)?;
+    }
     let layers = config_int(config, "num_hidden_layers")?;
     drop_prefixed(tensors, &format!("model.layers.{layers}"));
     stack_experts(tensors, &glm4_moe::LAYOUT)
@@ -626,6 +631,7 @@ const FAMILIES: &[Family] = &[
     Family {
         quantizable: linear_embedding_or_experts_but_router,
         cast: all_but_score_correction,
+        reads_fp8: true,
         ..sparse("glm4_moe", Head::Kept, glm4_moe_for_mlx)
     },
     // The embedding is always the head.
