@@ -3,9 +3,9 @@
 //! inputs, the layer dispatch and the gradient with respect to the input.
 
 use mlx_bun::kernels::{
-    attention, cpu_quantized_matmul, quantized_attention, quantized_matmul_t, quantized_qkv_rope,
-    quantized_silu_glu, AttentionHeads, AttentionMask, RopeParams, RopeStart,
-    ATTENTION_MAX_QUERIES,
+    attention, attention_over, cpu_quantized_matmul, quantized_attention, quantized_matmul_add,
+    quantized_matmul_t, quantized_qkv_rope, quantized_silu_glu, AttentionHeads, AttentionMask,
+    RopeParams, RopeStart, ATTENTION_MAX_QUERIES,
 };
 use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
@@ -881,4 +881,68 @@ fn log_softmax_equals_mlx_bit_for_bit() {
     let mlx = &x - &mlx_rs::ops::logsumexp_axis(&x, -1, true).unwrap();
     eval([&ours, &mlx]).unwrap();
     assert_eq!(bits(&ours), bits(&mlx), "strided rows");
+}
+
+#[test]
+fn product_plus_residual_equals_the_separate_add_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(577);
+    for (out, inp, width, rows) in [(576, 1536, 4, 1), (576, 576, 4, 3), (300, 256, 8, 16)] {
+        let layer = random_layer(&mut rng, out, inp, 32, width);
+        let x = random_array(&mut rng, &[1, rows, inp], 1.0);
+        let plain = random_array(&mut rng, &[1, rows, out], 4.0);
+        // A residual read through strides: the transpose of a [1, out, rows] array.
+        let strided = random_array(&mut rng, &[1, out, rows], 4.0)
+            .transpose_axes(&[0, 2, 1])
+            .unwrap();
+        for residual in [&plain, &strided] {
+            let product =
+                cpu_quantized_matmul(&x, &layer.w, &layer.scales, &layer.biases, 32, width)
+                    .unwrap();
+            let want = residual + &product;
+            let got = quantized_matmul_add(&x, planes(&layer), residual, layer.spec)
+                .unwrap()
+                .expect("the kernel takes a float32 residual of the product's shape");
+            eval([&got, &want]).unwrap();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "{out}x{inp} {width}-bit, {rows} rows"
+            );
+        }
+        // A residual of another shape is left to the separate add.
+        let wrong = random_array(&mut rng, &[1, rows, out + 1], 1.0);
+        assert!(quantized_matmul_add(&x, planes(&layer), &wrong, layer.spec)
+            .unwrap()
+            .is_none());
+    }
+}
+
+#[test]
+fn attention_over_a_prefix_of_the_buffers_equals_attention_over_its_slice() {
+    let mut rng = StdRng::seed_from_u64(256);
+    let keys = random_array(&mut rng, &[1, 3, 256, 64], 1.0);
+    let values = random_array(&mut rng, &[1, 3, 256, 64], 1.0);
+    for (queries, len) in [(1, 1), (1, 77), (5, 77), (9, 256)] {
+        let q = random_array(&mut rng, &[1, 9, queries, 64], 1.0);
+        let mask = if queries == 1 {
+            AttentionMask::None
+        } else {
+            AttentionMask::Causal
+        };
+        let k = keys.index((.., .., ..len, ..));
+        let v = values.index((.., .., ..len, ..));
+        let want = attention(&q, &k, &v, 0.125, mask).unwrap().unwrap();
+        let got = attention_over(&q, &keys, &values, 0.125, mask, Some(len))
+            .unwrap()
+            .unwrap();
+        eval([&got, &want]).unwrap();
+        assert_eq!(bits(&got), bits(&want), "{queries} queries over {len} keys");
+    }
+    let q = random_array(&mut rng, &[1, 9, 1, 64], 1.0);
+    let err = attention_over(&q, &keys, &values, 0.125, AttentionMask::None, Some(257))
+        .expect_err("more keys than stored is an error");
+    assert!(
+        err.to_string().contains("more keys than the cache holds"),
+        "{err}"
+    );
 }

@@ -647,7 +647,11 @@ class CpuAttention : public mx::UnaryPrimitive {
       return std::vector<mx::array>{
           mx::reshape(o, {o.shape(0), o.shape(1), o.shape(2) * o.shape(3)}, s)};
     };
-    const std::vector<mx::array> operands{primals[0], primals[1], primals[2]};
+    auto attended = [&](const mx::array& a) {
+      if (a.shape(2) == keys_) return a;
+      return mx::slice(a, {0, 0, 0, 0}, {a.shape(0), a.shape(1), keys_, a.shape(3)}, s);
+    };
+    const std::vector<mx::array> operands{primals[0], attended(primals[1]), attended(primals[2])};
     auto grads = mx::vjp(fun, operands, cotangents).second;
     std::vector<mx::array> result;
     for (int a : argnums) {
@@ -746,7 +750,8 @@ extern "C" int mlx_bun_cpu_attention(
     mlx_array v,
     mlx_array mask,
     float scale,
-    int causal) {
+    int causal,
+    int attended) {
   try {
     const auto& qa = mlx_array_get_(q);
     const auto& ka = mlx_array_get_(k);
@@ -762,10 +767,14 @@ extern "C" int mlx_bun_cpu_attention(
       throw std::invalid_argument(
           "[mlx_bun_cpu_attention] keys and values must be [B, kv_heads, S, D] like the queries");
     }
+    if (attended > ka.shape(2)) {
+      throw std::invalid_argument("[mlx_bun_cpu_attention] more keys than the cache holds");
+    }
+    const int positions = attended > 0 ? attended : ka.shape(2);
     mlx_array_set_(
         *res,
         mlx_bun::make_attention(
-            qa, {ka, va}, ka.shape(1), ka.shape(2), mask, scale, causal != 0, 0, 0));
+            qa, {ka, va}, ka.shape(1), positions, mask, scale, causal != 0, 0, 0));
     return 0;
   } catch (const std::exception& e) {
     mlx_bun::last_error = e.what();

@@ -24,6 +24,18 @@ int mlx_bun_cpu_qmm(
     int group_size,
     int bits);
 
+/* mlx_bun_cpu_qmm plus `residual` (float32, the product's shape), added in
+ * the same node: x @ dequantize(w).T + residual. */
+int mlx_bun_cpu_qmm_add(
+    mlx_array* res,
+    mlx_array x,
+    mlx_array w,
+    mlx_array scales,
+    mlx_array biases,
+    mlx_array residual,
+    int group_size,
+    int bits);
+
 /* res = silu(x @ dequantize(gate).T) * (x @ dequantize(up).T), the gated
  * MLP's first half, for two affine-quantized layers of one shape, as one CPU
  * primitive (both products in one pass over the kernel's threads). */
@@ -64,7 +76,9 @@ int mlx_bun_cpu_rope(
  * to [B, L, heads * D], for float32 q [B, heads, L, D] and k, v [B, kv_heads,
  * S, D], as one CPU primitive. `causal` hides keys after each query's
  * position (S - L + l); `mask` may be an empty handle (ctx NULL), else a
- * boolean array broadcastable to [B, heads, L, S]. */
+ * boolean array broadcastable to [B, heads, L, S]. `positions` > 0 attends
+ * only to the first that many of the S stored (a cache's buffers past its
+ * length); S then means `positions` above. */
 int mlx_bun_cpu_attention(
     mlx_array* res,
     mlx_array q,
@@ -72,7 +86,8 @@ int mlx_bun_cpu_attention(
     mlx_array v,
     mlx_array mask,
     float scale,
-    int causal);
+    int causal,
+    int positions);
 
 /* mlx_bun_cpu_attention over a quantized KV cache: `keys` and `values` are
  * each three handles (packed uint32 [B, kv_heads, S, D * bits / 32], float32

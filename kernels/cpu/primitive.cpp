@@ -6,6 +6,7 @@
 // the work with the kernel's helper threads).
 
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -51,12 +52,27 @@ void pack_rows(const mx::array& x, float* dst) {
   }
 }
 
+// y[i] += r[i] over r's elements in row-major order, r float32 with any strides.
+void add_rows(const mx::array& r, float* y) {
+  if (r.flags().row_contiguous) {
+    const float* src = r.data<float>();
+    for (size_t i = 0; i < r.size(); ++i) y[i] = y[i] + src[i];
+    return;
+  }
+  std::vector<float> packed(r.size());
+  pack_rows(r, packed.data());
+  for (size_t i = 0; i < packed.size(); ++i) y[i] = y[i] + packed[i];
+}
+
 namespace {
 
+// y = x @ dequantize(w).T, plus `residual` (a fifth input of y's shape) when
+// the primitive has one: the residual stream's add in the same node, each
+// value rounded as MLX's `Add` rounds it.
 class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  public:
-  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  CpuQuantizedMatmul(mx::Stream stream, int group_size, int bits, bool residual)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits), residual_(residual) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override {
     const auto& x = inputs[0];
@@ -88,22 +104,22 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
         group_size_,
         bits_};
     auto& encoder = mx::cpu::get_command_encoder(stream());
-    encoder.set_input_array(x);
-    encoder.set_input_array(w);
-    encoder.set_input_array(scales);
-    encoder.set_input_array(biases);
+    for (const auto& a : inputs) encoder.set_input_array(a);
     encoder.set_output_array(out);
-    if (x.flags().row_contiguous) {
-      args.x = x.data<float>();
-      encoder.dispatch([args]() { qmv(args); });
-    } else {
-      encoder.dispatch([args, x = mx::array::unsafe_weak_copy(x)]() mutable {
-        std::vector<float> packed(x.size());
+    std::optional<mx::array> residual;
+    if (residual_) residual = mx::array::unsafe_weak_copy(inputs[4]);
+    encoder.dispatch([args, x = mx::array::unsafe_weak_copy(x), residual]() mutable {
+      std::vector<float> packed;
+      if (x.flags().row_contiguous) {
+        args.x = x.data<float>();
+      } else {
+        packed.resize(x.size());
         pack_rows(x, packed.data());
         args.x = packed.data();
-        qmv(args);
-      });
-    }
+      }
+      qmv(args);
+      if (residual) add_rows(*residual, args.y);
+    });
   }
 
   void eval_gpu(const std::vector<mx::array>&, mx::array&) override {
@@ -119,6 +135,10 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
       const std::vector<mx::array>&) override {
     std::vector<mx::array> grads;
     for (int arg : argnums) {
+      if (arg == 4 && residual_) {
+        grads.push_back(cotangents[0]);
+        continue;
+      }
       if (arg != 0) {
         throw std::invalid_argument(
             "[mlx_bun_cpu_qmm] gradients only with respect to the activations");
@@ -143,7 +163,7 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
 
   bool is_equivalent(const mx::Primitive& other) const override {
     const auto& o = static_cast<const CpuQuantizedMatmul&>(other);
-    return group_size_ == o.group_size_ && bits_ == o.bits_;
+    return group_size_ == o.group_size_ && bits_ == o.bits_ && residual_ == o.residual_;
   }
 
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -155,6 +175,7 @@ class CpuQuantizedMatmul : public mx::UnaryPrimitive {
  private:
   int group_size_;
   int bits_;
+  bool residual_;
 };
 
 // silu(x @ gate.T) * (x @ up.T) for two quantized layers of the same shape:
@@ -314,17 +335,26 @@ mx::array cpu_qmm(
     const mx::array& w,
     const mx::array& scales,
     const mx::array& biases,
+    const mx::array* residual,
     int group_size,
     int bits) {
   check_operands(x, w, scales, biases, group_size, bits);
   auto shape = x.shape();
   shape.back() = w.shape(0);
+  std::vector<mx::array> inputs{x, w, scales, biases};
+  if (residual != nullptr) {
+    if (residual->dtype() != mx::float32 || residual->shape() != shape) {
+      throw std::invalid_argument(
+          "[mlx_bun_cpu_qmm] the residual must be float32 of the product's shape");
+    }
+    inputs.push_back(*residual);
+  }
   auto stream = mx::default_stream(mx::Device::cpu);
   return mx::array(
       std::move(shape),
       mx::float32,
-      std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits),
-      {x, w, scales, biases});
+      std::make_shared<CpuQuantizedMatmul>(stream, group_size, bits, residual != nullptr),
+      std::move(inputs));
 }
 
 }  // namespace
@@ -346,6 +376,35 @@ extern "C" int mlx_bun_cpu_qmm(
             mlx_array_get_(w),
             mlx_array_get_(scales),
             mlx_array_get_(biases),
+            nullptr,
+            group_size,
+            bits));
+    return 0;
+  } catch (const std::exception& e) {
+    mlx_bun::last_error = e.what();
+    return 1;
+  }
+}
+
+extern "C" int mlx_bun_cpu_qmm_add(
+    mlx_array* res,
+    mlx_array x,
+    mlx_array w,
+    mlx_array scales,
+    mlx_array biases,
+    mlx_array residual,
+    int group_size,
+    int bits) {
+  try {
+    const auto& r = mlx_array_get_(residual);
+    mlx_array_set_(
+        *res,
+        mlx_bun::cpu_qmm(
+            mlx_array_get_(x),
+            mlx_array_get_(w),
+            mlx_array_get_(scales),
+            mlx_array_get_(biases),
+            &r,
             group_size,
             bits));
     return 0;

@@ -124,6 +124,17 @@ pub trait KvCache: Send {
     fn offset(&self) -> usize;
     /// Appends `keys`/`values` and returns everything attention should see.
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)>;
+    /// Appends `keys`/`values` as `update_and_fetch` does but returns the
+    /// cache's whole buffers and how many positions at their start are live,
+    /// for attention that reads a length instead of a slice; `None`, with
+    /// nothing appended, where the cache keeps no such buffers.
+    fn update_in_buffers(
+        &mut self,
+        _keys: &Array,
+        _values: &Array,
+    ) -> Result<Option<(Array, Array, i32)>> {
+        Ok(None)
+    }
     /// Whether `trim` can drop recent positions.
     fn is_trimmable(&self) -> bool;
     /// Drops the last `n` positions; returns how many were dropped.
@@ -249,6 +260,22 @@ impl StandardCache {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Writes `keys`/`values` after the live positions, growing the buffers
+    /// as needed: the buffers and the new number of live positions.
+    fn append(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array, i32)> {
+        let prev = self.offset as i32;
+        let n = keys.shape()[2];
+        let capacity = self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
+        if self.keys.is_none() || prev + n > capacity {
+            self.keys = Some(grow(self.keys.take(), keys, prev, n)?);
+            self.values = Some(grow(self.values.take(), values, prev, n)?);
+        }
+        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        write_at(vec![&mut *k, &mut *v], vec![keys, values], prev)?;
+        self.offset += n as usize;
+        Ok((k.clone(), v.clone(), self.offset as i32))
+    }
 }
 
 fn grow(buf: Option<Array>, like: &Array, live: i32, needed: i32) -> Result<Array> {
@@ -284,18 +311,16 @@ impl KvCache for StandardCache {
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let prev = self.offset as i32;
-        let n = keys.shape()[2];
-        let capacity = self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
-        if self.keys.is_none() || prev + n > capacity {
-            self.keys = Some(grow(self.keys.take(), keys, prev, n)?);
-            self.values = Some(grow(self.values.take(), values, prev, n)?);
-        }
-        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        write_at(vec![&mut *k, &mut *v], vec![keys, values], prev)?;
-        self.offset += n as usize;
-        let end = self.offset as i32;
+        let (k, v, end) = self.append(keys, values)?;
         Ok((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
+    }
+
+    fn update_in_buffers(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<Option<(Array, Array, i32)>> {
+        self.append(keys, values).map(Some)
     }
 
     fn is_trimmable(&self) -> bool {

@@ -30,6 +30,16 @@ extern "C" {
         group_size: c_int,
         bits: c_int,
     ) -> c_int;
+    fn mlx_bun_cpu_qmm_add(
+        res: *mut mlx_sys::mlx_array,
+        x: mlx_sys::mlx_array,
+        w: mlx_sys::mlx_array,
+        scales: mlx_sys::mlx_array,
+        biases: mlx_sys::mlx_array,
+        residual: mlx_sys::mlx_array,
+        group_size: c_int,
+        bits: c_int,
+    ) -> c_int;
     fn mlx_bun_cpu_silu_glu(
         res: *mut mlx_sys::mlx_array,
         x: mlx_sys::mlx_array,
@@ -67,6 +77,7 @@ extern "C" {
         mask: mlx_sys::mlx_array,
         scale: f32,
         causal: c_int,
+        positions: c_int,
     ) -> c_int;
     fn mlx_bun_cpu_quantized_attention(
         res: *mut mlx_sys::mlx_array,
@@ -139,6 +150,39 @@ pub fn cpu_quantized_matmul(
         }
         Ok(Array::from_ptr(res))
     }
+}
+
+/// `x @ dequantize(w).T + residual` in one node by the CPU kernel, where it
+/// takes `x` (as [`cpu_kernel_takes`]) and `residual` is float32 of the
+/// product's shape; `None` otherwise. Each sum rounds as the separate add.
+pub fn quantized_matmul_add(
+    x: &Array,
+    [w, scales, biases]: [&Array; 3],
+    residual: &Array,
+    spec: QuantSpec,
+) -> Result<Option<Array>> {
+    let fits = cpu_kernel_takes(x, w, scales, Some(biases), spec)
+        && residual.dtype() == Dtype::Float32
+        && residual.ndim() == x.ndim()
+        && residual.shape()[..x.ndim() - 1] == x.shape()[..x.ndim() - 1]
+        && residual.shape().last() == w.shape().first();
+    if !fits {
+        return Ok(None);
+    }
+    // SAFETY (inside `call`): valid handles owned by the caller.
+    call("CPU quantized matmul", |res| unsafe {
+        mlx_bun_cpu_qmm_add(
+            res,
+            x.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            residual.as_ptr(),
+            spec.group_size,
+            spec.bits,
+        )
+    })
+    .map(Some)
 }
 
 /// `silu(x @ gate.T) * (x @ up.T)`, each layer a quantized `(w, scales,
@@ -452,6 +496,19 @@ pub fn attention(
     scale: f32,
     mask: AttentionMask,
 ) -> Result<Option<Array>> {
+    attention_over(q, k, v, scale, mask, None)
+}
+
+/// [`attention`] over the first `positions` of the `S` keys and values
+/// stored (a cache's buffers, spare capacity after them); `None`: all.
+pub fn attention_over(
+    q: &Array,
+    k: &Array,
+    v: &Array,
+    scale: f32,
+    mask: AttentionMask,
+    positions: Option<i32>,
+) -> Result<Option<Array>> {
     let float32 = [k, v]
         .iter()
         .all(|a| a.dtype() == Dtype::Float32 && a.ndim() == 4);
@@ -469,9 +526,15 @@ pub fn attention(
             mask,
             scale,
             c_int::from(causal),
+            positions.unwrap_or(0),
         )
     })
     .map(Some)
+}
+
+/// Whether [`attention`] takes these queries with no mask or a causal one.
+pub(crate) fn attention_takes(q: &Array) -> bool {
+    attention_applies(q, AttentionMask::Causal).is_some()
 }
 
 /// [`attention`] over a quantized KV cache's contents: `keys` and `values`

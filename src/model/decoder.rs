@@ -288,10 +288,19 @@ impl Attention {
         crate::kernels::quantized_qkv_rope(x, [q, k, v], spec, heads, &rope.params(), start)
     }
 
-    /// `o_proj` of the attention output `[B, L, heads × head_dim]`, gated.
-    fn output(&self, out: &Array, gate: Option<&Array>) -> Result<Array> {
-        match gate {
-            Some(g) => self.o_proj.forward(&(out * &sigmoid(g)?)),
+    /// `o_proj` of the attention output `[B, L, heads × head_dim]`, gated,
+    /// plus `residual` when given.
+    fn output(&self, out: &Array, gate: Option<&Array>, residual: Option<&Array>) -> Result<Array> {
+        let gated;
+        let out = match gate {
+            Some(g) => {
+                gated = out * &sigmoid(g)?;
+                &gated
+            }
+            None => out,
+        };
+        match residual {
+            Some(r) => self.o_proj.forward_plus(out, r),
             None => self.o_proj.forward(out),
         }
     }
@@ -334,8 +343,32 @@ impl Attention {
     /// The attention output `[B, L, hidden]` for `x` `[B, L, hidden]`, appending
     /// this step's keys and values to `cache`.
     pub fn forward(&self, x: &Array, cache: &mut dyn KvCache) -> Result<Array> {
+        self.forward_with(x, cache, None)
+    }
+
+    /// `residual + self.forward(x, cache)`, the residual added in the output
+    /// projection's node where the CPU kernel runs it.
+    pub fn forward_plus(
+        &self,
+        x: &Array,
+        cache: &mut dyn KvCache,
+        residual: &Array,
+    ) -> Result<Array> {
+        self.forward_with(x, cache, Some(residual))
+    }
+
+    fn forward_with(
+        &self,
+        x: &Array,
+        cache: &mut dyn KvCache,
+        residual: Option<&Array>,
+    ) -> Result<Array> {
         if let Some(latent) = &self.latent {
-            return latent.forward(self, x, cache);
+            let y = latent.forward(self, x, cache)?;
+            return Ok(match residual {
+                Some(r) => r + &y,
+                None => y,
+            });
         }
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let positions = cache.positions();
@@ -375,25 +408,52 @@ impl Attention {
                 Some(kv.len()),
             )?;
             if let Some(out) = fused {
-                return self.output(&out, gate.as_ref());
+                return self.output(&out, gate.as_ref(), residual);
             }
             let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
             let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-            return self.output(&out, gate.as_ref());
+            return self.output(&out, gate.as_ref(), residual);
         }
-        let (k, v) = cache.update_and_fetch(&k, &v)?;
+        let in_buffers = self.logit_softcap.is_none()
+            && self.sinks.is_none()
+            && crate::kernels::attention_takes(&q);
+        let fetched = if in_buffers {
+            cache.update_in_buffers(&k, &v)?
+        } else {
+            None
+        };
+        let (k, v) = match fetched {
+            // The cache's buffers where it has them: no slice of each per step.
+            Some((keys, values, len)) => {
+                let mask = cache.mask(l, len)?;
+                let out = crate::kernels::attention_over(
+                    &q,
+                    &keys,
+                    &values,
+                    self.scale,
+                    kernel_mask(&mask),
+                    Some(len),
+                )?;
+                if let Some(out) = out {
+                    return self.output(&out, gate.as_ref(), residual);
+                }
+                let live = |a: &Array| a.index((.., .., ..len, ..));
+                (live(&keys), live(&values))
+            }
+            None => cache.update_and_fetch(&k, &v)?,
+        };
         if let Some(cap) = self.logit_softcap {
             let mask = cache.mask(l, k.shape()[2])?;
             let out = super::gemma2::softcapped_attention(&q, &k, &v, self.scale, cap, mask)?;
             let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-            return self.output(&out, gate.as_ref());
+            return self.output(&out, gate.as_ref(), residual);
         }
         let mask = cache.mask(l, k.shape()[2])?;
         if self.sinks.is_none() {
             if let Some(out) =
                 crate::kernels::attention(&q, &k, &v, self.scale, kernel_mask(&mask))?
             {
-                return self.output(&out, gate.as_ref());
+                return self.output(&out, gate.as_ref(), residual);
             }
         }
         let out = match mask {
@@ -413,7 +473,7 @@ impl Attention {
             }
         };
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.output(&out, gate.as_ref())
+        self.output(&out, gate.as_ref(), residual)
     }
 }
 
@@ -469,8 +529,19 @@ impl Mlp {
 
     /// The MLP output `[B, L, hidden]` for `x` `[B, L, hidden]`.
     pub fn forward(&self, x: &Array) -> Result<Array> {
+        self.down_proj.forward(&self.hidden(x)?)
+    }
+
+    /// `residual + self.forward(x)`, the residual added in the down
+    /// projection's node where the CPU kernel runs it.
+    pub fn forward_plus(&self, x: &Array, residual: &Array) -> Result<Array> {
+        self.down_proj.forward_plus(&self.hidden(x)?, residual)
+    }
+
+    /// `act(gate_proj(x)) * up_proj(x)`, the down projection's input.
+    fn hidden(&self, x: &Array) -> Result<Array> {
         if let Some(h) = self.fused_silu_glu(x)? {
-            return self.down_proj.forward(&h);
+            return Ok(h);
         }
         let gate = self.gate_proj.forward(x)?;
         let up = self.up_proj.forward(x)?;
@@ -478,7 +549,7 @@ impl Mlp {
             Activation::Silu => &gate * &sigmoid(&gate)?,
             Activation::GeluApprox => super::gemma2::gelu_approx(&gate)?,
         };
-        self.down_proj.forward(&(&gate * &up))
+        Ok(&gate * &up)
     }
 
     /// `silu(gate(x)) * up(x)` in one kernel node (decode on the CPU or a
@@ -518,6 +589,14 @@ impl FeedForward {
         match self {
             FeedForward::Dense(mlp) => mlp.forward(x),
             FeedForward::Sparse(moe) => moe.forward(x),
+        }
+    }
+
+    /// `residual + self.forward(x)`, in the last product's node where it can.
+    pub fn forward_plus(&self, x: &Array, residual: &Array) -> Result<Array> {
+        match self {
+            FeedForward::Dense(mlp) => mlp.forward_plus(x, residual),
+            FeedForward::Sparse(moe) => Ok(residual + &moe.forward(x)?),
         }
     }
 
@@ -752,6 +831,15 @@ impl Block {
             Residual::Scaled(m) => Some(Array::from_f32(*m).as_dtype(x.dtype())?),
             Residual::PreNorm => None,
         };
+        if scale.is_none() {
+            let normed = self.input_layernorm.forward(x)?;
+            let h = match &self.linear_attn {
+                Some(delta) => x + &delta.forward(&normed, cache)?,
+                None => self.self_attn.forward_plus(&normed, cache, x)?,
+            };
+            let normed = self.post_attention_layernorm.forward(&h)?;
+            return self.mlp.forward_plus(&normed, &h);
+        }
         let scaled = |r: Array| match &scale {
             Some(m) => &r * m,
             None => r,

@@ -183,6 +183,18 @@ impl Linear {
         Ok(y)
     }
 
+    /// `residual + self.forward(x)`: in one node where the CPU kernel takes
+    /// the product (a plain quantized layer), else the two steps; the sums
+    /// are the same either way.
+    pub fn forward_plus(&self, x: &Array, residual: &Array) -> Result<Array> {
+        if let Some((params, spec)) = self.plain_quantized() {
+            if let Some(y) = crate::kernels::quantized_matmul_add(x, params, residual, spec)? {
+                return Ok(y);
+            }
+        }
+        Ok(residual + &self.forward(x)?)
+    }
+
     /// Splits a fused layer (Phi-3's `qkv_proj`, `gate_up_proj`) into layers
     /// of `rows` output rows each, in order. Quantized weights split along
     /// their rows too (packing and groups run along the input).
