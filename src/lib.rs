@@ -22,6 +22,7 @@ pub mod gateway;
 pub mod generate;
 pub mod grammar;
 pub mod hub;
+mod huge_pages;
 pub mod kernels;
 pub mod lora;
 pub mod mlx_ext;

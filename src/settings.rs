@@ -33,6 +33,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MLX_BUN_PIPELINE_ALL_SUM", "`1`: pipeline stages hand activations over by all-sum even where send/recv exist"),
     ("MLX_BUN_BACKEND", "the distributed backend (`ring`, `nccl`, `mpi`, `any`) a rank started by a launcher uses"),
     ("MLX_BUN_SKIP_FIT_CHECK", "`1`: load models without checking that they fit in memory"),
+    ("MLX_BUN_HUGE_PAGES", "`0` keeps a CPU model's weights on small pages (default: collapsed into transparent huge pages once loaded)"),
     ("MLX_BUN_SSD_WRITE_DELAY_MS", "test hook: milliseconds the SSD prompt-cache tier waits before each write"),
 ];
 
@@ -63,6 +64,8 @@ pub struct Settings {
     pub backend: Option<String>,
     /// Load models without checking that they fit in memory.
     pub skip_fit_check: bool,
+    /// Collapse a CPU model's loaded weights into transparent huge pages.
+    pub huge_pages: bool,
     /// Test hook: a pause before each write of the SSD prompt-cache tier.
     pub ssd_write_delay: Duration,
 }
@@ -247,6 +250,11 @@ impl Settings {
             pipeline_all_sum: flag("MLX_BUN_PIPELINE_ALL_SUM")?,
             backend,
             skip_fit_check: flag("MLX_BUN_SKIP_FIT_CHECK")?,
+            huge_pages: match text("MLX_BUN_HUGE_PAGES")?.as_deref() {
+                None | Some("1") => true,
+                Some("0") => false,
+                Some(other) => bail!("MLX_BUN_HUGE_PAGES={other:?}: expected 0 or 1"),
+            },
             ssd_write_delay: Duration::from_millis(
                 number("MLX_BUN_SSD_WRITE_DELAY_MS")?.unwrap_or(0),
             ),

@@ -105,6 +105,7 @@ fn warm_up(model: &Model) -> Result<()> {
     let input = mlx_rs::Array::from_slice(&[0i32], &[1, 1]);
     let logits = model.forward_last(&input, &mut caches)?;
     mlx_rs::transforms::eval([&logits])?;
+    crate::model::back_weights_with_huge_pages();
     Ok(())
 }
 

@@ -254,6 +254,7 @@ impl Model {
         let mut caches = self.make_caches();
         let logits = self.forward(&Array::from_slice(&[0i32], &[1, 1]), &mut caches)?;
         mlx_rs::transforms::eval([&logits]).context("loading the weights")?;
+        back_weights_with_huge_pages();
         Ok(())
     }
 
@@ -336,4 +337,20 @@ impl Model {
             .sum();
         elements * item
     }
+}
+
+/// On the CPU, once the weights are in memory: collapses them into huge
+/// pages (settings permitting), so decode steps streaming them miss the TLB
+/// less.
+pub(crate) fn back_weights_with_huge_pages() {
+    if crate::mlx_ext::on_gpu() || !crate::settings::get().huge_pages {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let bytes = crate::huge_pages::collapse_populated_mappings();
+    tracing::debug!(
+        "{} MiB of weights and buffers on huge pages in {:.0?}",
+        bytes >> 20,
+        started.elapsed()
+    );
 }
