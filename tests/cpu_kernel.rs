@@ -946,3 +946,43 @@ fn attention_over_a_prefix_of_the_buffers_equals_attention_over_its_slice() {
         "{err}"
     );
 }
+
+#[test]
+fn gradient_through_a_prefix_of_the_buffers_is_the_slices_gradient_then_zeros() {
+    let mut rng = StdRng::seed_from_u64(257);
+    let keys = random_array(&mut rng, &[1, 2, 32, 16], 1.0);
+    let values = random_array(&mut rng, &[1, 2, 32, 16], 1.0);
+    let q = random_array(&mut rng, &[1, 4, 11, 16], 1.0);
+    let len = 11;
+    let grad_of = |over_buffers: bool| {
+        let f = move |args: &[Array]| -> Result<Vec<Array>, Exception> {
+            let out = if over_buffers {
+                attention_over(
+                    &args[0],
+                    &args[1],
+                    &args[2],
+                    0.25,
+                    AttentionMask::Causal,
+                    Some(len),
+                )
+            } else {
+                let k = args[1].index((.., .., ..len, ..));
+                let v = args[2].index((.., .., ..len, ..));
+                attention(&args[0], &k, &v, 0.25, AttentionMask::Causal)
+            }
+            .map_err(|e| Exception::custom(e.to_string()))?
+            .expect("the CPU kernel takes these shapes");
+            Ok(vec![(&out * &out).sum_axes(&[0, 1, 2], None)?])
+        };
+        let mut vg = value_and_grad_with_argnums(f, &[0, 1, 2][..]);
+        let (_, grads) = vg(&[q.clone(), keys.clone(), values.clone()]).unwrap();
+        eval(grads.iter()).unwrap();
+        grads
+    };
+    let (ours, sliced) = (grad_of(true), grad_of(false));
+    assert_close(&ours[0], &sliced[0], "gradient wrt the queries");
+    for (i, what) in [(1, "keys"), (2, "values")] {
+        assert_eq!(ours[i].shape(), keys.shape(), "gradient wrt the {what}");
+        assert_close(&ours[i], &sliced[i], &format!("gradient wrt the {what}"));
+    }
+}

@@ -658,7 +658,16 @@ class CpuAttention : public mx::UnaryPrimitive {
       if (a > 2) {
         throw std::invalid_argument("[mlx_bun_cpu_attention] no gradient with respect to the mask");
       }
-      result.push_back(grads[a]);
+      const auto& primal = primals[a];
+      if (a > 0 && primal.shape(2) > keys_) {
+        // Positions past the attended ones do not reach the output.
+        const auto& g = grads[a];
+        auto rest = mx::zeros(
+            {g.shape(0), g.shape(1), primal.shape(2) - keys_, g.shape(3)}, g.dtype(), s);
+        result.push_back(mx::concatenate({g, rest}, 2, s));
+      } else {
+        result.push_back(grads[a]);
+      }
     }
     return result;
   }
