@@ -74,7 +74,27 @@ fn compile_kernels() {
             .flag("-mavx2")
             .flag("-mfma")
             .compile_intermediates();
-        main.objects(avx512).objects(avx2);
+        let int8_avx512 = base()
+            .file("kernels/cpu/qmv_int8_avx512.cpp")
+            .flag("-mavx512f")
+            .flag("-mavx512bw")
+            .flag("-mavx512vl")
+            .flag("-mavx2")
+            .flag("-mfma")
+            .compile_intermediates();
+        let int8_vnni = base()
+            .file("kernels/cpu/qmv_int8_vnni.cpp")
+            .flag("-mavx512f")
+            .flag("-mavx512bw")
+            .flag("-mavx512vl")
+            .flag("-mavx512vnni")
+            .flag("-mavx2")
+            .flag("-mfma")
+            .compile_intermediates();
+        main.objects(avx512)
+            .objects(avx2)
+            .objects(int8_avx512)
+            .objects(int8_vnni);
     } else if arch == "aarch64" {
         main.file("kernels/cpu/qmv_neon.cpp");
     }

@@ -9,7 +9,8 @@
 #
 #   scripts/bench-peers.sh [--rounds 3] [--threads N] [--prompt-tokens 128]
 #       [--generation-tokens 128] [--clients 1,4,8] [--serve-tokens 64]
-#       [--scenarios generate,serve] [--model DIR --gguf FILE]
+#       [--scenarios generate,serve] [--model DIR --gguf FILE] [--with-int8]
+# --with-int8 adds mlx-bun-int8: mlx-bun with MLX_BUN_CPU_INT8_DOT=1.
 # Default model: the embedded default model (its MLX folder, and the GGUF it
 # was made from for llama.cpp). Threads default to every core.
 set -euo pipefail
@@ -28,7 +29,8 @@ while [ $# -gt 0 ]; do
     --threads) THREADS="$2"; shift 2 ;;
     --rounds|--prompt-tokens|--generation-tokens|--clients|--serve-tokens|--scenarios)
       PASS+=("$1" "$2"); shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --with-int8) PASS+=("$1"); shift ;;
+    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -31,6 +31,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import bench_serve  # noqa: E402
 
 PROGRAMS = ["mlx-bun", "mlx-lm", "llama.cpp"]
+# mlx-bun with its CPU kernel's integer dot products (--with-int8): not
+# mlx-lm's arithmetic, llama.cpp's kind.
+INT8 = "mlx-bun-int8"
 
 
 class Runner:
@@ -63,9 +66,14 @@ class Runner:
     def log_path(self, name):
         return os.path.join(self.logs, name + ".log")
 
-    def run(self, name, argv):
+    def env_for(self, program):
+        if program == INT8:
+            return dict(self.env, MLX_BUN_CPU_INT8_DOT="1")
+        return self.env
+
+    def run(self, name, argv, program):
         started = time.perf_counter()
-        proc = subprocess.run(argv, capture_output=True, text=True, env=self.env)
+        proc = subprocess.run(argv, capture_output=True, text=True, env=self.env_for(program))
         with open(self.log_path(name), "w") as f:
             f.write("$ " + " ".join(argv) + "\n" + proc.stdout + proc.stderr)
         if proc.returncode != 0:
@@ -87,6 +95,7 @@ class Runner:
                 name,
                 [os.path.join(a.llama_bin, "llama-bench"), "-m", a.gguf, "-p", p, "-n", g,
                  "-t", str(a.threads), "-r", "1", "-o", "json"],
+                program,
             )
             for test in json.loads(out):
                 if test.get("n_prompt", 0) > 0 and test.get("n_gen", 0) == 0:
@@ -94,11 +103,11 @@ class Runner:
                 elif test.get("n_gen", 0) > 0 and test.get("n_prompt", 0) == 0:
                     self.record("generate", "generation_tps", program, test["avg_ts"], "tok/s", True)
             return
-        if program == "mlx-bun":
+        if program.startswith("mlx-bun"):
             argv = [a.binary, "bench", "generate", "-m", a.model, "--no-db"]
         else:
             argv = [a.oracle_python, "-m", "mlx_lm", "benchmark", "--model", a.model]
-        out = self.run(name, argv + ["-p", p, "-g", g, "-n", "1"])
+        out = self.run(name, argv + ["-p", p, "-g", g, "-n", "1"], program)
         trial = re.search(r"Trial 1:\s+prompt_tps=([\d.]+), generation_tps=([\d.]+)", out)
         if not trial:
             raise SystemExit(f"{name}: no trial line; log: {self.log_path(name)}")
@@ -110,7 +119,7 @@ class Runner:
     def server_argv(self, program, port):
         a = self.a
         width = str(max(a.clients))
-        if program == "mlx-bun":
+        if program.startswith("mlx-bun"):
             return [a.binary, "serve", "--model", a.model, "--port", str(port),
                     "--log-level", "warn", "--decode-concurrency", width]
         if program == "mlx-lm":
@@ -128,7 +137,8 @@ class Runner:
         argv = self.server_argv(program, port)
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
-        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env,
+        server = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                  env=self.env_for(program),
                                   start_new_session=True)
         base = f"http://127.0.0.1:{port}"
         try:
@@ -194,14 +204,18 @@ def main():
     ap.add_argument("--serve-tokens", type=int, default=64)
     ap.add_argument("--ban-ids", default="0,2", help="end-of-text ids banned while serving")
     ap.add_argument("--scenarios", default="generate,serve")
+    ap.add_argument("--with-int8", action="store_true",
+                    help=f"also run {INT8}: mlx-bun with MLX_BUN_CPU_INT8_DOT=1")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     a.clients = [int(c) for c in a.clients.split(",")]
     bench_serve.BAN.update({i.strip(): -100 for i in a.ban_ids.split(",") if i.strip()})
     runner = Runner(a)
     scenarios = a.scenarios.split(",")
+    programs = PROGRAMS + ([INT8] if a.with_int8 else [])
     for r in range(a.rounds):
-        order = PROGRAMS[r % 3:] + PROGRAMS[: r % 3]
+        shift = r % len(programs)
+        order = programs[shift:] + programs[:shift]
         print(f"round {r + 1}/{a.rounds}: {', '.join(order)}", file=sys.stderr)
         for program in order:
             if "generate" in scenarios:

@@ -25,6 +25,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MLX_BUN_CPU_THREADS", "threads one CPU-kernel product is split over (default: the cores, at most 8)"),
     ("MLX_BUN_CPU_SPIN_US", "microseconds the CPU kernel's helper threads spin between products before sleeping (default 50)"),
     ("MLX_BUN_CPU_ISA", "`scalar`, `neon`, `avx2` or `avx512`: the widest instruction set the CPU kernel may use"),
+    ("MLX_BUN_CPU_INT8_DOT", "`1`: products of decode-sized inputs (at most 16 rows) on the CPU quantize their activations to int8 per weight group and use integer dot products (AVX-512; llama.cpp's arithmetic: faster decoding, not mlx-lm's, so tokens may differ); `all`: prompts too (slower than the float kernel today); default `0`, off"),
     ("MLX_BUN_DENSE_ROWS", "rows from which a quantized layer on the CPU is dequantized and run as one dense matmul (default 16; 0: never)"),
     ("MLX_BUN_CUDA_KERNEL", "`1` (or `on`) uses mlx-bun's CUDA quantized matrix-vector kernel where it wins, `all` wherever it can run, `0` nowhere; default: on for `serve`, off elsewhere"),
     ("MLX_BUN_QMV_R", "CUDA kernel tuning: output columns per warp (1, 2, 4 or 8)"),
@@ -93,6 +94,36 @@ pub struct CpuKernel {
     pub spin: Duration,
     /// The widest instruction set it may use; `None`: the widest the CPU has.
     pub isa: Option<String>,
+    /// Which products use integer dot products over activations quantized
+    /// to int8 per weight group, where the CPU has them: faster decoding,
+    /// but not mlx-lm's arithmetic.
+    pub int8_dot: Int8Dot,
+}
+
+/// Which CPU-kernel products quantize their activations to int8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int8Dot {
+    /// None: every product in float32, as MLX computes it.
+    Off,
+    /// Decode-sized ones: at most [`Int8Dot::DECODE_ROWS`] activation rows.
+    Decode,
+    /// Every one, prompts included.
+    All,
+}
+
+impl Int8Dot {
+    /// The most rows of a decode-sized product: one step of a full batch, or
+    /// a speculative verification.
+    pub const DECODE_ROWS: usize = 16;
+
+    /// The most activation rows of a product that takes them.
+    pub fn max_rows(self) -> i32 {
+        match self {
+            Int8Dot::Off => 0,
+            Int8Dot::Decode => Self::DECODE_ROWS as i32,
+            Int8Dot::All => i32::MAX,
+        }
+    }
 }
 
 /// Where the CUDA kernel runs.
@@ -239,6 +270,12 @@ impl Settings {
                 threads: threads.map(|t| t as usize),
                 spin: Duration::from_micros(number("MLX_BUN_CPU_SPIN_US")?.unwrap_or(50)),
                 isa,
+                int8_dot: match text("MLX_BUN_CPU_INT8_DOT")?.as_deref() {
+                    None | Some("0") => Int8Dot::Off,
+                    Some("1") => Int8Dot::Decode,
+                    Some("all") => Int8Dot::All,
+                    Some(other) => bail!("MLX_BUN_CPU_INT8_DOT={other:?}: expected 0, 1 or all"),
+                },
             },
             dense_rows: number("MLX_BUN_DENSE_ROWS")?.unwrap_or(16) as usize,
             cuda_kernel,
@@ -317,7 +354,8 @@ mod tests {
     fn variables_set_fields() {
         let s = with(&[
             ("MLX_BUN_CPU_KERNEL", "0"),
-            ("MLX_BUN_DENSE_ROWS", "0"),
+            ("MLX_BUN_CPU_INT8_DOT", "`1`: the CPU kernel quantizes each product's activations to int8 per weight group and computes integer dot products (AVX-512; llama.cpp's arithmetic, faster, not mlx-lm's: tokens may differ); default off"),
+    ("MLX_BUN_DENSE_ROWS", "0"),
             ("MLX_BUN_CUDA_KERNEL", "all"),
             ("MLX_BUN_CPU_ISA", "avx2"),
             ("MLX_BUN_DEVICE", "gpu"),

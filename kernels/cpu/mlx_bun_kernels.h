@@ -136,12 +136,17 @@ int mlx_bun_cpu_qkv_rope(
 /* 1 when the kernel handles this layer shape and quantization. */
 int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bits);
 
-/* Threads (0: the cores, at most 8), helper spin time in microseconds and
- * the widest instruction set ("" for any); call before the first product. */
-void mlx_bun_cpu_configure(int threads, int spin_us, const char* isa);
+/* Threads (0: the cores, at most 8), helper spin time in microseconds, the
+ * widest instruction set ("" for any) and the most activation rows of a
+ * product computed by integer dot products over activations quantized to
+ * int8 (not MLX's arithmetic; 0: none); call before the first product. */
+void mlx_bun_cpu_configure(int threads, int spin_us, const char* isa, int int8_rows);
 
 /* The instruction set in use ("avx512", "avx2", "neon", "scalar"). */
 const char* mlx_bun_cpu_isa(void);
+
+/* The integer dot products in use ("avx512-vnni", "avx512bw"), or "". */
+const char* mlx_bun_cpu_int8(void);
 
 /* Threads the kernel splits one product over, the calling one included. */
 int mlx_bun_cpu_threads(void);

@@ -461,8 +461,12 @@ extern "C" int mlx_bun_cpu_qmm_supported(int in_features, int group_size, int bi
   return mlx_bun::qmv_supported(in_features, group_size, bits) ? 1 : 0;
 }
 
-extern "C" void mlx_bun_cpu_configure(int threads, int spin_us, const char* isa) {
-  mlx_bun::qmv_configure(threads, spin_us, isa);
+extern "C" void mlx_bun_cpu_configure(int threads, int spin_us, const char* isa, int int8_rows) {
+  mlx_bun::qmv_configure(threads, spin_us, isa, int8_rows);
+}
+
+extern "C" const char* mlx_bun_cpu_int8(void) {
+  return mlx_bun::qmv_int8();
 }
 
 extern "C" const char* mlx_bun_cpu_isa(void) {

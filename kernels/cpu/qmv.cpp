@@ -23,6 +23,12 @@ namespace mlx_bun {
 #if defined(MLX_BUN_HAVE_AVX512)
 void qmv_range_avx512(const QmvArgs& a, int n0, int n1);
 void split_pairs_avx512(const float* x, float* out, size_t chunks);
+void qmv_range_int8_vnni(const QmvArgs& a, int n0, int n1);
+void quantize_int8_vnni(const float* x, int m, int k, int group_size, bool paired, int8_t* xq,
+                        float* scales, float* sums);
+void qmv_range_int8_avx512(const QmvArgs& a, int n0, int n1);
+void quantize_int8_avx512(const float* x, int m, int k, int group_size, bool paired, int8_t* xq,
+                          float* scales, float* sums);
 #endif
 #if defined(MLX_BUN_HAVE_AVX2)
 void qmv_range_avx2(const QmvArgs& a, int n0, int n1);
@@ -71,6 +77,7 @@ struct Isa {
 std::string configured_isa;
 int configured_threads = 0;
 int configured_spin_us = 50;
+int configured_int8_rows = 0;
 
 Isa pick_isa() {
   const char* forced = configured_isa.c_str();
@@ -109,6 +116,52 @@ Isa pick_isa() {
 const Isa& isa() {
   static const Isa chosen = pick_isa();
   return chosen;
+}
+
+using QuantizeFn = void (*)(const float* x, int m, int k, int group_size, bool paired,
+                            int8_t* xq, float* scales, float* sums);
+
+// The integer dot products, when the settings allow them and the CPU has
+// them.
+struct Int8 {
+  const char* name = "";
+  RangeFn fn = nullptr;
+  QuantizeFn quantize = nullptr;
+  bool eight_bit = false;
+
+  // Whether a product of this shape takes them: whole runs of 64 weights,
+  // each in one group or in two of 32.
+  bool takes(const QmvArgs& a) const {
+    return fn != nullptr && a.m <= configured_int8_rows && a.k % 64 == 0 &&
+           (a.bits == 4 || eight_bit);
+  }
+};
+
+Int8 pick_int8() {
+  if (configured_int8_rows <= 0 || std::strcmp(isa().name, "avx512") != 0) return {};
+#if defined(MLX_BUN_HAVE_AVX512)
+  if (__builtin_cpu_supports("avx512vnni")) {
+    return {"avx512-vnni", qmv_range_int8_vnni, quantize_int8_vnni, true};
+  }
+  return {"avx512bw", qmv_range_int8_avx512, quantize_int8_avx512, false};
+#else
+  return {};
+#endif
+}
+
+const Int8& int8() {
+  static const Int8 chosen = pick_int8();
+  return chosen;
+}
+
+// The kernel for one product: integer dot products when its activations
+// were quantized, else the float one.
+inline void run_range(const QmvArgs& a, int n0, int n1) {
+  if (a.xq != nullptr) {
+    int8().fn(a, n0, n1);
+  } else {
+    isa().fn(a, n0, n1);
+  }
 }
 
 inline void cpu_relax() {
@@ -250,7 +303,7 @@ void run_task(void* ctx, int task) {
     if (task < tasks) {
       const int n0 = task * s.rows_per_task;
       const int n1 = n0 + s.rows_per_task < a.n ? n0 + s.rows_per_task : a.n;
-      isa().fn(a, n0, n1);
+      run_range(a, n0, n1);
       return;
     }
     task -= tasks;
@@ -266,7 +319,7 @@ bool qmv_supported(int k, int group_size, int bits) {
 }
 
 void qmv_range(const QmvArgs& a, int n0, int n1) {
-  isa().fn(a, n0, n1);
+  run_range(a, n0, n1);
 }
 
 namespace {
@@ -282,7 +335,9 @@ class PairedProducts {
  public:
   PairedProducts(const QmvArgs* const* products, int count) : products_(products) {
     bool four_bit = false;
-    for (int i = 0; i < count; ++i) four_bit = four_bit || products[i]->bits == 4;
+    for (int i = 0; i < count; ++i) {
+      four_bit = four_bit || (products[i]->bits == 4 && products[i]->xq == nullptr);
+    }
     if (!four_bit || isa().split_pairs == nullptr) return;
     const QmvArgs& first = *products[0];
     const size_t floats = static_cast<size_t>(first.m) * first.k;
@@ -307,11 +362,76 @@ class PairedProducts {
   std::vector<const QmvArgs*> pointers_;
 };
 
+// products with their activations quantized to int8, where the integer dot
+// products are on and take them: once per layout (4-bit paired or in order,
+// group size) for all products of the input.
+class Int8Products {
+ public:
+  Int8Products(const QmvArgs* const* products, int count) : products_(products) {
+    const Int8& dot = int8();
+    if (dot.fn == nullptr) return;
+    copies_.resize(count);
+    pointers_.resize(count);
+    for (int i = 0; i < count; ++i) {
+      copies_[i] = *products[i];
+      pointers_[i] = &copies_[i];
+      if (!dot.takes(copies_[i])) continue;
+      const Layout& layout = prepare(dot, copies_[i]);
+      copies_[i].xq = layout.xq;
+      copies_[i].xq_scales = layout.scales;
+      copies_[i].x_sums = layout.sums;
+    }
+    products_ = pointers_.data();
+  }
+
+  const QmvArgs* const* get() const { return products_; }
+
+ private:
+  struct Layout {
+    bool paired;
+    int group_size;
+    const int8_t* xq;
+    const float* scales;
+    const float* sums;
+  };
+
+  const Layout& prepare(const Int8& dot, const QmvArgs& a) {
+    const bool paired = a.bits == 4;
+    for (const auto& l : layouts_) {
+      if (l.paired == paired && l.group_size == a.group_size) return l;
+    }
+    // One set of this thread's buffers per layout, reused across calls.
+    struct Buffers {
+      std::vector<int8_t> quantized;
+      std::vector<float> scales;
+      std::vector<float> sums;
+    };
+    static thread_local std::vector<Buffers> buffers;
+    if (buffers.size() <= layouts_.size()) buffers.resize(layouts_.size() + 1);
+    Buffers& b = buffers[layouts_.size()];
+    const size_t values = static_cast<size_t>(a.m) * a.k;
+    const size_t groups = values / a.group_size;
+    if (b.quantized.size() < values) b.quantized.resize(values);
+    if (b.scales.size() < groups) b.scales.resize(groups);
+    if (b.sums.size() < groups) b.sums.resize(groups);
+    dot.quantize(a.x, a.m, a.k, a.group_size, paired, b.quantized.data(), b.scales.data(),
+                 b.sums.data());
+    layouts_.push_back({paired, a.group_size, b.quantized.data(), b.scales.data(), b.sums.data()});
+    return layouts_.back();
+  }
+
+  const QmvArgs* const* products_;
+  std::vector<QmvArgs> copies_;
+  std::vector<const QmvArgs*> pointers_;
+  std::vector<Layout> layouts_;
+};
+
 }  // namespace
 
 void qmv_products(const QmvArgs* const* given, int count) {
   const auto start = std::chrono::steady_clock::now();
-  const PairedProducts paired(given, count);
+  const Int8Products quantized(given, count);
+  const PairedProducts paired(quantized.get(), count);
   const QmvArgs* const* products = paired.get();
   Pool& p = pool();
   long long weights = 0;
@@ -324,7 +444,7 @@ void qmv_products(const QmvArgs* const* given, int count) {
   }
   // Below this many weights a wake-up costs more than the split gains.
   if (p.threads() <= 1 || weights < (1LL << 16) || narrow) {
-    for (int i = 0; i < count; ++i) isa().fn(*products[i], 0, products[i]->n);
+    for (int i = 0; i < count; ++i) run_range(*products[i], 0, products[i]->n);
   } else {
     // A few tasks per thread balance the load; multiples of 4 rows keep
     // every task on the blocked path.
@@ -365,10 +485,15 @@ void parallel_tasks(int tasks, void (*fn)(void* ctx, int task), void* ctx) {
   pool().run(tasks, fn, ctx);
 }
 
-void qmv_configure(int threads, int spin_us, const char* isa) {
+void qmv_configure(int threads, int spin_us, const char* isa, int int8_rows) {
   configured_threads = threads;
   configured_spin_us = spin_us;
   configured_isa = isa == nullptr ? "" : isa;
+  configured_int8_rows = int8_rows;
+}
+
+const char* qmv_int8() {
+  return int8().name;
 }
 
 const char* qmv_isa() {

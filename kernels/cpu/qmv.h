@@ -32,6 +32,13 @@ struct QmvArgs {
   // x with each chunk of 32 in the order the instruction set's 4-bit path
   // unpacks weights, when it has one (set by qmv_products; else null).
   const float* x_pairs = nullptr;
+  // x quantized to int8 per group, in the order the weights unpack, with
+  // each group's scale and exact sum ([m, k / group_size]), when the
+  // settings ask for integer dot products and the CPU has them (set by
+  // qmv_products; else null, and the product is computed in float).
+  const int8_t* xq = nullptr;
+  const float* xq_scales = nullptr;
+  const float* x_sums = nullptr;
 };
 
 // True when the kernel handles this configuration.
@@ -66,8 +73,14 @@ const char* qmv_isa();
 // Number of threads (caller included) that qmv() uses.
 int qmv_threads();
 
-// Threads (0: the cores, at most 8), helper spin time and the widest
-// instruction set ("" for any); takes effect only before the first product.
-void qmv_configure(int threads, int spin_us, const char* isa);
+// Threads (0: the cores, at most 8), helper spin time, the widest
+// instruction set ("" for any) and the most activation rows of a product
+// that quantizes its activations to int8 for integer dot products (not
+// MLX's arithmetic; 0: none); takes effect only before the first product.
+void qmv_configure(int threads, int spin_us, const char* isa, int int8_rows);
+
+// The integer dot products in use: "avx512-vnni" (4- and 8-bit weights),
+// "avx512bw" (4-bit weights), or "" when off or the CPU has neither.
+const char* qmv_int8();
 
 }  // namespace mlx_bun

@@ -112,8 +112,9 @@ extern "C" {
         offsets: mlx_sys::mlx_array,
     ) -> c_int;
     fn mlx_bun_cpu_qmm_supported(in_features: c_int, group_size: c_int, bits: c_int) -> c_int;
-    fn mlx_bun_cpu_configure(threads: c_int, spin_us: c_int, isa: *const c_char);
+    fn mlx_bun_cpu_configure(threads: c_int, spin_us: c_int, isa: *const c_char, int8_rows: c_int);
     fn mlx_bun_cpu_isa() -> *const c_char;
+    fn mlx_bun_cpu_int8() -> *const c_char;
     fn mlx_bun_cpu_threads() -> c_int;
     fn mlx_bun_cpu_qmm_stats(bits: c_int, calls: *mut u64, nanoseconds: *mut u64);
     fn mlx_bun_last_error() -> *const c_char;
@@ -670,8 +671,8 @@ fn configure() {
             .threads
             .map_or(0, |t| t.min(c_int::MAX as usize) as c_int);
         let spin = kernel.spin.as_micros().min(c_int::MAX as u128) as c_int;
-        // SAFETY: copies the string and two integers before returning.
-        unsafe { mlx_bun_cpu_configure(threads, spin, isa.as_ptr()) };
+        // SAFETY: copies the string and three integers before returning.
+        unsafe { mlx_bun_cpu_configure(threads, spin, isa.as_ptr(), kernel.int8_dot.max_rows()) };
     });
 }
 
@@ -707,6 +708,17 @@ pub fn isa() -> &'static str {
     unsafe { CStr::from_ptr(mlx_bun_cpu_isa()) }
         .to_str()
         .unwrap_or("unknown")
+}
+
+/// The integer dot products in use (`avx512-vnni`, `avx512bw`), or `None`
+/// when the settings leave them off or the CPU has none.
+pub fn int8_dot() -> Option<&'static str> {
+    configure();
+    // SAFETY: returns a pointer to a static C string.
+    let name = unsafe { CStr::from_ptr(mlx_bun_cpu_int8()) }
+        .to_str()
+        .ok()?;
+    (!name.is_empty()).then_some(name)
 }
 
 /// Threads one product is split over, the MLX worker included.
