@@ -39,6 +39,7 @@ namespace {
 
 constexpr int kInt8RowsPerBlock = 4;
 constexpr int kInt8MaxActivationRows = 2;
+constexpr int kInt8MaxActivationRows32 = 4;
 
 // The 64 weight fields of row `row` starting at element `element`, one
 // unsigned byte each. 4-bit fields come as the low nibbles of 32 bytes
@@ -175,21 +176,38 @@ inline void int8_block32(const QmvArgs& a, int n0, int m0) {
   int8_finish<NB, MB>(a, acc, n0, m0);
 }
 
+// Activation rows in steps of MBMAX, then the remainder.
+template <int MBMAX, class Block>
+inline void activation_blocks(int m, Block block) {
+  int m0 = 0;
+  for (; m0 + MBMAX <= m; m0 += MBMAX) block(std::integral_constant<int, MBMAX>{}, m0);
+  switch (m - m0) {
+    case 1:
+      block(std::integral_constant<int, 1>{}, m0);
+      break;
+    case 2:
+      if constexpr (MBMAX > 2) block(std::integral_constant<int, 2>{}, m0);
+      break;
+    case 3:
+      if constexpr (MBMAX > 3) block(std::integral_constant<int, 3>{}, m0);
+      break;
+    default:
+      break;
+  }
+}
+
 template <class D, int BITS, int NB>
 inline void int8_rows(const QmvArgs& a, int n0) {
-  auto block = [&](auto mb, int m0) {
-    constexpr int MB = decltype(mb)::value;
-    if (a.group_size == 32) {
-      int8_block32<D, BITS, NB, MB>(a, n0, m0);
-    } else {
-      int8_block<D, BITS, NB, MB>(a, n0, m0);
-    }
-  };
-  int m0 = 0;
-  for (; m0 + kInt8MaxActivationRows <= a.m; m0 += kInt8MaxActivationRows) {
-    block(std::integral_constant<int, kInt8MaxActivationRows>{}, m0);
+  if (a.group_size == 32) {
+    // Per-run scaling keeps no integer sums in registers: room for more rows.
+    activation_blocks<kInt8MaxActivationRows32>(a.m, [&](auto mb, int m0) {
+      int8_block32<D, BITS, NB, decltype(mb)::value>(a, n0, m0);
+    });
+  } else {
+    activation_blocks<kInt8MaxActivationRows>(a.m, [&](auto mb, int m0) {
+      int8_block<D, BITS, NB, decltype(mb)::value>(a, n0, m0);
+    });
   }
-  if (m0 < a.m) block(std::integral_constant<int, 1>{}, m0);
 }
 
 template <class D, int BITS>
