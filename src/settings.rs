@@ -345,6 +345,7 @@ mod tests {
             PathBuf::from("/home/u/.local/share/mlx-bun/evals.db")
         );
         assert_eq!(s.cpu_kernel.max_rows, usize::MAX);
+        assert_eq!(s.cpu_kernel.int8_dot, Int8Dot::Off);
         assert_eq!(s.dense_rows, 16);
         assert_eq!(s.cuda_kernel, CudaKernel::Unset);
         assert!(!s.skip_fit_check && !s.pipeline_all_sum);
@@ -354,8 +355,8 @@ mod tests {
     fn variables_set_fields() {
         let s = with(&[
             ("MLX_BUN_CPU_KERNEL", "0"),
-            ("MLX_BUN_CPU_INT8_DOT", "`1`: the CPU kernel quantizes each product's activations to int8 per weight group and computes integer dot products (AVX-512; llama.cpp's arithmetic, faster, not mlx-lm's: tokens may differ); default off"),
-    ("MLX_BUN_DENSE_ROWS", "0"),
+            ("MLX_BUN_CPU_INT8_DOT", "1"),
+            ("MLX_BUN_DENSE_ROWS", "0"),
             ("MLX_BUN_CUDA_KERNEL", "all"),
             ("MLX_BUN_CPU_ISA", "avx2"),
             ("MLX_BUN_DEVICE", "gpu"),
@@ -365,6 +366,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(s.cpu_kernel.max_rows, 0);
+        assert_eq!(s.cpu_kernel.int8_dot, Int8Dot::Decode);
         assert_eq!(s.dense_rows, 0);
         assert_eq!(s.cuda_kernel, CudaKernel::All);
         assert_eq!(s.cpu_kernel.isa.as_deref(), Some("avx2"));
@@ -382,6 +384,7 @@ mod tests {
             ("MLX_BUN_QMV_R", "3"),
             ("MLX_BUN_QMV_WARPS", "32"),
             ("MLX_BUN_CPU_ISA", "sse"),
+            ("MLX_BUN_CPU_INT8_DOT", "yes"),
             ("MLX_BUN_DEVICE", "tpu"),
             ("MLX_BUN_SKIP_FIT_CHECK", "yes"),
             ("MLX_BUN_CPU_THREADS", "0"),
