@@ -9,7 +9,7 @@
 //   y[m, n] = sum_g ( s * d * sum_{k in g} q[n, k] * xq[m, k] + b * X[m, g] )
 //
 // This is not MLX's arithmetic (the activations lose precision to int8), so
-// it runs only when the settings ask for it (qmv_configure's int8).
+// it runs only when the settings ask for it (qmv_configure's int8_rows).
 //
 // Included by one translation unit per instruction set (qmv_int8_vnni.cpp,
 // qmv_int8_avx512.cpp); everything has internal linkage. A traits class D
@@ -22,7 +22,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <type_traits>
 
 #include "qmv.h"
 
@@ -41,10 +40,17 @@ constexpr int kInt8RowsPerBlock = 4;
 constexpr int kInt8MaxActivationRows = 2;
 constexpr int kInt8MaxActivationRows32 = 4;
 
+// A row count as a type, for the block lambdas (no standard-library
+// templates here: see qmv_impl.h).
+template <int N>
+struct Int8Rows {
+  static constexpr int value = N;
+};
+
 // The 64 weight fields of row `row` starting at element `element`, one
 // unsigned byte each. 4-bit fields come as the low nibbles of 32 bytes
 // (elements 0, 2, ..., 62) then their high nibbles (1, 3, ..., 63); the
-// activations are stored in that order (quantize_int8 with paired).
+// activations are stored in that order (int8_quantize with paired).
 template <int BITS>
 inline __m512i weight_bytes(const uint8_t* row, size_t element) {
   if constexpr (BITS == 4) {
@@ -180,16 +186,16 @@ inline void int8_block32(const QmvArgs& a, int n0, int m0) {
 template <int MBMAX, class Block>
 inline void activation_blocks(int m, Block block) {
   int m0 = 0;
-  for (; m0 + MBMAX <= m; m0 += MBMAX) block(std::integral_constant<int, MBMAX>{}, m0);
+  for (; m0 + MBMAX <= m; m0 += MBMAX) block(Int8Rows<MBMAX>{}, m0);
   switch (m - m0) {
     case 1:
-      block(std::integral_constant<int, 1>{}, m0);
+      block(Int8Rows<1>{}, m0);
       break;
     case 2:
-      if constexpr (MBMAX > 2) block(std::integral_constant<int, 2>{}, m0);
+      if constexpr (MBMAX > 2) block(Int8Rows<2>{}, m0);
       break;
     case 3:
-      if constexpr (MBMAX > 3) block(std::integral_constant<int, 3>{}, m0);
+      if constexpr (MBMAX > 3) block(Int8Rows<3>{}, m0);
       break;
     default:
       break;
