@@ -61,36 +61,22 @@ fn compile_kernels() {
             .define("MLX_BUN_HAVE_AVX2", None);
         // One archive for all: the wide variants are objects built with
         // their own flags and added to it.
-        let avx512 = base()
-            .file("kernels/cpu/qmv_avx512.cpp")
-            .flag("-mavx512f")
-            .flag("-mavx512bw")
-            .flag("-mavx512vl")
-            .flag("-mavx2")
-            .flag("-mfma")
-            .compile_intermediates();
-        let avx2 = base()
-            .file("kernels/cpu/qmv_avx2.cpp")
-            .flag("-mavx2")
-            .flag("-mfma")
-            .compile_intermediates();
-        let int8_avx512 = base()
-            .file("kernels/cpu/qmv_int8_avx512.cpp")
-            .flag("-mavx512f")
-            .flag("-mavx512bw")
-            .flag("-mavx512vl")
-            .flag("-mavx2")
-            .flag("-mfma")
-            .compile_intermediates();
-        let int8_vnni = base()
-            .file("kernels/cpu/qmv_int8_vnni.cpp")
-            .flag("-mavx512f")
-            .flag("-mavx512bw")
-            .flag("-mavx512vl")
-            .flag("-mavx512vnni")
-            .flag("-mavx2")
-            .flag("-mfma")
-            .compile_intermediates();
+        let unit = |file: &str, flags: &[&str]| {
+            let mut b = base();
+            b.file(file);
+            for flag in flags {
+                b.flag(flag);
+            }
+            b.compile_intermediates()
+        };
+        const AVX512: &[&str] = &["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma"];
+        let avx512 = unit("kernels/cpu/qmv_avx512.cpp", AVX512);
+        let avx2 = unit("kernels/cpu/qmv_avx2.cpp", &["-mavx2", "-mfma"]);
+        let int8_avx512 = unit("kernels/cpu/qmv_int8_avx512.cpp", AVX512);
+        let int8_vnni = unit(
+            "kernels/cpu/qmv_int8_vnni.cpp",
+            &[AVX512, &["-mavx512vnni"]].concat(),
+        );
         main.objects(avx512)
             .objects(avx2)
             .objects(int8_avx512)
