@@ -73,28 +73,28 @@ pub(super) fn repack_gather(live: &[Vec<i32>]) -> (Vec<i32>, i32) {
 }
 
 /// The mask of right-aligned rows: each row's padding and holes hidden,
-/// causal over the `l` newest of `kv_len` keys.
+/// causal over the `l` newest of `kv_len` keys. Rows without padding or
+/// holes need none (one query each) or the plain causal one.
 pub(super) fn rows_mask(
     left_padding: &[i32],
     holes: &[Vec<i32>],
     l: i32,
     kv_len: i32,
 ) -> Result<Mask> {
+    let aligned = left_padding.iter().all(|&p| p <= 0) && holes.iter().all(Vec::is_empty);
+    if aligned {
+        return Ok(if l == 1 { Mask::None } else { Mask::Causal });
+    }
     let b = left_padding.len() as i32;
-    let keys = expand_dims(&arange::<_, i32>(0, kv_len, None)?, 0)?; // [1, K]
-    let live = if holes.iter().any(|h| !h.is_empty()) {
-        let mut bits = Vec::with_capacity((b * kv_len) as usize);
-        for (pad, holes) in left_padding.iter().zip(holes) {
-            bits.extend((0..kv_len).map(|p| p >= *pad && holes.binary_search(&p).is_err()));
-        }
-        Array::from_slice(&bits, &[b, 1, 1, kv_len])
-    } else {
-        let pad = Array::from_slice(left_padding, &[b, 1, 1, 1]);
-        ge(&keys, &pad)? // [B, 1, 1, K]
-    };
+    let mut bits = Vec::with_capacity((b * kv_len) as usize);
+    for (pad, holes) in left_padding.iter().zip(holes) {
+        bits.extend((0..kv_len).map(|p| p >= *pad && holes.binary_search(&p).is_err()));
+    }
+    let live = Array::from_slice(&bits, &[b, 1, 1, kv_len]);
     if l == 1 {
         return Ok(Mask::Array(live));
     }
+    let keys = expand_dims(&arange::<_, i32>(0, kv_len, None)?, 0)?; // [1, K]
     let queries = expand_dims(&arange::<_, i32>(kv_len - l, kv_len, None)?, 1)?; // [L, 1]
     let causal = ge(&queries, &keys)?; // [L, K]
     Ok(Mask::Array(logical_and(&live, &causal)?))
@@ -120,6 +120,32 @@ impl BatchKvCache {
     /// A cache with no rows.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Writes every row's `keys`/`values` after position `idx`, growing the
+    /// buffers as needed: the buffers and the new `idx`.
+    fn append(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array, i32)> {
+        let prev = self.idx;
+        let n = keys.shape()[2];
+        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
+        if self.keys.is_none() || prev + n > capacity {
+            let grow = |buf: Option<Array>, like: &Array| -> Result<Array> {
+                let s = like.shape();
+                let steps = (n + STEP - 1) / STEP;
+                let fresh = zeros_dtype(&[s[0], s[1], steps * STEP, s[3]], like.dtype())?;
+                Ok(match buf {
+                    Some(old) => concatenate(&[old.index((.., .., ..prev, ..)), fresh], 2)?,
+                    None => fresh,
+                })
+            };
+            self.keys = Some(grow(self.keys.take(), keys)?);
+            self.values = Some(grow(self.values.take(), values)?);
+        }
+        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
+        super::write_at(vec![&mut *k, &mut *v], vec![keys, values], prev)?;
+        self.idx += n;
+        self.lengths.iter_mut().for_each(|l| *l += n);
+        Ok((k.clone(), v.clone(), self.idx))
     }
 
     /// A one-row batch from a single sequence's keys and values `[1, H, len, D]`.
@@ -363,28 +389,16 @@ impl KvCache for BatchKvCache {
     }
 
     fn update_and_fetch(&mut self, keys: &Array, values: &Array) -> Result<(Array, Array)> {
-        let prev = self.idx;
-        let n = keys.shape()[2];
-        let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
-        if self.keys.is_none() || prev + n > capacity {
-            let grow = |buf: Option<Array>, like: &Array| -> Result<Array> {
-                let s = like.shape();
-                let steps = (n + STEP - 1) / STEP;
-                let fresh = zeros_dtype(&[s[0], s[1], steps * STEP, s[3]], like.dtype())?;
-                Ok(match buf {
-                    Some(old) => concatenate(&[old.index((.., .., ..prev, ..)), fresh], 2)?,
-                    None => fresh,
-                })
-            };
-            self.keys = Some(grow(self.keys.take(), keys)?);
-            self.values = Some(grow(self.values.take(), values)?);
-        }
-        let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
-        super::write_at(vec![&mut *k, &mut *v], vec![keys, values], prev)?;
-        self.idx += n;
-        self.lengths.iter_mut().for_each(|l| *l += n);
-        let end = self.idx;
+        let (k, v, end) = self.append(keys, values)?;
         Ok((k.index((.., .., ..end, ..)), v.index((.., .., ..end, ..))))
+    }
+
+    fn update_in_buffers(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+    ) -> Result<Option<(Array, Array, i32)>> {
+        self.append(keys, values).map(Some)
     }
 
     fn is_trimmable(&self) -> bool {
@@ -423,10 +437,7 @@ impl KvCache for BatchKvCache {
     }
 
     fn positions(&self) -> Positions {
-        Positions::PerRow(Array::from_slice(
-            &self.lengths,
-            &[self.lengths.len() as i32],
-        ))
+        Positions::of_rows(&self.lengths)
     }
 
     fn mask(&self, l: i32, kv_len: i32) -> Result<Mask> {

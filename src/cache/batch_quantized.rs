@@ -494,8 +494,7 @@ impl KvCache for BatchQuantizedCache {
     }
 
     fn positions(&self) -> Positions {
-        let lengths = self.lengths();
-        Positions::PerRow(Array::from_slice(lengths, &[lengths.len() as i32]))
+        Positions::of_rows(self.lengths())
     }
 
     fn mask(&self, l: i32, kv_len: i32) -> Result<Mask> {

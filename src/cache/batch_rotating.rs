@@ -331,10 +331,7 @@ impl KvCache for BatchRotatingCache {
     }
 
     fn positions(&self) -> Positions {
-        Positions::PerRow(Array::from_slice(
-            &self.lengths,
-            &[self.lengths.len() as i32],
-        ))
+        Positions::of_rows(&self.lengths)
     }
 
     fn mask(&self, l: i32, kv_len: i32) -> Result<Mask> {

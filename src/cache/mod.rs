@@ -80,6 +80,17 @@ pub enum Positions {
     PerRow(Array),
 }
 
+impl Positions {
+    /// The positions of rows holding `lengths` tokens each: shared when they
+    /// are all equal (no offsets array in the graph).
+    pub(crate) fn of_rows(lengths: &[i32]) -> Self {
+        match lengths.split_first() {
+            Some((&first, rest)) if rest.iter().all(|&l| l == first) => Self::Shared(first),
+            _ => Self::PerRow(Array::from_slice(lengths, &[lengths.len() as i32])),
+        }
+    }
+}
+
 /// Which keys each query may attend to.
 pub enum Mask {
     /// Every key (a single query over a full cache).
