@@ -25,7 +25,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MLX_BUN_CPU_THREADS", "threads one CPU-kernel product is split over (default: the cores, at most 8)"),
     ("MLX_BUN_CPU_SPIN_US", "microseconds the CPU kernel's helper threads spin between products before sleeping (default 50)"),
     ("MLX_BUN_CPU_ISA", "`scalar`, `neon`, `avx2` or `avx512`: the widest instruction set the CPU kernel may use"),
-    ("MLX_BUN_CPU_INT8_DOT", "`1`: products of decode-sized inputs (at most 16 rows) on the CPU quantize their activations to int8 per weight group and use integer dot products (AVX-512; llama.cpp's arithmetic: faster decoding, not mlx-lm's, so tokens may differ); `all`: prompts too (slower than the float kernel today); default `0`, off"),
+    ("MLX_BUN_CPU_INT8_DOT", "`1`: products of decode-sized inputs (at most 16 rows) on the CPU quantize their activations to int8 per 16 elements and use integer dot products (AVX-512; llama.cpp's kind of arithmetic: faster decoding, not mlx-lm's, so tokens may differ); `all`: prompts too (slower than the float kernel today); default `0`, off"),
     ("MLX_BUN_DENSE_ROWS", "rows from which a quantized layer on the CPU is dequantized and run as one dense matmul (default 16; 0: never)"),
     ("MLX_BUN_CUDA_KERNEL", "`1` (or `on`) uses mlx-bun's CUDA quantized matrix-vector kernel where it wins, `all` wherever it can run, `0` nowhere; default: on for `serve`, off elsewhere"),
     ("MLX_BUN_QMV_R", "CUDA kernel tuning: output columns per warp (1, 2, 4 or 8)"),
@@ -95,7 +95,7 @@ pub struct CpuKernel {
     /// The widest instruction set it may use; `None`: the widest the CPU has.
     pub isa: Option<String>,
     /// Which products use integer dot products over activations quantized
-    /// to int8 per weight group, where the CPU has them: faster decoding,
+    /// to int8 per 16 elements, where the CPU has them: faster decoding,
     /// but not mlx-lm's arithmetic.
     pub int8_dot: Int8Dot,
 }

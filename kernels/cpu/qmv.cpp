@@ -411,8 +411,9 @@ class Int8Products {
     Buffers& b = buffers[layouts_.size()];
     const size_t values = static_cast<size_t>(a.m) * a.k;
     const size_t groups = values / a.group_size;
+    const size_t activation_groups = values / kInt8ActivationGroup;
     if (b.quantized.size() < values) b.quantized.resize(values);
-    if (b.scales.size() < groups) b.scales.resize(groups);
+    if (b.scales.size() < activation_groups) b.scales.resize(activation_groups);
     if (b.sums.size() < groups) b.sums.resize(groups);
     dot.quantize(a.x, a.m, a.k, a.group_size, paired, b.quantized.data(), b.scales.data(),
                  b.sums.data());

@@ -18,6 +18,11 @@
 
 namespace mlx_bun {
 
+// The integer dot products quantize activations per this many elements,
+// whatever the weights' group size: per weight group they lose too much
+// (docs/cpu-kernel.md).
+constexpr int kInt8ActivationGroup = 16;
+
 struct QmvArgs {
   const float* x;         // [m, k], row-major
   const uint32_t* w;      // [n, k * bits / 32]
@@ -32,10 +37,11 @@ struct QmvArgs {
   // x with each chunk of 32 in the order the instruction set's 4-bit path
   // unpacks weights, when it has one (set by qmv_products; else null).
   const float* x_pairs = nullptr;
-  // x quantized to int8 per group, in the order the weights unpack, with
-  // each group's scale and exact sum ([m, k / group_size]), when the
-  // settings ask for integer dot products and the CPU has them (set by
-  // qmv_products; else null, and the product is computed in float).
+  // x quantized to int8 per 16 elements, in the order the weights unpack,
+  // with each 16's scale ([m, k / kInt8ActivationGroup]) and each weight group's exact sum
+  // ([m, k / group_size]), when the settings ask for integer dot products
+  // and the CPU has them (set by qmv_products; else null, and the product is
+  // computed in float).
   const int8_t* xq = nullptr;
   const float* xq_scales = nullptr;
   const float* x_sums = nullptr;

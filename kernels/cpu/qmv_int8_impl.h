@@ -1,12 +1,13 @@
 // Quantized matrix times a few vectors by integer dot products: the
-// activations are quantized to int8 per weight group, so each group's
-// products are sums of (unsigned weight field) x (int8 activation), which
-// AVX-512 computes 64 at a time.
+// activations are quantized to int8 per 16 elements, so the products are
+// sums of (unsigned weight field) x (int8 activation), which AVX-512
+// computes 64 at a time.
 //
-// For output row n, activation row m and group g with weight scale s and
-// bias b, activation scale d and exact activation sum X:
+// For output row n, activation row m, weight group g with scale s and bias
+// b, its activation groups c of 16 with scale d_c, and the exact activation
+// sum X over g:
 //
-//   y[m, n] = sum_g ( s * d * sum_{k in g} q[n, k] * xq[m, k] + b * X[m, g] )
+//   y[m, n] = sum_g ( s * sum_{c in g} d_c * sum_{k in c} q[n, k] * xq[m, k] + b * X[m, g] )
 //
 // This is not MLX's arithmetic (the activations lose precision to int8), so
 // it runs only when the settings ask for it (qmv_configure's int8_rows).
@@ -37,8 +38,7 @@ namespace {
 #endif
 
 constexpr int kInt8RowsPerBlock = 4;
-constexpr int kInt8MaxActivationRows = 2;
-constexpr int kInt8MaxActivationRows32 = 4;
+constexpr int kInt8MaxActivationRows = 4;
 
 // A row count as a type, for the block lambdas (no standard-library
 // templates here: see qmv_impl.h).
@@ -81,58 +81,6 @@ inline void int8_finish(const QmvArgs& a, const __m512 (&acc)[NB][MB], int n0, i
   }
 }
 
-// NB output rows from n0 times MB activation rows from m0, groups of 64 or
-// more.
-template <class D, int BITS, int NB, int MB>
-inline void int8_block(const QmvArgs& a, int n0, int m0) {
-  const int groups = a.k / a.group_size;
-  const int vecs = a.group_size / 64;
-  const size_t row_bytes = static_cast<size_t>(a.k) * BITS / 8;
-  const uint8_t* w = reinterpret_cast<const uint8_t*>(a.w);
-  const uint8_t* rows[NB];
-  QMV_INT8_UNROLL
-  for (int i = 0; i < NB; ++i) rows[i] = w + static_cast<size_t>(n0 + i) * row_bytes;
-
-  __m512 acc[NB][MB];
-  QMV_INT8_UNROLL
-  for (int i = 0; i < NB; ++i) {
-    QMV_INT8_UNROLL
-    for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
-  }
-  for (int g = 0; g < groups; ++g) {
-    __m512i sums[NB][MB];
-    QMV_INT8_UNROLL
-    for (int i = 0; i < NB; ++i) {
-      QMV_INT8_UNROLL
-      for (int j = 0; j < MB; ++j) sums[i][j] = _mm512_setzero_si512();
-    }
-    for (int v = 0; v < vecs; ++v) {
-      const size_t element = static_cast<size_t>(g) * a.group_size + v * 64;
-      __m512i xv[MB];
-      QMV_INT8_UNROLL
-      for (int j = 0; j < MB; ++j) {
-        xv[j] = _mm512_loadu_si512(a.xq + static_cast<size_t>(m0 + j) * a.k + element);
-      }
-      QMV_INT8_UNROLL
-      for (int i = 0; i < NB; ++i) {
-        const __m512i wv = weight_bytes<BITS>(rows[i], element);
-        QMV_INT8_UNROLL
-        for (int j = 0; j < MB; ++j) sums[i][j] = D::dot(sums[i][j], wv, xv[j]);
-      }
-    }
-    QMV_INT8_UNROLL
-    for (int i = 0; i < NB; ++i) {
-      const float s = a.scales[static_cast<size_t>(n0 + i) * groups + g];
-      QMV_INT8_UNROLL
-      for (int j = 0; j < MB; ++j) {
-        const float d = a.xq_scales[static_cast<size_t>(m0 + j) * groups + g];
-        acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[i][j]), _mm512_set1_ps(s * d), acc[i][j]);
-      }
-    }
-  }
-  int8_finish<NB, MB>(a, acc, n0, m0);
-}
-
 template <int BITS>
 inline __m512 spread_pair(const float* pair) {
   const __m512i lanes =
@@ -142,11 +90,26 @@ inline __m512 spread_pair(const float* pair) {
   return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(two));
 }
 
-// int8_block for groups of 32: each run of 64 weights holds two groups, so
-// every run's sums are scaled lane by lane.
-template <class D, int BITS, int NB, int MB>
-inline void int8_block32(const QmvArgs& a, int n0, int m0) {
-  const int groups = a.k / 32;
+// The four activation scales of a run of 64, each over the lanes that hold
+// its 16 elements: with 4-bit weights each 16 is 8 low nibbles and 8 high
+// ones (see weight_bytes).
+template <int BITS>
+inline __m512 spread_quad(const float* four) {
+  const __m512i lanes =
+      BITS == 4 ? _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 0, 0, 1, 1, 2, 2, 3, 3)
+                : _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+  return _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_loadu_ps(four)));
+}
+
+// NB output rows from n0 times MB activation rows from m0. Each run of 64
+// weights holds four groups of 16 activations, each with its own scale, so
+// every run's integer sums are scaled lane by lane: by the activations'
+// four scales, and by the two weight groups' scales with groups of 32
+// (GROUPS32), else by the one group's.
+template <class D, int BITS, bool GROUPS32, int NB, int MB>
+inline void int8_block(const QmvArgs& a, int n0, int m0) {
+  const int groups = a.k / a.group_size;
+  const int x_groups = a.k / kInt8ActivationGroup;
   const size_t row_bytes = static_cast<size_t>(a.k) * BITS / 8;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(a.w);
   const uint8_t* rows[NB];
@@ -159,19 +122,21 @@ inline void int8_block32(const QmvArgs& a, int n0, int m0) {
     QMV_INT8_UNROLL
     for (int j = 0; j < MB; ++j) acc[i][j] = _mm512_setzero_ps();
   }
-  for (int g = 0; g < groups; g += 2) {
-    const size_t element = static_cast<size_t>(g) * 32;
+  for (int element = 0; element < a.k; element += 64) {
+    const int x_group = element / kInt8ActivationGroup;
     __m512i xv[MB];
     __m512 xs[MB];
     QMV_INT8_UNROLL
     for (int j = 0; j < MB; ++j) {
       xv[j] = _mm512_loadu_si512(a.xq + static_cast<size_t>(m0 + j) * a.k + element);
-      xs[j] = spread_pair<BITS>(a.xq_scales + static_cast<size_t>(m0 + j) * groups + g);
+      xs[j] = spread_quad<BITS>(a.xq_scales + static_cast<size_t>(m0 + j) * x_groups + x_group);
     }
     QMV_INT8_UNROLL
     for (int i = 0; i < NB; ++i) {
       const __m512i wv = weight_bytes<BITS>(rows[i], element);
-      const __m512 ws = spread_pair<BITS>(a.scales + static_cast<size_t>(n0 + i) * groups + g);
+      const float* row_scales = a.scales + static_cast<size_t>(n0 + i) * groups;
+      const __m512 ws = GROUPS32 ? spread_pair<BITS>(row_scales + element / 32)
+                                 : _mm512_set1_ps(row_scales[element / a.group_size]);
       QMV_INT8_UNROLL
       for (int j = 0; j < MB; ++j) {
         const __m512 sums = _mm512_cvtepi32_ps(D::dot(_mm512_setzero_si512(), wv, xv[j]));
@@ -205,13 +170,12 @@ inline void activation_blocks(int m, Block block) {
 template <class D, int BITS, int NB>
 inline void int8_rows(const QmvArgs& a, int n0) {
   if (a.group_size == 32) {
-    // Per-run scaling keeps no integer sums in registers: room for more rows.
-    activation_blocks<kInt8MaxActivationRows32>(a.m, [&](auto mb, int m0) {
-      int8_block32<D, BITS, NB, decltype(mb)::value>(a, n0, m0);
+    activation_blocks<kInt8MaxActivationRows>(a.m, [&](auto mb, int m0) {
+      int8_block<D, BITS, true, NB, decltype(mb)::value>(a, n0, m0);
     });
   } else {
     activation_blocks<kInt8MaxActivationRows>(a.m, [&](auto mb, int m0) {
-      int8_block<D, BITS, NB, decltype(mb)::value>(a, n0, m0);
+      int8_block<D, BITS, false, NB, decltype(mb)::value>(a, n0, m0);
     });
   }
 }
@@ -234,34 +198,40 @@ inline void int8_range(const QmvArgs& a, int n0, int n1) {
   }
 }
 
-// Quantizes x [m, k] per group of `group_size` (32 or a multiple of 64) to
-// int8 with one scale per group (its largest magnitude maps to 127, rounding
-// to nearest even), and sums each group exactly as given. With `paired`,
-// each run of 64 is stored in the 4-bit weights' order (evens, then odds).
+// Quantizes x [m, k] to int8 per kInt8ActivationGroup elements, with one
+// scale each (the largest magnitude maps to 127, rounding to nearest even),
+// and sums each group of `group_size` (32 or a multiple of 64) exactly as
+// given. With `paired`, each run of 64 is stored in the 4-bit weights' order
+// (evens, then odds).
 inline void int8_quantize(const float* x, int m, int k, int group_size, bool paired, int8_t* xq,
                           float* scales, float* sums) {
   const int groups = k / group_size;
+  const int x_groups = k / kInt8ActivationGroup;
   const __m512i even =
       _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd =
       _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
   for (int r = 0; r < m; ++r) {
     const float* xr = x + static_cast<size_t>(r) * k;
-    float* rs = scales + static_cast<size_t>(r) * groups;
+    float* rs = scales + static_cast<size_t>(r) * x_groups;
     for (int g = 0; g < groups; ++g) {
-      __m512 amax = _mm512_setzero_ps();
       __m512 total = _mm512_setzero_ps();
       for (int i = 0; i < group_size; i += 16) {
-        const __m512 v = _mm512_loadu_ps(xr + static_cast<size_t>(g) * group_size + i);
-        amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-        total = _mm512_add_ps(total, v);
+        total = _mm512_add_ps(total, _mm512_loadu_ps(xr + static_cast<size_t>(g) * group_size + i));
       }
-      rs[g] = _mm512_reduce_max_ps(amax) / 127.0f;
       sums[static_cast<size_t>(r) * groups + g] = _mm512_reduce_add_ps(total);
+    }
+    for (int c = 0; c < x_groups; ++c) {
+      __m512 amax = _mm512_setzero_ps();
+      for (int i = 0; i < kInt8ActivationGroup; i += 16) {
+        const __m512 v = _mm512_loadu_ps(xr + static_cast<size_t>(c) * kInt8ActivationGroup + i);
+        amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+      }
+      rs[c] = _mm512_reduce_max_ps(amax) / 127.0f;
     }
     int8_t* out = xq + static_cast<size_t>(r) * k;
     auto quantized = [&](int element) {
-      const float d = rs[element / group_size];
+      const float d = rs[element / kInt8ActivationGroup];
       const __m512 inverse = _mm512_set1_ps(d > 0.0f ? 1.0f / d : 0.0f);
       return _mm512_mul_ps(_mm512_loadu_ps(xr + element), inverse);
     };
