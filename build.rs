@@ -46,6 +46,7 @@ fn compile_kernels() {
         .file("kernels/cpu/norm_rope.cpp")
         .file("kernels/cpu/attention.cpp")
         .file("kernels/cpu/qkv_rope.cpp")
+        .file("kernels/cpu/embedding.cpp")
         // Same operation order as MLX's unfused ops: no contraction into FMAs.
         .flag("-ffp-contract=off");
     // Floating-point exceptions are never read: without their ordering

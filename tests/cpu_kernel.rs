@@ -3,9 +3,9 @@
 //! inputs, the layer dispatch and the gradient with respect to the input.
 
 use mlx_bun::kernels::{
-    attention, attention_over, cpu_quantized_matmul, quantized_attention, quantized_matmul_add,
-    quantized_matmul_t, quantized_qkv_rope, quantized_silu_glu, AttentionHeads, AttentionMask,
-    RopeParams, RopeStart, ATTENTION_MAX_QUERIES,
+    attention, attention_over, cpu_quantized_matmul, quantized_attention, quantized_embedding,
+    quantized_matmul_add, quantized_matmul_t, quantized_qkv_rope, quantized_silu_glu,
+    AttentionHeads, AttentionMask, RopeParams, RopeStart, ATTENTION_MAX_QUERIES,
 };
 use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
@@ -984,5 +984,39 @@ fn gradient_through_a_prefix_of_the_buffers_is_the_slices_gradient_then_zeros() 
     for (i, what) in [(1, "keys"), (2, "values")] {
         assert_eq!(ours[i].shape(), keys.shape(), "gradient wrt the {what}");
         assert_close(&ours[i], &sliced[i], &format!("gradient wrt the {what}"));
+    }
+}
+
+/// The embedding primitive equals MLX's `take` of the three tables and its
+/// `dequantize`, bit for bit: 2, 4 and 8 bits, groups of 32/64/128, ids of
+/// any shape, repeated and negative (counted from the end, as `take` does).
+#[test]
+fn quantized_embedding_rows_equal_mlx_take_and_dequantize_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(21);
+    for (bits, group_size) in [(2, 32), (4, 32), (4, 64), (8, 32), (8, 128)] {
+        let l = random_layer(&mut rng, 50, 256, group_size, bits);
+        for (ids, shape) in [
+            (vec![7], vec![1, 1]),
+            (vec![0, 49, 7, 7, -1, 3], vec![2, 3]),
+            (vec![12, 5, 31], vec![3]),
+        ] {
+            let ids = Array::from_slice(&ids, &shape);
+            let got = quantized_embedding(&ids, [&l.w, &l.scales, &l.biases], l.spec)
+                .unwrap()
+                .expect("the primitive applies on the CPU");
+            let take = |a: &Array| a.take_axis(&ids, 0).unwrap();
+            let want = dequantize(
+                take(&l.w),
+                take(&l.scales),
+                &take(&l.biases),
+                group_size,
+                bits,
+            )
+            .unwrap();
+            eval([&got, &want]).unwrap();
+            let what = format!("{bits} bits, group {group_size}, ids {shape:?}");
+            assert_eq!(got.shape(), want.shape(), "{what}");
+            assert_eq!(got.as_slice::<f32>(), want.as_slice::<f32>(), "{what}");
+        }
     }
 }

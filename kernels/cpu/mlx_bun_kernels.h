@@ -59,6 +59,19 @@ int mlx_bun_cpu_rms_norm(mlx_array* res, mlx_array x, mlx_array weight, float ep
    logsumexp and subtraction compute it. */
 int mlx_bun_cpu_log_softmax(mlx_array* res, mlx_array x);
 
+/* Rows `ids` (any integer dtype and shape) of an affine-quantized table:
+ * res[..., j] = scales[id, j / group_size] * q[id, j] + biases[id, j / group_size]
+ * in float32, bit for bit as MLX's take and dequantize compute it; `w` is
+ * uint32 [rows, k * bits / 32], scales and biases float32 [rows, k / group_size]. */
+int mlx_bun_cpu_quantized_embedding(
+    mlx_array* res,
+    mlx_array ids,
+    mlx_array w,
+    mlx_array scales,
+    mlx_array biases,
+    int group_size,
+    int bits);
+
 /* res = fast::rope(x, dims, traditional=false, base, scale, offset, freqs)
  * for float32 x [..., L, d], as one CPU primitive. `freqs` may be an empty
  * handle (ctx NULL); then `base` sets the frequencies. */

@@ -59,6 +59,15 @@ extern "C" {
         eps: f32,
     ) -> c_int;
     fn mlx_bun_cpu_log_softmax(res: *mut mlx_sys::mlx_array, x: mlx_sys::mlx_array) -> c_int;
+    fn mlx_bun_cpu_quantized_embedding(
+        res: *mut mlx_sys::mlx_array,
+        ids: mlx_sys::mlx_array,
+        w: mlx_sys::mlx_array,
+        scales: mlx_sys::mlx_array,
+        biases: mlx_sys::mlx_array,
+        group_size: c_int,
+        bits: c_int,
+    ) -> c_int;
     fn mlx_bun_cpu_rope(
         res: *mut mlx_sys::mlx_array,
         x: mlx_sys::mlx_array,
@@ -269,6 +278,43 @@ pub fn log_softmax(x: &Array) -> Result<Array> {
     call("CPU log_softmax", |res| unsafe {
         mlx_bun_cpu_log_softmax(res, x.as_ptr())
     })
+}
+
+/// Rows `ids` of an affine-quantized embedding table `[w, scales, biases]`,
+/// dequantized: one CPU primitive with MLX's numbers bit for bit, where MLX
+/// 0.32 takes the rows and dequantizes them in about 35 operations. `None`
+/// where it does not apply (kernels off or on a GPU, another mode or dtype,
+/// bits other than 2, 4 and 8).
+pub fn quantized_embedding(
+    ids: &Array,
+    [w, scales, biases]: [&Array; 3],
+    spec: QuantSpec,
+) -> Result<Option<Array>> {
+    let applies = enabled()
+        && spec.mode.has_biases()
+        && matches!(spec.bits, 2 | 4 | 8)
+        && matches!(
+            ids.dtype(),
+            Dtype::Int32 | Dtype::Uint32 | Dtype::Int64 | Dtype::Uint64
+        )
+        && w.dtype() == Dtype::Uint32
+        && [scales, biases].iter().all(|a| a.dtype() == Dtype::Float32);
+    if !applies {
+        return Ok(None);
+    }
+    // SAFETY (inside `call`): valid handles owned by the caller.
+    call("CPU quantized embedding", |res| unsafe {
+        mlx_bun_cpu_quantized_embedding(
+            res,
+            ids.as_ptr(),
+            w.as_ptr(),
+            scales.as_ptr(),
+            biases.as_ptr(),
+            spec.group_size,
+            spec.bits,
+        )
+    })
+    .map(Some)
 }
 
 /// One rotary embedding's parameters: those of `fast::rope` but the input

@@ -306,6 +306,12 @@ impl Embedding {
                 biases,
                 spec,
             } => {
+                if let Some(biases) = biases.as_ref().filter(|_| !differentiable_quantized()) {
+                    let table = [weight, scales, biases];
+                    if let Some(rows) = crate::kernels::quantized_embedding(ids, table, *spec)? {
+                        return Ok(rows);
+                    }
+                }
                 let wq = weight.take_axis(ids, 0)?;
                 let s = scales.take_axis(ids, 0)?;
                 let b = biases.as_ref().map(|b| b.take_axis(ids, 0)).transpose()?;
