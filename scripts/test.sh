@@ -5,6 +5,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
+# A full build and the test data take about 4 GiB; a linker that runs out of
+# disk dies with a bus error, so say it plainly first.
+free_kib=$(df -Pk . | awk 'NR == 2 { print $4 }')
+if (( free_kib < 6 * 1024 * 1024 )); then
+  echo "warning: $((free_kib / 1024)) MiB free on the build disk; the build and tests need about 4 GiB" >&2
+fi
 if [[ -x scripts/oracle/setup.sh ]]; then
   bash scripts/oracle/setup.sh >/dev/null
 fi
