@@ -241,6 +241,12 @@ impl Linear {
 /// prompt's peak memory grew by 7 %).
 const FUSED_ADD_ROWS: usize = 16;
 
+/// The most token ids whose embedding rows one CPU primitive takes: decode
+/// steps and drafts. A prompt keeps MLX's gathers and dequantization, whose
+/// buffers MLX reuses (through the primitive, a 700-token prompt's peak
+/// memory grew by 1 MiB).
+const FUSED_EMBEDDING_ROWS: usize = 16;
+
 /// Rows from which a quantized layer the CPU kernel (`crate::kernels`) does
 /// not take is dequantized and run as a dense matmul on the CPU: MLX's CPU
 /// quantized kernel costs the same per row at any batch size, while a GEMM
@@ -306,7 +312,8 @@ impl Embedding {
                 biases,
                 spec,
             } => {
-                if let Some(biases) = biases.as_ref().filter(|_| !differentiable_quantized()) {
+                let fused = ids.size() <= FUSED_EMBEDDING_ROWS && !differentiable_quantized();
+                if let Some(biases) = biases.as_ref().filter(|_| fused) {
                     let table = [weight, scales, biases];
                     if let Some(rows) = crate::kernels::quantized_embedding(ids, table, *spec)? {
                         return Ok(rows);
