@@ -19,7 +19,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{arange, broadcast_to, concatenate, expand_dims, ge, logical_and, zeros_dtype};
 use mlx_rs::Array;
 
-use super::{BatchCache, KvCache, Mask, Positions, STEP};
+use super::{BatchCache, KvCache, Mask, Positions};
 
 /// Repack once the holes reach this many positions in some row.
 const REPACK_HOLES: usize = 64;
@@ -129,17 +129,8 @@ impl BatchKvCache {
         let n = keys.shape()[2];
         let capacity = self.keys.as_ref().map_or(0, |k| k.shape()[2]);
         if self.keys.is_none() || prev + n > capacity {
-            let grow = |buf: Option<Array>, like: &Array| -> Result<Array> {
-                let s = like.shape();
-                let steps = (n + STEP - 1) / STEP;
-                let fresh = zeros_dtype(&[s[0], s[1], steps * STEP, s[3]], like.dtype())?;
-                Ok(match buf {
-                    Some(old) => concatenate(&[old.index((.., .., ..prev, ..)), fresh], 2)?,
-                    None => fresh,
-                })
-            };
-            self.keys = Some(grow(self.keys.take(), keys)?);
-            self.values = Some(grow(self.values.take(), values)?);
+            self.keys = Some(super::grow(self.keys.take(), keys, prev, n)?);
+            self.values = Some(super::grow(self.values.take(), values, prev, n)?);
         }
         let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
         super::write_at(vec![&mut *k, &mut *v], vec![keys, values], prev)?;

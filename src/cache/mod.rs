@@ -289,7 +289,7 @@ impl StandardCache {
     }
 }
 
-fn grow(buf: Option<Array>, like: &Array, live: i32, needed: i32) -> Result<Array> {
+pub(super) fn grow(buf: Option<Array>, like: &Array, live: i32, needed: i32) -> Result<Array> {
     let shape = like.shape();
     let (b, h, d) = (shape[0], shape[1], shape[3]);
     let steps = (needed + STEP - 1) / STEP;
