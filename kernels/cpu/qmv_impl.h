@@ -56,13 +56,14 @@ struct Rows {
 // NB output rows starting at n0 times MB activation rows starting at m0.
 // Accumulates in float32 over the whole row, like MLX's CPU kernel.
 // With PAIRED, a.x holds the activations in V::split_pairs order and the
-// weights are unpacked in the same order.
-template <class V, int BITS, int NB, int MB, bool PAIRED>
+// weights are unpacked in the same order. CHUNKS is the chunks of 32 per
+// group, a constant so the group's loop unrolls.
+template <class V, int BITS, int NB, int MB, bool PAIRED, int CHUNKS>
 inline void qmv_block(const QmvArgs& a, int n0, int m0) {
   constexpr int kVecs = 32 / V::LANES;
   constexpr int kChunkBytes = 32 * BITS / 8;
   const int groups = a.k / a.group_size;
-  const int chunks_per_group = a.group_size / 32;
+  constexpr int chunks_per_group = CHUNKS;
   const size_t row_bytes = static_cast<size_t>(a.k) * BITS / 8;
   const uint8_t* w = reinterpret_cast<const uint8_t*>(a.w);
   const float* x = a.x + static_cast<size_t>(m0) * a.k;
@@ -76,6 +77,7 @@ inline void qmv_block(const QmvArgs& a, int n0, int m0) {
     }
   }
   for (int g = 0; g < groups; ++g) {
+    QMV_UNROLL
     for (int cc = 0; cc < chunks_per_group; ++cc) {
       const int c = g * chunks_per_group + cc;
       QMV_UNROLL
@@ -83,7 +85,7 @@ inline void qmv_block(const QmvArgs& a, int n0, int m0) {
         const size_t n = static_cast<size_t>(n0 + i);
         typename V::reg d[kVecs];
         const uint8_t* chunk = w + n * row_bytes + static_cast<size_t>(c) * kChunkBytes;
-        if ((c * kChunkBytes) % 64 == 0) prefetch(chunk + kPrefetchBytes);
+        prefetch(chunk + kPrefetchBytes);
         if (cc == 0) {
           prefetch_group_params(a.scales + n * groups, a.biases + n * groups, g,
                                 a.group_size * BITS / 8);
@@ -221,7 +223,17 @@ inline void qmv_rows(const QmvArgs& a, int n0) {
     if (buf != nullptr) {
       qmv_block_dequantized<V, NB, MB>(a, buf, n0, m0);
     } else {
-      qmv_block<V, BITS, NB, MB, PAIRED>(a, n0, m0);
+      switch (a.group_size) {
+        case 32:
+          qmv_block<V, BITS, NB, MB, PAIRED, 1>(a, n0, m0);
+          break;
+        case 64:
+          qmv_block<V, BITS, NB, MB, PAIRED, 2>(a, n0, m0);
+          break;
+        default:
+          qmv_block<V, BITS, NB, MB, PAIRED, 4>(a, n0, m0);
+          break;
+      }
     }
   };
   int m0 = 0;
