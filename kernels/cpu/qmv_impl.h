@@ -85,10 +85,10 @@ inline void qmv_block(const QmvArgs& a, int n0, int m0) {
         const size_t n = static_cast<size_t>(n0 + i);
         typename V::reg d[kVecs];
         const uint8_t* chunk = w + n * row_bytes + static_cast<size_t>(c) * kChunkBytes;
-        prefetch(chunk + kPrefetchBytes);
+        prefetch_row<BITS>(chunk);
         if (cc == 0) {
-          prefetch_group_params(a.scales + n * groups, a.biases + n * groups, g,
-                                a.group_size * BITS / 8);
+          prefetch_group_params<BITS>(a.scales + n * groups, a.biases + n * groups, g,
+                                      a.group_size);
         }
         const typename V::reg s = V::set1(a.scales[n * groups + g]);
         const typename V::reg b = V::set1(a.biases[n * groups + g]);

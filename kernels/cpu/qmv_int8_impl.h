@@ -135,10 +135,10 @@ inline void int8_block(const QmvArgs& a, int n0, int m0) {
     for (int i = 0; i < NB; ++i) {
       const __m512i wv = weight_bytes<BITS>(rows[i], element);
       const float* row_scales = a.scales + static_cast<size_t>(n0 + i) * groups;
-      prefetch(rows[i] + element * BITS / 8 + kPrefetchBytes);
+      prefetch_row<BITS>(rows[i] + element * BITS / 8);
       if (element % a.group_size == 0) {
-        prefetch_group_params(row_scales, a.biases + static_cast<size_t>(n0 + i) * groups,
-                              element / a.group_size, a.group_size * BITS / 8);
+        prefetch_group_params<BITS>(row_scales, a.biases + static_cast<size_t>(n0 + i) * groups,
+                                    element / a.group_size, a.group_size);
       }
       const __m512 ws = GROUPS32 ? spread_pair<BITS>(row_scales + element / 32)
                                  : _mm512_set1_ps(row_scales[element / a.group_size]);
