@@ -25,11 +25,16 @@ pub(crate) const KV_BLOCK: usize = 256;
 pub(crate) const KV_GROUP: usize = 64;
 /// Rows from which a quantized layer runs through a dequantized dense matrix.
 const DENSE_ROWS: usize = 16;
-/// Arrays of the attention scores' size that a prefill chunk holds at once:
-/// MLX's unfused attention keeps the scores, the masked scores and their
-/// softmax (measured on the CPU: the peak grows by three times the scores
-/// with the prompt's square).
+/// Arrays of the attention scores' size that a prefill chunk holds at once
+/// where MLX computes the attention: its unfused attention keeps the scores,
+/// the masked scores and their softmax (measured on the CPU: the peak grew by
+/// three times the scores with the prompt's square).
 const SCORE_COPIES: u64 = 3;
+/// Copies of a prompt row's residual stream, q/k/v and MLP arrays alive at
+/// once where the attention runs in tiles (no scores): measured on the CPU,
+/// the peak grows by 85-89 KB per prompt row of SmolLM2-135M, against 31 KB
+/// for one copy of each.
+const TILED_ROW_COPIES: u64 = 3;
 
 /// What the arithmetic needs to know about one model.
 #[derive(Clone, Debug, Serialize)]
@@ -66,6 +71,10 @@ pub struct Footprint {
     pub dense_layer_bytes: u64,
     /// A quantized LM head dequantized: the dense path's transient when 16 or more rows get logits.
     pub lm_head_dense_bytes: u64,
+    /// The attention runs as mlx-bun's CPU primitive (float32 with the CPU
+    /// kernels on; no soft-capping or sinks), in tiles of queries: the
+    /// scores are never materialized.
+    pub tiled_attention: bool,
 }
 
 fn dtype_size(dtype: &str) -> Option<(u64, bool)> {
@@ -132,7 +141,8 @@ impl Footprint {
     /// Reads `dir/config.json` and the headers of its weight files, counting
     /// floats at `dtype_bytes` each (4 on CPU: see `mlx_ext::compute_dtype`).
     pub fn read(dir: &Path, dtype_bytes: u64) -> Result<Self> {
-        let (args, _) = crate::model::read_config(dir)?;
+        let (args, raw) = crate::model::read_config(dir)?;
+        let mut sinks = false;
         let files = crate::model::weights::weight_files(dir)?;
         let (mut weight_bytes, mut file_bytes) = (0u64, 0u64);
         let mut per_layer: std::collections::HashMap<String, u64> = Default::default();
@@ -147,6 +157,7 @@ impl Footprint {
                         file.display()
                     )
                 })?;
+                sinks |= name.ends_with(".sinks");
                 let numel: u64 = shape.iter().product();
                 weight_bytes += numel * if is_float { dtype_bytes } else { size };
                 // A packed uint32 weight [out, in * bits / 32] of a quantized layer.
@@ -182,6 +193,12 @@ impl Footprint {
             dtype_bytes,
             dense_layer_bytes: per_layer.values().copied().max().unwrap_or(0),
             lm_head_dense_bytes: lm_head_dense,
+            tiled_attention: dtype_bytes == 4
+                && crate::kernels::enabled()
+                && !sinks
+                && raw
+                    .get("attn_logit_softcapping")
+                    .is_none_or(serde_json::Value::is_null),
         })
     }
 
@@ -202,19 +219,34 @@ impl Footprint {
         (self.kv_bytes_per_token(kv_bits) * positions as f64 * batch as f64) as u64
     }
 
+    /// Copies of a layer's attention scores alive at once in a prefill chunk.
+    fn score_copies(&self) -> u64 {
+        if self.tiled_attention {
+            0
+        } else {
+            SCORE_COPIES
+        }
+    }
+
     /// The transient arrays of one prefill chunk of `rows` tokens ending at
-    /// position `end`: the residual stream and its norm, q/k/v, the
-    /// attention scores (rows × positions, `SCORE_COPIES` of them; MLX's CPU
-    /// attention materializes them) or the MLP's gate, up and product,
-    /// whichever is larger, one layer's dequantized weights (the dense
-    /// path), and the last row's logits.
+    /// position `end` (`TILED_ROW_COPIES` of the per-row ones where the
+    /// attention runs in tiles): the residual stream and its norm, q/k/v, the
+    /// attention scores (rows × positions, `SCORE_COPIES` of them, where MLX
+    /// computes the attention: see [`Footprint::tiled_attention`]) or the
+    /// MLP's gate, up and product, whichever is larger, one layer's
+    /// dequantized weights (the dense path), and the last row's logits.
     pub(crate) fn chunk_peak(&self, rows: usize, end: usize) -> ActivationPeak {
         let f = self.dtype_bytes;
         let s = rows as u64;
-        let residual = 4 * s * self.hidden as u64 * f;
-        let qkv = s * ((self.heads + 2 * self.kv_heads) * self.head_dim) as u64 * f;
-        let scores = SCORE_COPIES * self.heads as u64 * s * end as u64 * f;
-        let mlp = 3 * s * self.intermediate as u64 * f;
+        let copies = if self.tiled_attention {
+            TILED_ROW_COPIES
+        } else {
+            1
+        };
+        let residual = copies * 4 * s * self.hidden as u64 * f;
+        let qkv = copies * s * ((self.heads + 2 * self.kv_heads) * self.head_dim) as u64 * f;
+        let scores = self.score_copies() * self.heads as u64 * s * end as u64 * f;
+        let mlp = copies * 3 * s * self.intermediate as u64 * f;
         let dense = if rows >= DENSE_ROWS {
             self.dense_layer_bytes
         } else {
@@ -266,7 +298,7 @@ impl Footprint {
         let t = context as u64;
         let residual = 4 * n * self.hidden as u64 * f;
         let qkv = n * ((self.heads + 2 * self.kv_heads) * self.head_dim) as u64 * f;
-        let scores = self.heads as u64 * n * t * f;
+        let scores = self.score_copies().min(1) * self.heads as u64 * n * t * f;
         let mlp = 3 * n * self.intermediate as u64 * f;
         let logits = 3 * n * self.vocab as u64 * f;
         let dense = if rows * batch >= DENSE_ROWS {
@@ -610,6 +642,8 @@ mod tests {
             dtype_bytes: 4,
             dense_layer_bytes: (3 * 1536 + 2 * 576 + 2 * 192) * 576 * 4,
             lm_head_dense_bytes: 49152 * 576 * 4,
+            // MLX's attention (a GPU, or the CPU kernels off).
+            tiled_attention: false,
         }
     }
 
@@ -677,6 +711,18 @@ mod tests {
         assert_eq!(
             Footprint::prefill_chunks(512, 2100),
             vec![(512, 2048), (52, 2100)]
+        );
+        // mlx-bun's CPU attention keeps no scores: the MLP is the larger,
+        // in `TILED_ROW_COPIES`.
+        let tiled = Footprint {
+            tiled_attention: true,
+            ..m.clone()
+        };
+        let p = tiled.prefill_peak(2048, 3000);
+        assert_eq!(p.attention_scores_bytes, 0);
+        assert_eq!(
+            p.total_bytes - p.other_bytes - p.logits_bytes,
+            3 * 3 * 2048 * 1536 * 4
         );
         // Short prompts run in one chunk without the dense path below 16 rows.
         let p = m.prefill_peak(2048, 10);

@@ -5,7 +5,7 @@
 use mlx_bun::kernels::{
     attention, attention_over, cpu_quantized_matmul, quantized_attention, quantized_embedding,
     quantized_matmul_add, quantized_matmul_t, quantized_qkv_rope, quantized_silu_glu,
-    AttentionHeads, AttentionMask, RopeParams, RopeStart, ATTENTION_MAX_QUERIES,
+    AttentionHeads, AttentionMask, RopeParams, RopeStart,
 };
 use mlx_bun::quant::QuantSpec;
 use mlx_rs::error::Exception;
@@ -471,6 +471,11 @@ fn attention_matches_mlx() {
         (2, 4, 4, 3, 17, 32),
         (3, 8, 2, 5, 300, 128),
         (1, 2, 1, 16, 16, 24),
+        // Prompts: several tiles of queries, a chunk after cached keys, a
+        // head size with a tail past the lanes.
+        (1, 9, 3, 40, 40, 64),
+        (2, 8, 2, 33, 50, 128),
+        (1, 4, 1, 20, 20, 24),
     ];
     for (b, h, hk, l, s, d) in shapes {
         let q = random_array(&mut rng, &[b, h, l, d], 1.0);
@@ -505,11 +510,36 @@ fn attention_matches_mlx() {
     let want = mlx_attention(&q, &k, &v, 0.125, &AttentionMask::Causal);
     eval([&got, &want]).unwrap();
     assert_close(&got, &want, "attention over views");
-    // Long prompts stay with MLX's products.
-    let q = random_array(&mut rng, &[1, 1, ATTENTION_MAX_QUERIES + 1, 8], 1.0);
-    assert!(attention(&q, &q, &q, 1.0, AttentionMask::Causal)
-        .unwrap()
-        .is_none());
+}
+
+/// A prompt's queries go through tiles whose products are summed across
+/// keys; one query's through products summed across features. Both round
+/// alike, so a prompt's last position attends exactly as a decode step
+/// over the same keys does (what keeps speculative verification and plain
+/// decoding on the same tokens).
+#[test]
+fn prompt_attention_equals_decode_attention_bit_for_bit() {
+    let mut rng = StdRng::seed_from_u64(35);
+    for (h, hk, l, d) in [(9, 3, 37, 64), (8, 2, 20, 128), (4, 4, 17, 40)] {
+        let q = random_array(&mut rng, &[1, h, l, d], 1.0);
+        let k = random_array(&mut rng, &[1, hk, l, d], 1.0);
+        let v = random_array(&mut rng, &[1, hk, l, d], 1.0);
+        let scale = (d as f32).powf(-0.5);
+        let prompt = attention(&q, &k, &v, scale, AttentionMask::Causal)
+            .unwrap()
+            .unwrap();
+        let last = q.index((.., .., l - 1.., ..));
+        let decode = attention(&last, &k, &v, scale, AttentionMask::Causal)
+            .unwrap()
+            .unwrap();
+        let prompt_last = prompt.index((.., l - 1.., ..));
+        eval([&prompt_last, &decode]).unwrap();
+        assert_eq!(
+            prompt_last.as_slice::<f32>(),
+            decode.as_slice::<f32>(),
+            "heads {h}/{hk}, {l} queries, head size {d}"
+        );
+    }
 }
 
 #[test]

@@ -1,11 +1,14 @@
-// Attention of a few queries over a KV cache as one CPU primitive.
+// Attention of queries over a KV cache as one CPU primitive.
 //
 // MLX 0.32 has no CPU kernel for fast::scaled_dot_product_attention: on the
 // CPU it expands into about a dozen operations per layer (scale, the grouped
 // heads' reshapes and broadcasts, two matmuls, softmax, then the caller's
 // transpose and reshape back to [B, L, heads * D]). For decoding, where the
-// arithmetic is small, that bookkeeping costs more than the work. This
-// primitive computes the same formula in one node, writing [B, L, H * D]:
+// arithmetic is small, that bookkeeping costs more than the work; for a
+// prompt, the scores it materializes ([B, H, L, S], three copies alive at
+// once) cost memory with the square of the prompt. This primitive computes
+// the same formula in one node, writing [B, L, H * D], in tiles of queries
+// whose scores stay small:
 //
 //   out[b, l, h, :] = softmax(scale * q[b, h, l] . k[b, h / rep, s]) @ v[b, h / rep]
 //
@@ -50,6 +53,10 @@ constexpr int kLanes = 16;
 
 #define MLX_BUN_INLINE inline __attribute__((always_inline))
 
+typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
+typedef float Half __attribute__((vector_size(kLanes / 2 * sizeof(float))));
+typedef float Quarter __attribute__((vector_size(kLanes / 4 * sizeof(float))));
+
 MLX_BUN_INLINE float dot(const float* a, const float* b, int n) {
   float acc[kLanes] = {};
   int i = 0;
@@ -77,6 +84,54 @@ MLX_BUN_CLONES void key_scores(const float* queries, int n, int d, const float* 
     for (int j = 0; j < n; ++j) {
       float* score = scores + static_cast<int64_t>(j) * keys + s;
       if (*score == 0.0f) *score = dot(queries + static_cast<int64_t>(j) * d, key, d);
+    }
+  }
+}
+
+// Keys transposed per tile, one key per lane.
+constexpr int kKeyTile = kLanes;
+// From this many query vectors, transposing a tile costs less than it saves.
+constexpr int kTiledFrom = 8;
+
+// `key_scores` for many query vectors (a prompt's): kKeyTile keys at a time,
+// transposed into `tile` (D * kKeyTile floats) so that each lane holds one
+// key and no sum crosses lanes. Every score is summed in `dot`'s order (a
+// partial sum per feature modulo kLanes, then the tail, then the partial
+// sums in turn), so the results are the same bits as `key_scores`.
+MLX_BUN_CLONES void key_scores_tiled(const float* queries, int n, int d, const float* k,
+                                     int64_t k_stride, int keys, float* scores, float* tile) {
+  const int whole = d - d % kLanes;
+  for (int s0 = 0; s0 < keys; s0 += kKeyTile) {
+    const int width = keys - s0 < kKeyTile ? keys - s0 : kKeyTile;
+    for (int c = 0; c < kKeyTile; ++c) {
+      const float* key = k + (s0 + (c < width ? c : 0)) * k_stride;
+      for (int i = 0; i < d; ++i) tile[i * kKeyTile + c] = key[i];
+    }
+    for (int j = 0; j < n; ++j) {
+      float* row = scores + static_cast<int64_t>(j) * keys + s0;
+      bool seen = false;
+      for (int c = 0; c < width; ++c) seen |= row[c] == 0.0f;
+      if (!seen) continue;
+      const float* q = queries + static_cast<int64_t>(j) * d;
+      Lanes part[kLanes];
+      for (int l = 0; l < kLanes; ++l) part[l] = Lanes{};
+      for (int i = 0; i < whole; i += kLanes) {
+        for (int l = 0; l < kLanes; ++l) {
+          Lanes t;
+          __builtin_memcpy(&t, tile + (i + l) * kKeyTile, sizeof(t));
+          part[l] += q[i + l] * t;
+        }
+      }
+      Lanes sum = {};
+      for (int i = whole; i < d; ++i) {
+        Lanes t;
+        __builtin_memcpy(&t, tile + i * kKeyTile, sizeof(t));
+        sum += q[i] * t;
+      }
+      for (int l = 0; l < kLanes; ++l) sum += part[l];
+      for (int c = 0; c < width; ++c) {
+        if (row[c] == 0.0f) row[c] = sum[c];
+      }
     }
   }
 }
@@ -197,9 +252,6 @@ struct PackedHead {
 
 // `dot` with its lanes summed pairwise: shorter dependency chains than its
 // running sum, and a different rounding.
-typedef float Lanes __attribute__((vector_size(kLanes * sizeof(float))));
-typedef float Half __attribute__((vector_size(kLanes / 2 * sizeof(float))));
-typedef float Quarter __attribute__((vector_size(kLanes / 4 * sizeof(float))));
 
 MLX_BUN_INLINE float dot_pairwise(const float* a, const float* b, int n) {
   Lanes acc = {};
@@ -401,7 +453,13 @@ struct FloatRows {
   void scores(int b, int h, const float* queries, int n, int d, int keys, float* out,
               std::vector<float>& scratch) const {
     const RowSpan k = rows(b, h, keys, d, scratch);
-    key_scores(queries, n, d, k.base, k.stride, keys, out);
+    if (n < kTiledFrom) {
+      key_scores(queries, n, d, k.base, k.stride, keys, out);
+      return;
+    }
+    thread_local std::vector<float> tile;
+    tile.resize(static_cast<size_t>(d) * kKeyTile);
+    key_scores_tiled(queries, n, d, k.base, k.stride, keys, out, tile.data());
   }
 
   void values(int b, int h, const float* weights, int n, int d, int keys, float* const* outs,
@@ -473,66 +531,76 @@ struct Problem {
   float* out;  // [B, L, H * D], row-contiguous
 };
 
-// One (batch row, key head) pair: every query of the query heads that
-// share that key head, so each key and value row is read (and, quantized,
-// dequantized) once for all of them.
+// Queries per task: a prompt's are split into tiles of this many, so that
+// a task's scores stay small and a causal tile reads only the keys it sees.
+constexpr int kQueryTile = 16;
+
+// One (batch row, key head, query tile): every query of the tile in each
+// query head that shares that key head, so each key and value row is read
+// (and, quantized, dequantized) once for all of them.
 template <class Rows>
 void attend(const Problem<Rows>& p, int task) {
-  const int b = task / p.kv_heads;
-  const int kh = task % p.kv_heads;
+  const int tiles = (p.queries + kQueryTile - 1) / kQueryTile;
+  const int b = task / (p.kv_heads * tiles);
+  const int kh = task / tiles % p.kv_heads;
+  const int l0 = task % tiles * kQueryTile;
+  const int count = p.queries - l0 < kQueryTile ? p.queries - l0 : kQueryTile;
+  // Causal: the tile's last query sees the most keys.
+  const int seen_by_last = p.keys - p.queries + l0 + count;
+  const int keys = !p.causal ? p.keys : seen_by_last < 0 ? 0 : seen_by_last;
   const int repeats = p.heads / p.kv_heads;
   const int d = p.dims;
-  const int n = repeats * p.queries;  // query vectors, head-major
+  const int n = repeats * count;  // query vectors, head-major
   thread_local std::vector<float> scores;
   thread_local std::vector<float> queries;
   thread_local std::vector<float> key_rows;
   thread_local std::vector<float> value_rows;
   thread_local std::vector<float*> outputs;
-  scores.resize(static_cast<size_t>(n) * p.keys);
+  scores.resize(static_cast<size_t>(n) * keys);
   queries.resize(static_cast<size_t>(n) * d);
   outputs.resize(n);
   const float minus_inf = -std::numeric_limits<float>::infinity();
   for (int r = 0; r < repeats; ++r) {
-    for (int l = 0; l < p.queries; ++l) {
-      const float* q = p.q.at(b, kh * repeats + r, l);
-      float* dst = queries.data() + static_cast<size_t>(r * p.queries + l) * d;
+    for (int t = 0; t < count; ++t) {
+      const float* q = p.q.at(b, kh * repeats + r, l0 + t);
+      float* dst = queries.data() + static_cast<size_t>(r * count + t) * d;
       for (int i = 0; i < d; ++i) dst[i] = p.scale * q[i * p.q.stride[3]];
     }
   }
   for (int j = 0; j < n; ++j) {
-    const int h = kh * repeats + j / p.queries;
-    const int l = j % p.queries;
+    const int h = kh * repeats + j / count;
+    const int l = l0 + j % count;
     const int last = p.causal ? p.keys - p.queries + l : p.keys - 1;
-    float* row = scores.data() + static_cast<size_t>(j) * p.keys;
-    for (int s = 0; s < p.keys; ++s) {
+    float* row = scores.data() + static_cast<size_t>(j) * keys;
+    for (int s = 0; s < keys; ++s) {
       const bool seen = s <= last && (!p.has_mask || p.mask.visible(b, h, l, s));
       row[s] = seen ? 0.0f : minus_inf;
     }
   }
-  p.k.scores(b, kh, queries.data(), n, d, p.keys, scores.data(), key_rows);
+  p.k.scores(b, kh, queries.data(), n, d, keys, scores.data(), key_rows);
   // Softmax per query vector; a query that sees no key gets zeros.
   for (int j = 0; j < n; ++j) {
-    float* row = scores.data() + static_cast<size_t>(j) * p.keys;
+    float* row = scores.data() + static_cast<size_t>(j) * keys;
     float max = minus_inf;
-    for (int s = 0; s < p.keys; ++s) max = row[s] > max ? row[s] : max;
+    for (int s = 0; s < keys; ++s) max = row[s] > max ? row[s] : max;
     if (max == minus_inf) {
-      for (int s = 0; s < p.keys; ++s) row[s] = 0.0f;
+      for (int s = 0; s < keys; ++s) row[s] = 0.0f;
       continue;
     }
     float sum = 0.0f;
-    for (int s = 0; s < p.keys; ++s) {
+    for (int s = 0; s < keys; ++s) {
       row[s] = std::exp(row[s] - max);
       sum += row[s];
     }
     const float normalizer = 1.0f / sum;
-    for (int s = 0; s < p.keys; ++s) row[s] *= normalizer;
+    for (int s = 0; s < keys; ++s) row[s] *= normalizer;
   }
   for (int j = 0; j < n; ++j) {
-    const int h = kh * repeats + j / p.queries;
-    const int l = j % p.queries;
+    const int h = kh * repeats + j / count;
+    const int l = l0 + j % count;
     outputs[j] = p.out + ((static_cast<int64_t>(b) * p.queries + l) * p.heads + h) * d;
   }
-  p.v.values(b, kh, scores.data(), n, d, p.keys, outputs.data(), value_rows);
+  p.v.values(b, kh, scores.data(), n, d, keys, outputs.data(), value_rows);
 }
 
 template <class Rows>
@@ -542,7 +610,8 @@ void attend_task(void* ctx, int task) {
 
 template <class Rows>
 void run(const Problem<Rows>& p) {
-  const int tasks = p.batch * p.kv_heads;
+  const int tiles = (p.queries + kQueryTile - 1) / kQueryTile;
+  const int tasks = p.batch * p.kv_heads * tiles;
   const int64_t work = static_cast<int64_t>(p.batch) * p.heads * p.queries * p.keys * p.dims;
   // Below this much work a wake-up of the helper threads costs more.
   if (work < (1 << 16) || tasks == 1) {

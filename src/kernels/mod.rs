@@ -514,11 +514,6 @@ pub fn quantized_qkv_rope(
     }
 }
 
-/// Queries per row up to which [`attention`] computes the attention: decode,
-/// batched decode and speculative verification. Longer prompts keep MLX's
-/// products, which run as BLAS GEMMs there.
-pub const ATTENTION_MAX_QUERIES: i32 = 16;
-
 /// Which keys each query of [`attention`] sees.
 #[derive(Clone, Copy)]
 pub enum AttentionMask<'a> {
@@ -534,8 +529,9 @@ pub enum AttentionMask<'a> {
 /// moved back beside the features, `[B, L, heads × D]`, in one CPU primitive
 /// (MLX 0.32 expands it into about a dozen operations on the CPU), for
 /// float32 `q` `[B, heads, L, D]` and `k`, `v` `[B, kv_heads, S, D]`.
-/// `None` where it does not apply (kernels off or on a GPU, another dtype,
-/// more than [`ATTENTION_MAX_QUERIES`] queries, a mask that is not boolean).
+/// Prompts too: the queries go in tiles, so the scores are never
+/// materialized. `None` where it does not apply (kernels off or on a GPU,
+/// another dtype, a mask that is not boolean).
 pub fn attention(
     q: &Array,
     k: &Array,
@@ -632,10 +628,7 @@ pub fn quantized_attention(
 /// The mask handle (empty for none) and the causal flag when the attention
 /// primitive takes these queries and this mask.
 fn attention_applies(q: &Array, mask: AttentionMask) -> Option<(mlx_sys::mlx_array, bool)> {
-    let fits = enabled()
-        && q.dtype() == Dtype::Float32
-        && q.ndim() == 4
-        && q.shape()[2] <= ATTENTION_MAX_QUERIES;
+    let fits = enabled() && q.dtype() == Dtype::Float32 && q.ndim() == 4;
     if !fits {
         return None;
     }
