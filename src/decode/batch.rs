@@ -4,6 +4,10 @@
 //! The next forward pass is queued before the tokens are read, so host work
 //! (detokenizing, stop strings, grammar masks, streaming) overlaps compute.
 //! Rows join with their own prefilled cache and leave the step they finish.
+//! Drafting rows verify their drafts in the same pass, as many as the
+//! measured step times say pay ([`DraftWidths`]).
+
+use std::time::Instant;
 
 use anyhow::{ensure, Result};
 use mlx_rs::ops::concatenate;
@@ -12,6 +16,7 @@ use mlx_rs::transforms::{async_eval, eval};
 use mlx_rs::{Array, Dtype};
 
 use super::draft_batch::DraftBatch;
+use super::draft_width::{DraftOutlook, DraftWidths};
 use super::row::Row;
 use crate::cache::{empty_batch_like, KvCache};
 use crate::generate::{FinishReason, GenerationResult};
@@ -47,6 +52,7 @@ pub struct DecodeBatch<'a> {
     inputs: Option<Array>,
     /// The draft model rows may share (`Row::with_shared_draft_model`).
     draft: Option<DraftBatch<'a>>,
+    widths: DraftWidths,
 }
 
 impl<'a> DecodeBatch<'a> {
@@ -58,6 +64,7 @@ impl<'a> DecodeBatch<'a> {
             caches: Vec::new(),
             inputs: None,
             draft: None,
+            widths: DraftWidths::default(),
         }
     }
 
@@ -188,12 +195,14 @@ impl<'a> DecodeBatch<'a> {
         Ok(finished)
     }
 
-    /// A step with drafts: emit every row's pending token, let each drafting
-    /// row propose up to its `k` tokens, verify all rows in one forward pass
-    /// over `[rows, 1 + widest proposal]` (shorter rows padded), walk each
-    /// row's proposal with its own sampler and grammar, and drop every row's
+    /// A step with drafts: emit every row's pending token, choose how many
+    /// drafts pay this step, let each drafting row propose up to that many
+    /// (a sampled row: its `k`), verify all rows in one forward pass over
+    /// `[rows, 1 + widest proposal]` (shorter rows padded), walk each row's
+    /// proposal with its own sampler and grammar, and drop every row's
     /// rejected positions from the caches.
     fn speculative_step(&mut self) -> Result<Vec<Finished>> {
+        let start = Instant::now();
         let Some(inputs) = self.inputs.take() else {
             return Ok(Vec::new());
         };
@@ -221,7 +230,14 @@ impl<'a> DecodeBatch<'a> {
         }
         let pending: Vec<u32> = keep.iter().map(|&i| pending[i]).collect();
 
-        let drafts = self.propose(&pending)?;
+        let outlooks: Vec<DraftOutlook> = self
+            .members
+            .iter()
+            .filter_map(|m| m.row.draft_outlook())
+            .collect();
+        let chosen = self.widths.choose(self.members.len(), &outlooks);
+        let rows_verified = self.members.len();
+        let drafts = self.propose(&pending, chosen)?;
         let width = drafts.iter().map(Vec::len).max().unwrap_or(0);
         let mut input = Vec::with_capacity(pending.len() * (width + 1));
         for (&p, d) in pending.iter().zip(&drafts) {
@@ -274,17 +290,27 @@ impl<'a> DecodeBatch<'a> {
         if !next.is_empty() {
             self.inputs = Some(Array::from_slice(&next, &[next.len() as i32]));
         }
+        self.widths
+            .record(rows_verified, chosen, start.elapsed().as_secs_f64());
         Ok(finished)
     }
 
-    /// Every row's drafts to follow its `pending` token: rows sharing the
-    /// draft model draft together, the others each with its own drafter.
-    fn propose(&mut self, pending: &[u32]) -> Result<Vec<Vec<u32>>> {
+    /// Every row's drafts to follow its `pending` token, at most `width`
+    /// (a sampled row: all it may take): rows sharing the draft model draft
+    /// together, the others each with its own drafter.
+    fn propose(&mut self, pending: &[u32], width: usize) -> Result<Vec<Vec<u32>>> {
+        let cap = |row: &Row| {
+            if row.draft_width_fixed() {
+                usize::MAX
+            } else {
+                width
+            }
+        };
         let mut drafts = vec![Vec::new(); self.members.len()];
         let mut shared = Vec::new();
         for (i, (m, &p)) in self.members.iter_mut().zip(pending).enumerate() {
             if !m.row.shares_draft_model() {
-                drafts[i] = m.row.propose(p)?;
+                drafts[i] = m.row.propose(p, cap(&m.row))?;
             } else {
                 shared.push(i);
             }
@@ -297,7 +323,8 @@ impl<'a> DecodeBatch<'a> {
         };
         let mut requests = Vec::with_capacity(shared.len());
         for (i, m) in self.members.iter_mut().enumerate() {
-            if let Some(request) = m.row.draft_request(pending[i]) {
+            let cap = cap(&m.row);
+            if let Some(request) = m.row.draft_request(pending[i], cap) {
                 requests.push(request);
             }
         }

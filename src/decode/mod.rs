@@ -8,6 +8,7 @@
 
 mod batch;
 mod draft_batch;
+mod draft_width;
 mod row;
 mod scheduler;
 mod serial;

@@ -10,6 +10,7 @@ use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::Array;
 
 use super::draft_batch::{DraftRequest, SharedDraft};
+use super::draft_width::{AcceptanceEstimate, DraftOutlook};
 use crate::constraint::TokenConstraint;
 use crate::generate::{
     apply_mask, token_logprob, FinishReason, GenerateOptions, GenerationResult, OutputSink,
@@ -70,6 +71,9 @@ struct Drafting<'a> {
     /// The drafter has seen the prompt.
     primed: bool,
     stats: SpeculationStats,
+    /// Drafts the row could take at its last proposal.
+    offered: usize,
+    acceptance: AcceptanceEstimate,
 }
 
 /// One sequence being decoded: its prompt, sampler, constraint, output and timings,
@@ -153,8 +157,33 @@ impl<'a> Row<'a> {
             per_step: per_step.max(1),
             primed: false,
             stats: SpeculationStats::default(),
+            offered: 0,
+            acceptance: AcceptanceEstimate::default(),
         });
         self
+    }
+
+    /// What the batch's choice of a draft width needs to know of the row;
+    /// `None` for a row without a drafter.
+    pub(crate) fn draft_outlook(&self) -> Option<DraftOutlook> {
+        let d = self.drafting.as_ref()?;
+        Some(DraftOutlook {
+            want: d.per_step.min(self.remaining()),
+            acceptance: d.acceptance.probability(),
+            fixed: self.draft_width_fixed(),
+        })
+    }
+
+    /// Whether the row's output depends on how many drafts it verifies: a
+    /// sampled row draws every verified position with one key, so it always
+    /// verifies all it may take.
+    pub(crate) fn draft_width_fixed(&self) -> bool {
+        !self.sampler.params.is_greedy()
+    }
+
+    /// Tokens the row may still emit.
+    fn remaining(&self) -> usize {
+        self.max_tokens.saturating_sub(self.sink.tokens.len())
     }
 
     pub(crate) fn drafts(&self) -> bool {
@@ -185,31 +214,36 @@ impl<'a> Row<'a> {
 
     /// What a row drafting with the batch's draft model asks of this round,
     /// `pending` being the token this step feeds.
-    pub(crate) fn draft_request(&mut self, pending: u32) -> Option<DraftRequest<'_>> {
-        let remaining = self.max_tokens.saturating_sub(self.sink.tokens.len());
+    /// At most `cap` drafts.
+    pub(crate) fn draft_request(&mut self, pending: u32, cap: usize) -> Option<DraftRequest<'_>> {
+        let remaining = self.remaining();
         let Some(Drafting {
             drafter: Drafter::Shared(state),
             per_step,
+            offered,
             ..
         }) = self.drafting.as_mut()
         else {
             return None;
         };
+        // As mlx-lm: never more drafts than tokens left to emit.
+        *offered = (*per_step).min(remaining).min(cap);
         let mut history = Vec::with_capacity(self.fed.len() + 1);
         history.extend_from_slice(&self.fed);
         history.push(pending);
         Some(DraftRequest {
             state,
             history,
-            // As mlx-lm: never more drafts than tokens left to emit.
-            want: (*per_step).min(remaining),
+            want: *offered,
             guide: self.constraint.as_mut().map(|c| c.get()),
         })
     }
 
     /// The drafter's proposal to follow `pending` (the token this step
-    /// feeds), under the row's grammar; empty for a row without a drafter.
-    pub(crate) fn propose(&mut self, pending: u32) -> Result<Vec<u32>> {
+    /// feeds), at most `cap` tokens, under the row's grammar; empty for a
+    /// row without a drafter.
+    pub(crate) fn propose(&mut self, pending: u32, cap: usize) -> Result<Vec<u32>> {
+        let remaining = self.remaining();
         let Some(d) = self.drafting.as_mut() else {
             return Ok(Vec::new());
         };
@@ -221,8 +255,8 @@ impl<'a> Row<'a> {
             d.primed = true;
         }
         // As mlx-lm: never more drafts than tokens left to emit.
-        let remaining = self.max_tokens.saturating_sub(self.sink.tokens.len());
-        let want = d.per_step.min(remaining);
+        let want = d.per_step.min(remaining).min(cap);
+        d.offered = want;
         if want == 0 {
             return Ok(Vec::new());
         }
@@ -316,6 +350,8 @@ impl<'a> Row<'a> {
             Drafter::Own(drafter) => drafter.rewind(drafted, accepted)?,
             Drafter::Shared(state) => state.rewind(drafted, accepted),
         }
+        d.acceptance
+            .observe(std::mem::take(&mut d.offered), accepted);
         d.stats.target_calls += 1;
         d.stats.drafted += drafted;
         d.stats.accepted += delivered;

@@ -61,7 +61,7 @@ impl<'m, 'a> SpeculativeDecoder<'m, 'a> {
         }
         // A sliding window that wrapped can no longer drop positions.
         let proposal = if self.caches.iter().all(|c| c.is_trimmable()) {
-            self.row.propose(self.pending)?
+            self.row.propose(self.pending, usize::MAX)?
         } else {
             Vec::new()
         };
