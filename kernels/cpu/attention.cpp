@@ -14,10 +14,11 @@
 //
 // over the visible keys s (causal: s <= S - L + l; a boolean mask, broadcast
 // to [B, H, L, S], where given). Same operation order as the fallback: the
-// queries are scaled first, then the products, softmax by the maximum and the
-// reciprocal of the sum, and the probability-weighted sum of values. Over a
-// quantized cache the dequantization is folded into the products instead
-// (see `quant_key_scores`), which rounds slightly differently.
+// queries are scaled first, then the products, softmax by the maximum (with
+// MLX's own exponential) and the reciprocal of the sum, and the
+// probability-weighted sum of values. Over a quantized cache the
+// dequantization is folded into the products instead (see
+// `quant_key_scores`), which rounds slightly differently.
 
 #include <cmath>
 #include <limits>
@@ -33,6 +34,7 @@
 #include "mlx/transforms.h"
 
 #include "mlx_bun_kernels.h"
+#include "mlx_exp.h"
 #include "qmv.h"
 
 namespace mx = mlx::core;
@@ -587,11 +589,9 @@ void attend(const Problem<Rows>& p, int task) {
       for (int s = 0; s < keys; ++s) row[s] = 0.0f;
       continue;
     }
+    mlx_shifted_exp(row, max, row, keys);
     float sum = 0.0f;
-    for (int s = 0; s < keys; ++s) {
-      row[s] = std::exp(row[s] - max);
-      sum += row[s];
-    }
+    for (int s = 0; s < keys; ++s) sum += row[s];
     const float normalizer = 1.0f / sum;
     for (int s = 0; s < keys; ++s) row[s] *= normalizer;
   }

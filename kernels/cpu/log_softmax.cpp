@@ -26,6 +26,7 @@
 #include "mlx/transforms.h"
 
 #include "mlx_bun_kernels.h"
+#include "mlx_exp.h"
 
 namespace mx = mlx::core;
 
@@ -159,6 +160,11 @@ class CpuLogSoftmax : public mx::UnaryPrimitive {
 };
 
 }  // namespace
+
+void mlx_shifted_exp(const float* x, float shift, float* out, int64_t n) {
+  shifted_exp(x, shift, out, n);
+}
+
 }  // namespace mlx_bun
 
 extern "C" int mlx_bun_cpu_log_softmax(mlx_array* res, mlx_array x) {
