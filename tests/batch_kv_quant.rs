@@ -102,6 +102,9 @@ fn batched<'a>(
     } = joins;
     let limits = BatchLimits {
         prefill_step: o.prefill_step,
+        // Every row verifies its `k` drafts, so rejected positions are trimmed
+        // whatever this machine's step times.
+        measured_draft_width: false,
         ..BatchLimits::default()
     };
     let mut sched = BatchScheduler::new(model, limits);

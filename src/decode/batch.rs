@@ -52,7 +52,8 @@ pub struct DecodeBatch<'a> {
     inputs: Option<Array>,
     /// The draft model rows may share (`Row::with_shared_draft_model`).
     draft: Option<DraftBatch<'a>>,
-    widths: DraftWidths,
+    /// `None`: every drafting row verifies all it may take.
+    widths: Option<DraftWidths>,
 }
 
 impl<'a> DecodeBatch<'a> {
@@ -64,8 +65,15 @@ impl<'a> DecodeBatch<'a> {
             caches: Vec::new(),
             inputs: None,
             draft: None,
-            widths: DraftWidths::default(),
+            widths: Some(DraftWidths::default()),
         }
+    }
+
+    /// Whether drafting rows verify as many drafts as measured step times
+    /// say pay (the default) or all they may take.
+    pub fn measuring_draft_width(mut self, on: bool) -> Self {
+        self.widths = on.then(DraftWidths::default);
+        self
     }
 
     /// Rows that draft with `draft` share its forward passes: one pass per
@@ -235,7 +243,10 @@ impl<'a> DecodeBatch<'a> {
             .iter()
             .filter_map(|m| m.row.draft_outlook())
             .collect();
-        let chosen = self.widths.choose(self.members.len(), &outlooks);
+        let chosen = match self.widths.as_mut() {
+            Some(widths) => widths.choose(self.members.len(), &outlooks),
+            None => usize::MAX,
+        };
         let rows_verified = self.members.len();
         let drafts = self.propose(&pending, chosen)?;
         let width = drafts.iter().map(Vec::len).max().unwrap_or(0);
@@ -290,8 +301,9 @@ impl<'a> DecodeBatch<'a> {
         if !next.is_empty() {
             self.inputs = Some(Array::from_slice(&next, &[next.len() as i32]));
         }
-        self.widths
-            .record(rows_verified, chosen, start.elapsed().as_secs_f64());
+        if let Some(widths) = self.widths.as_mut() {
+            widths.record(rows_verified, chosen, start.elapsed().as_secs_f64());
+        }
         Ok(finished)
     }
 

@@ -31,6 +31,10 @@ pub struct BatchLimits {
     /// in and a prompt whose client left is dropped soon (the server).
     /// `None`: always `prefill_step` tokens, as mlx-lm (offline batches).
     pub prefill_target: Option<Duration>,
+    /// Drafting rows verify as many drafts per step as measured step times
+    /// say pay (`DraftWidths`). Off: every row verifies all it may take, as
+    /// mlx-lm does (ranks in lockstep need that: their timings differ).
+    pub measured_draft_width: bool,
 }
 
 impl Default for BatchLimits {
@@ -40,6 +44,7 @@ impl Default for BatchLimits {
             prompt_concurrency: 4,
             prefill_step: crate::generate::DEFAULT_PREFILL_STEP,
             prefill_target: None,
+            measured_draft_width: true,
         }
     }
 }
@@ -89,7 +94,7 @@ impl<'a> BatchScheduler<'a> {
             },
             waiting: VecDeque::new(),
             prefilling: Vec::new(),
-            batch: DecodeBatch::new(model),
+            batch: DecodeBatch::new(model).measuring_draft_width(limits.measured_draft_width),
             prefill_rate: 0.0,
             checkpoints: None,
         }

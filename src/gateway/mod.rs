@@ -428,6 +428,7 @@ impl Gateway {
                             && config.fixed_prefill_step.is_none()
                             && models.kv.max_kv_size.is_none())
                         .then_some(BATCH_PREFILL_TARGET),
+                        measured_draft_width: sharding.is_none(),
                     },
                     budget,
                     sharding,
