@@ -238,13 +238,15 @@ impl<'a> DecodeBatch<'a> {
         }
         let pending: Vec<u32> = keep.iter().map(|&i| pending[i]).collect();
 
-        let outlooks: Vec<DraftOutlook> = self
-            .members
-            .iter()
-            .filter_map(|m| m.row.draft_outlook())
-            .collect();
         let chosen = match self.widths.as_mut() {
-            Some(widths) => widths.choose(self.members.len(), &outlooks),
+            Some(widths) => {
+                let outlooks: Vec<DraftOutlook> = self
+                    .members
+                    .iter()
+                    .filter_map(|m| m.row.draft_outlook())
+                    .collect();
+                widths.choose(self.members.len(), &outlooks)
+            }
             None => usize::MAX,
         };
         let rows_verified = self.members.len();
