@@ -61,6 +61,11 @@ enum What {
         context: usize,
         #[arg(long, default_value_t = 5, value_parser = crate::validate::at_least_one)]
         runs: usize,
+        /// Also decode this many tokens greedily, one step queued ahead as
+        /// `generate` does, and report tokens per second and the host time
+        /// per step (building the graph, handing it to MLX).
+        #[arg(long, default_value_t = 0)]
+        decode: usize,
         /// Print JSON lines instead of a table.
         #[arg(long)]
         json: bool,
@@ -85,6 +90,7 @@ pub fn run(args: Args) -> Result<()> {
             lengths,
             context,
             runs,
+            decode,
             json,
             no_db,
             compute,
@@ -106,6 +112,7 @@ pub fn run(args: Args) -> Result<()> {
                 lengths: &lengths,
                 context,
                 runs,
+                decode,
                 json,
                 no_db,
                 compare_kernel,
@@ -129,6 +136,7 @@ struct Plan<'a> {
     lengths: &'a [usize],
     context: usize,
     runs: usize,
+    decode: usize,
     json: bool,
     no_db: bool,
     compare_kernel: bool,
@@ -239,6 +247,49 @@ fn forward(source: Source, plan: &Plan<'_>) -> Result<()> {
             }
         }
     }
+    if plan.decode > 0 {
+        for &kernel in kernels {
+            if let Some(on) = kernel {
+                mlx_bun::kernels::cuda::set_enabled(on);
+            }
+            let tag = match kernel {
+                Some(true) => "mlx-bun",
+                Some(false) => "mlx",
+                None => "default",
+            };
+            for _ in 0..plan.runs.min(3) {
+                let d = time_decode(&model, &ctx, plan.decode)?;
+                if let Some((db, id)) = &db {
+                    db.record_metrics(
+                        *id,
+                        &[Metric {
+                            name: &format!("decode_tok_s.{tag}"),
+                            value: d.tokens_per_second,
+                            unit: "tok/s",
+                            higher_is_better: Some(true),
+                        }],
+                    )?;
+                }
+                let line = serde_json::json!({
+                    "decode_tokens": plan.decode,
+                    "kernel": tag,
+                    "tok_s": d.tokens_per_second,
+                    "build_ms": d.build_ms,
+                    "dispatch_ms": d.dispatch_ms,
+                });
+                if plan.json {
+                    writeln!(out, "{line}")?;
+                } else {
+                    writeln!(
+                        out,
+                        "decode {} tokens, kernel {tag}: {:.1} tok/s; host per step: graph {:.2} ms, \
+                         handing to MLX {:.2} ms",
+                        plan.decode, d.tokens_per_second, d.build_ms, d.dispatch_ms
+                    )?;
+                }
+            }
+        }
+    }
     if let Some((db, id)) = &db {
         db.finish_run(*id, "done", &serde_json::json!({}))?;
         if !plan.json {
@@ -277,6 +328,48 @@ fn time_forward(model: &Model, ctx: &[u32], len: usize, runs: usize) -> Result<V
         );
     }
     Ok(times)
+}
+
+struct DecodeTiming {
+    tokens_per_second: f64,
+    /// Median host time building one step's graph.
+    build_ms: f64,
+    /// Median host time of `async_eval` on it (MLX encoding the step).
+    dispatch_ms: f64,
+}
+
+/// Greedy decoding of `n` tokens after `ctx`, each step's graph built and
+/// queued before the previous token is read (as the serial decoder does).
+fn time_decode(model: &Model, ctx: &[u32], n: usize) -> Result<DecodeTiming> {
+    let mut caches = model.make_caches();
+    mlx_bun::generate::prefill(model, &mut caches, ctx, 2048)?;
+    let step = |token: &Array, caches: &mut [Box<dyn mlx_bun::cache::KvCache>]| -> Result<Array> {
+        let logits = model.forward(&token.reshape(&[1, 1])?, caches)?;
+        Ok(mlx_rs::ops::indexing::argmax_axis(&logits, -1, None)?)
+    };
+    let mut pending = step(&Array::from_slice(&[200i32], &[1, 1]), &mut caches)?;
+    mlx_rs::transforms::async_eval([&pending])?;
+    let (mut builds, mut dispatches) = (Vec::new(), Vec::new());
+    let t0 = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        let next = step(&pending, &mut caches)?;
+        let built = t.elapsed();
+        mlx_rs::transforms::async_eval([&next])?;
+        builds.push(built.as_secs_f64() * 1e3);
+        dispatches.push((t.elapsed() - built).as_secs_f64() * 1e3);
+        let _ = pending.item_cast::<u32>();
+        pending = next;
+    }
+    let _ = pending.item_cast::<u32>();
+    let seconds = t0.elapsed().as_secs_f64();
+    builds.sort_by(f64::total_cmp);
+    dispatches.sort_by(f64::total_cmp);
+    Ok(DecodeTiming {
+        tokens_per_second: n as f64 / seconds,
+        build_ms: builds[builds.len() / 2],
+        dispatch_ms: dispatches[dispatches.len() / 2],
+    })
 }
 
 /// Today's UTC date as YYYY-MM-DD (for report file names).

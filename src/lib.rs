@@ -25,6 +25,7 @@ pub mod hub;
 mod huge_pages;
 pub mod kernels;
 pub mod lora;
+mod mlx_closure;
 pub mod mlx_ext;
 pub mod model;
 pub mod prefix;

@@ -67,6 +67,12 @@ fn state() -> u8 {
     }
 }
 
+/// Which products the kernel takes in this process now (a compiled trace
+/// holds the routing it was traced with).
+pub(crate) fn routing() -> u8 {
+    state()
+}
+
 /// Turns the kernel on or off for this process (benchmarks compare both);
 /// on keeps the settings' `all` policy.
 pub fn set_enabled(on: bool) {

@@ -215,9 +215,9 @@ impl Attention {
         Ok((q, Some(gate)))
     }
 
-    /// Queries, keys and values `[B, heads, L, head_dim]` (RoPE applied) and
+    /// Queries, keys and values `[B, heads, L, head_dim]` before RoPE, and
     /// the output gate, layer by layer.
-    fn inputs(&self, x: &Array, positions: &Positions) -> Result<AttentionInputs> {
+    pub(crate) fn projections(&self, x: &Array) -> Result<AttentionInputs> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
         let (q, gate) = self.queries(x)?;
         let heads = |y: Array, n: i32, norm: &Option<RmsNorm>, all: i32| -> Result<Array> {
@@ -246,17 +246,26 @@ impl Attention {
             all_kv,
         )?;
         let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None, all_kv)?;
-        let (q, k) = match &self.rope {
-            Some(rope) => (
-                rope.forward_at(&q, positions)?,
-                rope.forward_at(&k, positions)?,
-            ),
-            None => (q, k),
-        };
         Ok(AttentionInputs { q, k, v, gate })
     }
 
-    /// [`Self::inputs`] by one CPU primitive where the block allows it: plain
+    /// `inputs` with RoPE applied to the queries and keys at `positions`.
+    pub(crate) fn rotated(
+        &self,
+        inputs: AttentionInputs,
+        positions: &Positions,
+    ) -> Result<AttentionInputs> {
+        let Some(rope) = &self.rope else {
+            return Ok(inputs);
+        };
+        Ok(AttentionInputs {
+            q: rope.forward_at(&inputs.q, positions)?,
+            k: rope.forward_at(&inputs.k, positions)?,
+            ..inputs
+        })
+    }
+
+    /// [`Self::projections`] and [`Self::rotated`] by one CPU primitive where the block allows it: plain
     /// quantized projections of one quantization, RoPE without pre-scaling,
     /// no query/key norms and no output gate.
     fn fused_inputs(&self, x: &Array, positions: &Positions) -> Result<Option<[Array; 3]>> {
@@ -290,7 +299,12 @@ impl Attention {
 
     /// `o_proj` of the attention output `[B, L, heads × head_dim]`, gated,
     /// plus `residual` when given.
-    fn output(&self, out: &Array, gate: Option<&Array>, residual: Option<&Array>) -> Result<Array> {
+    pub(crate) fn output(
+        &self,
+        out: &Array,
+        gate: Option<&Array>,
+        residual: Option<&Array>,
+    ) -> Result<Array> {
         let gated;
         let out = match gate {
             Some(g) => {
@@ -370,7 +384,6 @@ impl Attention {
                 None => y,
             });
         }
-        let (b, l) = (x.shape()[0], x.shape()[1]);
         let positions = cache.positions();
         let AttentionInputs { q, k, v, gate } = match self.fused_inputs(x, &positions)? {
             Some([q, k, v]) => AttentionInputs {
@@ -379,11 +392,29 @@ impl Attention {
                 v,
                 gate: None,
             },
-            None => self.inputs(x, &positions)?,
+            None => self.rotated(self.projections(x)?, &positions)?,
         };
+        let out = self.attend(q, k, v, cache)?;
+        self.output(&out, gate.as_ref(), residual)
+    }
+
+    /// The heads' outputs `[B, L, heads × head_dim]` for queries, keys and
+    /// values `[B, heads, L, head_dim]` (RoPE applied), appending this step's
+    /// keys and values to `cache`: what `o_proj` takes.
+    pub(crate) fn attend(
+        &self,
+        q: Array,
+        k: Array,
+        v: Array,
+        cache: &mut dyn KvCache,
+    ) -> Result<Array> {
+        let (b, l) = (q.shape()[0], q.shape()[2]);
         let q = match &self.query_scaling {
-            Some(scaling) => scaling.apply(&q, &positions)?,
+            Some(scaling) => scaling.apply(&q, &cache.positions())?,
             None => q,
+        };
+        let heads_last = |out: Array| -> Result<Array> {
+            Ok(out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?)
         };
         if let Some(kv) = cache.update_quantized(&k, &v)? {
             if self.sinks.is_some() || self.logit_softcap.is_some() {
@@ -408,11 +439,9 @@ impl Attention {
                 Some(kv.len()),
             )?;
             if let Some(out) = fused {
-                return self.output(&out, gate.as_ref(), residual);
+                return Ok(out);
             }
-            let out = quantized_sdpa(&q, &kv, self.scale, mask)?;
-            let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-            return self.output(&out, gate.as_ref(), residual);
+            return heads_last(quantized_sdpa(&q, &kv, self.scale, mask)?);
         }
         let in_buffers = self.logit_softcap.is_none()
             && self.sinks.is_none()
@@ -435,7 +464,7 @@ impl Attention {
                     Some(len),
                 )?;
                 if let Some(out) = out {
-                    return self.output(&out, gate.as_ref(), residual);
+                    return Ok(out);
                 }
                 let live = |a: &Array| a.index((.., .., ..len, ..));
                 (live(&keys), live(&values))
@@ -444,16 +473,16 @@ impl Attention {
         };
         if let Some(cap) = self.logit_softcap {
             let mask = cache.mask(l, k.shape()[2])?;
-            let out = super::gemma2::softcapped_attention(&q, &k, &v, self.scale, cap, mask)?;
-            let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-            return self.output(&out, gate.as_ref(), residual);
+            return heads_last(super::gemma2::softcapped_attention(
+                &q, &k, &v, self.scale, cap, mask,
+            )?);
         }
         let mask = cache.mask(l, k.shape()[2])?;
         if self.sinks.is_none() {
             if let Some(out) =
                 crate::kernels::attention(&q, &k, &v, self.scale, kernel_mask(&mask))?
             {
-                return self.output(&out, gate.as_ref(), residual);
+                return Ok(out);
             }
         }
         let out = match mask {
@@ -472,18 +501,17 @@ impl Attention {
                 scaled_dot_product_attention(&q, &k, &v, self.scale, &m, self.sinks.as_ref())?
             }
         };
-        let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[b, l, -1])?;
-        self.output(&out, gate.as_ref(), residual)
+        heads_last(out)
     }
 }
 
 /// Queries, keys and values `[B, heads, L, head_dim]` and the output gate
 /// `[B, L, heads × head_dim]` of an attention block.
-struct AttentionInputs {
-    q: Array,
-    k: Array,
-    v: Array,
-    gate: Option<Array>,
+pub(crate) struct AttentionInputs {
+    pub(crate) q: Array,
+    pub(crate) k: Array,
+    pub(crate) v: Array,
+    pub(crate) gate: Option<Array>,
 }
 
 /// The CPU attention primitive's view of a cache's mask.
@@ -628,6 +656,8 @@ pub struct Block {
     pub post_attention_layernorm: RmsNorm,
     /// How the branches join the residual stream.
     pub residual: Residual,
+    /// The layer's decode step, compiled on a GPU (`model::compiled`).
+    pub(crate) compiled: super::compiled::CompiledSlot,
 }
 
 /// A token mixer that keeps a running state instead of keys and values.
@@ -768,6 +798,7 @@ impl Block {
             )?,
             residual: Residual::PreNorm,
             linear_attn: None,
+            compiled: Default::default(),
         })
     }
 
@@ -785,6 +816,7 @@ impl Block {
             post_attention_layernorm,
             residual: Residual::PreNorm,
             linear_attn: None,
+            compiled: Default::default(),
         }
     }
 
@@ -808,6 +840,7 @@ impl Block {
                 post_feedforward_layernorm: norm(w, "post_feedforward_layernorm")?,
             },
             linear_attn: None,
+            compiled: Default::default(),
         })
     }
 
@@ -832,6 +865,9 @@ impl Block {
             Residual::PreNorm => None,
         };
         if scale.is_none() {
+            if let Some(out) = super::compiled::forward(self, x, cache)? {
+                return Ok(out);
+            }
             let normed = self.input_layernorm.forward(x)?;
             let h = match &self.linear_attn {
                 Some(delta) => x + &delta.forward(&normed, cache)?,
@@ -904,6 +940,7 @@ impl Decoder {
                     )?,
                     residual: Residual::PreNorm,
                     linear_attn: None,
+                    compiled: Default::default(),
                 })
             })
             .collect::<Result<Vec<_>>>()?;

@@ -171,6 +171,7 @@ pub(super) fn gemma_block(
             )?,
         }),
         linear_attn: None,
+        compiled: Default::default(),
     })
 }
 

@@ -270,6 +270,7 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
         layers.push(Block {
             self_attn,
             linear_attn,
+            compiled: Default::default(),
             mlp,
             input_layernorm,
             post_attention_layernorm: RmsNorm::load(

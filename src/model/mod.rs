@@ -1,5 +1,6 @@
 //! Model loading and the forward pass.
 
+pub mod compiled;
 pub mod config;
 pub mod decoder;
 pub mod deepseek_v3;

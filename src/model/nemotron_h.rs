@@ -521,6 +521,7 @@ pub fn load(w: &mut Weights, args: &ModelArgs, raw: &serde_json::Value) -> Resul
             Ok(Block {
                 self_attn: part.self_attn,
                 linear_attn: part.mixer,
+                compiled: Default::default(),
                 mlp: no_feed_forward(dtype)?,
                 input_layernorm: part.norm,
                 post_attention_layernorm: RmsNorm::unscaled(args.hidden_size, eps, dtype)?,

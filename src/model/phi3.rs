@@ -171,6 +171,7 @@ fn block(w: &mut Weights, p: &str, args: &ModelArgs, rope: &Rope) -> Result<Bloc
         post_attention_layernorm: RmsNorm::load(w, &format!("{p}.post_attention_layernorm"), eps)?,
         residual: Residual::PreNorm,
         linear_attn: None,
+        compiled: Default::default(),
     })
 }
 
