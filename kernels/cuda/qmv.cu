@@ -33,6 +33,13 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+// Packed words whose products a lane sums in half precision before adding
+// them into its float total: 4 (a whole 16-byte chunk, the fastest) or 1
+// (each word's products, four times closer to a float sum).
+#ifndef MLX_BUN_QMV_HALF_WORDS
+#define MLX_BUN_QMV_HALF_WORDS 4
+#endif
+
 namespace mlx_bun_qmv {
 
 __device__ __forceinline__ __half2 as_half2(uint32_t u) {
@@ -218,10 +225,13 @@ __device__ __forceinline__ void qmv(
 #pragma unroll
       for (int r = 0; r < RR; ++r) {
         const uint32_t words[4] = {packed[i][r].x, packed[i][r].y, packed[i][r].z, packed[i][r].w};
+        constexpr int HW = MLX_BUN_QMV_HALF_WORDS;
         __half2 dot[MB];
+        float dotf[MB];
 #pragma unroll
         for (int m = 0; m < MB; ++m) {
           dot[m] = half2_bits(0);
+          dotf[m] = 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {
@@ -234,12 +244,16 @@ __device__ __forceinline__ void qmv(
               const int j = u * PAIRS + p;
               dot[m] = __hfma2(as_half2(component(xq[m][j / 4], j % 4)), q[p], dot[m]);
             }
+            if ((u + 1) % HW == 0) {
+              const float2 f = __half22float2(dot[m]);
+              dotf[m] += f.x + f.y;
+              dot[m] = half2_bits(0);
+            }
           }
         }
 #pragma unroll
         for (int m = 0; m < MB; ++m) {
-          const float2 f = __half22float2(dot[m]);
-          acc[r][m] += s[i][r] * (f.x + f.y) + b[i][r] * sx[m];
+          acc[r][m] += s[i][r] * dotf[m] + b[i][r] * sx[m];
         }
       }
     }

@@ -212,10 +212,20 @@ fn tuning() -> Tuning {
     }
 }
 
-/// Output columns per warp: 4 (the fastest on every Llama-8B layer shape on
-/// an H200, docs/gpu.md), else the largest divisor of `n` below it.
+/// Warps a layer's grid should have at least: an H200 has 132 SMs, and
+/// fewer warps than this leave most of them idle on a narrow layer (the
+/// 1024 x 4096 key/value projections at 4 columns per warp had 64 blocks).
+const MIN_GRID_WARPS: i32 = 1024;
+
+/// Output columns per warp: 4 (the fastest on the wide Llama-8B layers on
+/// an H200, docs/gpu.md) where that leaves the grid [`MIN_GRID_WARPS`]
+/// warps, else fewer; always a divisor of `n`.
 fn columns_per_warp(n: i32) -> i32 {
-    [4, 2].into_iter().find(|&r| n % r == 0).unwrap_or(1)
+    [4, 2, 1]
+        .into_iter()
+        .filter(|&r| n % r == 0)
+        .find(|&r| r == 1 || n / r >= MIN_GRID_WARPS)
+        .unwrap_or(1)
 }
 
 /// The kernel's `KCAP`: the smallest power of two at least `k` for which
@@ -491,7 +501,10 @@ mod tests {
             assert_eq!(n % r, 0, "{n}");
         }
         assert_eq!(columns_per_warp(14336), 4);
-        assert_eq!(columns_per_warp(6), 2);
+        assert_eq!(columns_per_warp(4096), 4);
+        assert_eq!(columns_per_warp(1024), 1);
+        assert_eq!(columns_per_warp(2048), 2);
+        assert_eq!(columns_per_warp(6), 1);
     }
 
     #[test]
