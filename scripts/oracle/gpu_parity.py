@@ -75,7 +75,10 @@ def main():
         cases.append({"messages": messages, "mlx_lm": want, "mlx_bun": got["token_ids"],
                       "equal": equal, "mlx_bun_process_s": secs,
                       "mlx_bun_generation_tps": got["generation_tps"]})
-        print(f"{'EQUAL' if equal else 'DIFFERENT'}: {len(want)} tokens; "
+        first = next((i for i, (a, b) in enumerate(zip(want, got["token_ids"])) if a != b),
+                     min(len(want), len(got["token_ids"])))
+        cases[-1]["first_difference"] = None if equal else first
+        print(f"{'EQUAL' if equal else f'DIFFERENT from token {first}'}: {len(want)} tokens; "
               f"mlx-bun process {secs:.1f} s, decode {got['generation_tps']:.0f} tok/s")
     print(f"{same}/{len(PROMPTS)} prompts token-identical (mlx {mx.__version__}, "
           f"device {mx.default_device()})")
