@@ -177,6 +177,11 @@ pub fn run(args: Args) -> Result<()> {
             }
         }
     }
+    if args.check && !args.glu {
+        failures.extend(check_one_launch_variants(
+            dtype, spec, &args.rows, tolerance,
+        )?);
+    }
     if args.check && !failures.is_empty() {
         bail!(
             "the CUDA kernel differs from MLX's quantized_matmul beyond {tolerance:e}: {}",
@@ -184,6 +189,77 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// The one-launch variants against MLX on Llama-8B's attention shapes:
+/// q, k and v (4096, 1024 and 1024 x 4096) by one launch against three of
+/// MLX's products, and a product plus a residual against the kernel's own
+/// product and MLX's add (the same bits: the add rounds as MLX's does).
+fn check_one_launch_variants(
+    dtype: mlx_rs::Dtype,
+    spec: QuantSpec,
+    rows: &[usize],
+    tolerance: f32,
+) -> Result<Vec<String>> {
+    let k = 4096;
+    let layer = |n: i32| -> Result<(Array, Array, Array)> {
+        let w = mlx_rs::random::normal::<f32>(&[n, k][..], None, 0.02, None)?.as_dtype(dtype)?;
+        let (wq, s, b) = quantize(&w, spec.group_size, spec.bits)?;
+        eval([&wq, &s, &b])?;
+        Ok((wq, s, b))
+    };
+    let (q, kk, v) = (layer(4096)?, layer(1024)?, layer(1024)?);
+    let relative = |a: &Array, b: &Array| -> Result<f32> {
+        let a = a.as_dtype(mlx_rs::Dtype::Float32)?;
+        let b = b.as_dtype(mlx_rs::Dtype::Float32)?;
+        let diff = a.subtract(&b)?.abs()?.max(None)?.item_cast::<f32>();
+        let scale = a.abs()?.max(None)?.item_cast::<f32>();
+        Ok(diff / scale.max(f32::MIN_POSITIVE))
+    };
+    let mut failures = Vec::new();
+    let mut out = std::io::stdout();
+    for &r in rows {
+        let x =
+            mlx_rs::random::normal::<f32>(&[r as i32, k][..], None, None, None)?.as_dtype(dtype)?;
+        let residual = mlx_rs::random::normal::<f32>(&[r as i32, 4096][..], None, None, None)?
+            .as_dtype(dtype)?;
+        let [yq, yk, yv] = cuda::quantized_qkv(
+            &x,
+            [
+                [&q.0, &q.1, &q.2],
+                [&kk.0, &kk.1, &kk.2],
+                [&v.0, &v.1, &v.2],
+            ],
+            spec,
+        )?
+        .context("the one-launch q, k, v kernel does not apply")?;
+        let mut worst: f32 = 0.0;
+        for (ours, (w, s, b)) in [(&yq, &q), (&yk, &kk), (&yv, &v)] {
+            let theirs = quantized_matmul(&x, w, s, b, true, spec.group_size, spec.bits)?;
+            worst = worst.max(relative(&theirs, ours)?);
+        }
+        let plus = cuda::quantized_matvec_plus(&x, [&q.0, &q.1, &q.2], &residual, spec)?
+            .context("the product-plus-residual kernel does not apply")?;
+        let separate = &cuda::quantized_matvec(&x, &q.0, &q.1, &q.2, spec)? + &residual;
+        let mlx_plus =
+            &quantized_matmul(&x, &q.0, &q.1, &q.2, true, spec.group_size, spec.bits)? + &residual;
+        let exact = relative(&separate, &plus)?;
+        let vs_mlx = relative(&mlx_plus, &plus)?;
+        writeln!(
+            out,
+            "one launch, {r} rows: q/k/v max relative difference {worst:.2e}; \
+             plus residual {vs_mlx:.2e} from MLX, {exact:.1e} from the kernel's product + add"
+        )?;
+        if worst.is_nan() || worst > tolerance {
+            failures.push(format!("q/k/v in one launch with {r} rows: {worst:.2e}"));
+        }
+        if exact != 0.0 || vs_mlx.is_nan() || vs_mlx > tolerance {
+            failures.push(format!(
+                "product plus residual with {r} rows: {exact:.1e} from product + add, {vs_mlx:.2e} from MLX"
+            ));
+        }
+    }
+    Ok(failures)
 }
 
 fn parse_shape(s: &str) -> Result<(i32, i32)> {

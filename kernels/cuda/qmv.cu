@@ -127,12 +127,15 @@ __device__ __forceinline__ T silu_times(T g, T u) {
   return static_cast<T>(static_cast<float>(silu) * static_cast<float>(u));
 }
 
+// residual: added to each output (rounded to T first, then the sum rounded,
+// as MLX's separate add), or nullptr. block0: the first block of this
+// product's grid (a launch may compute several products, one after another).
 template <typename T, typename S, int MB, int GS, int BITS, int WARPS, int R, int KCAP,
           bool GLU, typename XShape, typename WShape>
 __device__ __forceinline__ void qmv(
     const T* x, const XShape& x_shape, int x_ndim, const uint32_t* w, const WShape& w_shape,
     const S* scales, const S* biases, const uint32_t* w2, const S* scales2, const S* biases2,
-    T* y) {
+    T* y, const T* residual, int block0) {
   constexpr int PER_WORD = 32 / BITS;
   constexpr int PAIRS = PER_WORD / 2;
   constexpr int PER_CHUNK = 4 * PER_WORD;  // values in 16 bytes of weights
@@ -164,7 +167,7 @@ __device__ __forceinline__ void qmv(
     __syncthreads();
   }
   const int lane = threadIdx.x & 31;
-  const int n0 = (blockIdx.x * WARPS + (threadIdx.x >> 5)) * R;
+  const int n0 = ((static_cast<int>(blockIdx.x) - block0) * WARPS + (threadIdx.x >> 5)) * R;
   if (n0 >= N) {
     return;
   }
@@ -276,11 +279,40 @@ __device__ __forceinline__ void qmv(
 #pragma unroll
     for (int m = 0; m < MB; ++m) {
       if (m < M) {
-        const T out = GLU ? silu_times(static_cast<T>(acc[r][m]), static_cast<T>(acc[R + r][m]))
-                          : static_cast<T>(acc[r][m]);
-        y[static_cast<size_t>(m) * N + n0 + r] = out;
+        const size_t at = static_cast<size_t>(m) * N + n0 + r;
+        T out = GLU ? silu_times(static_cast<T>(acc[r][m]), static_cast<T>(acc[R + r][m]))
+                    : static_cast<T>(acc[r][m]);
+        if (residual != nullptr) {
+          out = static_cast<T>(static_cast<float>(out) + static_cast<float>(residual[at]));
+        }
+        y[at] = out;
       }
     }
+  }
+}
+
+// The query, key and value projections of one x in one launch: the grid's
+// first blocks compute y = x @ w.T, the next yk, the last yv.
+template <typename T, typename S, int MB, int GS, int BITS, int WARPS, int R, int KCAP,
+          typename XShape, typename WShape>
+__device__ __forceinline__ void qkv(
+    const T* x, const XShape& x_shape, int x_ndim,
+    const uint32_t* w, const WShape& w_shape, const S* scales, const S* biases,
+    const uint32_t* wk, const WShape& wk_shape, const S* sk, const S* bk,
+    const uint32_t* wv, const WShape& wv_shape, const S* sv, const S* bv,
+    T* y, T* yk, T* yv) {
+  const int q_blocks = (w_shape[0] / R + WARPS - 1) / WARPS;
+  const int k_blocks = (wk_shape[0] / R + WARPS - 1) / WARPS;
+  const int b = static_cast<int>(blockIdx.x);
+  if (b < q_blocks) {
+    qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(
+        x, x_shape, x_ndim, w, w_shape, scales, biases, w, scales, biases, y, nullptr, 0);
+  } else if (b < q_blocks + k_blocks) {
+    qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(
+        x, x_shape, x_ndim, wk, wk_shape, sk, bk, wk, sk, bk, yk, nullptr, q_blocks);
+  } else {
+    qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(
+        x, x_shape, x_ndim, wv, wv_shape, sv, bv, wv, sv, bv, yv, nullptr, q_blocks + k_blocks);
   }
 }
 

@@ -39,6 +39,8 @@ const UNSET: u8 = 0;
 const ON: u8 = 1;
 const OFF: u8 = 2;
 const ALL: u8 = 3;
+/// Every layer and row count it can compute (`bench qmv` times any shape).
+const EVERYWHERE: u8 = 4;
 /// The kernel's state in this process: from the settings on first use,
 /// switched only by benchmarks ([`set_enabled`], [`set_everywhere`]).
 static STATE: AtomicU8 = AtomicU8::new(UNSET);
@@ -86,25 +88,42 @@ pub fn set_enabled(on: bool) {
 }
 
 /// Uses the kernel for every quantized layer and row count it can compute,
-/// as `MLX_BUN_CUDA_KERNEL=all` does (`bench qmv` times it on any shape).
+/// narrow layers included (`bench qmv` times it on any shape).
 pub fn set_everywhere() {
-    STATE.store(ALL, Ordering::Relaxed);
+    STATE.store(EVERYWHERE, Ordering::Relaxed);
 }
 
 /// True when the kernel computes `quantized_matmul(x, w, scales, biases,
 /// transpose = true)` for these operands.
 pub fn applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> bool {
-    if !enabled() || x.ndim() == 0 || w.ndim() != 2 || scales.ndim() != 2 {
+    let k = x.shape().last().copied().unwrap_or(0);
+    fits(x, w, scales, biases, spec) && wins(x, w.shape()[0] as i64 * k as i64)
+}
+
+/// Whether the routing takes `x`'s rows for a product of `weights`
+/// weights: from [`MIN_ROWS`] rows (one with `all`) on layers of at least
+/// [`MIN_WEIGHTS`] (narrower ones were slower than MLX's kernel, `all`
+/// included: docs/gpu.md).
+fn wins(x: &Array, weights: i64) -> bool {
+    let rows = x.size() / x.shape().last().map_or(1, |&k| k.max(1) as usize);
+    match state() {
+        OFF => false,
+        EVERYWHERE => true,
+        ALL => weights >= MIN_WEIGHTS,
+        _ => rows >= MIN_ROWS && weights >= MIN_WEIGHTS,
+    }
+}
+
+/// Whether the kernel can compute this product at all (dtypes, layout,
+/// at most [`MAX_ROWS`] rows).
+fn fits(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: QuantSpec) -> bool {
+    if x.ndim() == 0 || w.ndim() != 2 || scales.ndim() != 2 {
         return false;
     }
     let k = x.shape()[x.ndim() - 1];
     let rows = x.size() / k.max(1) as usize;
     let per_chunk = 128 / spec.bits.max(1);
-    let all = state() == ALL;
-    let large_enough = all || w.shape()[0] as i64 * k as i64 >= MIN_WEIGHTS;
-    let min_rows = if all { 1 } else { MIN_ROWS };
-    large_enough
-        && rows >= min_rows
+    rows >= 1
         && matches!(spec.bits, 4 | 8)
         && rows <= MAX_ROWS
         && matches!(x.dtype(), Dtype::Float16 | Dtype::Bfloat16)
@@ -119,6 +138,56 @@ pub fn applies(x: &Array, w: &Array, scales: &Array, biases: &Array, spec: Quant
         && k % spec.group_size == 0
         && w.shape()[1] * 32 / spec.bits == k
         && scales.shape()[1] == k / spec.group_size
+}
+
+/// `residual + x @ dequantize(w).T` by one launch (the sum rounded as
+/// MLX's separate add rounds it); `None` where the kernel does not take the
+/// product or `residual` is not of the output's shape and dtype.
+pub fn quantized_matvec_plus(
+    x: &Array,
+    [w, scales, biases]: [&Array; 3],
+    residual: &Array,
+    spec: QuantSpec,
+) -> Result<Option<Array>> {
+    let fits_residual = residual.dtype() == x.dtype()
+        && residual.ndim() == x.ndim()
+        && residual.shape()[..x.ndim() - 1] == x.shape()[..x.ndim() - 1]
+        && residual.shape().last() == w.shape().first();
+    if !fits_residual || !applies(x, w, scales, biases, spec) {
+        return Ok(None);
+    }
+    launch(Variant::Residual, x, &[w, scales, biases, residual], spec).map(Some)
+}
+
+/// The query, key and value projections of `x` (each a quantized `(w,
+/// scales, biases)` of one quantization) by one launch; `None` where the
+/// kernel does not take them. The three count as one layer for the routing,
+/// so the narrow key and value projections ride along with the queries'.
+pub fn quantized_qkv(
+    x: &Array,
+    layers: [[&Array; 3]; 3],
+    spec: QuantSpec,
+) -> Result<Option<[Array; 3]>> {
+    let k = x.shape().last().copied().unwrap_or(0);
+    let weights: i64 = layers
+        .iter()
+        .map(|[w, ..]| w.shape()[0] as i64 * k as i64)
+        .sum();
+    let same_types = layers
+        .iter()
+        .all(|[_, s, b]| s.dtype() == layers[0][1].dtype() && b.dtype() == layers[0][2].dtype());
+    if !same_types || !wins(x, weights) || !layers.iter().all(|[w, s, b]| fits(x, w, s, b, spec)) {
+        return Ok(None);
+    }
+    let [[qw, qs, qb], [kw, ks, kb], [vw, vs, vb]] = layers;
+    let mut out = launch_all(Variant::Qkv, x, &[qw, qs, qb, kw, ks, kb, vw, vs, vb], spec)?;
+    if out.len() != 3 {
+        bail!("the CUDA kernel returned {} arrays for q, k, v", out.len());
+    }
+    let v = out.pop().expect("three");
+    let k = out.pop().expect("three");
+    let q = out.pop().expect("three");
+    Ok(Some([q, k, v]))
 }
 
 /// `x @ dequantize(w, scales, biases).T` by the CUDA kernel. The caller
@@ -158,12 +227,27 @@ pub fn quantized_silu_glu(
 }
 
 fn launch(variant: Variant, x: &Array, weights: &[&Array], spec: QuantSpec) -> Result<Array> {
-    let (w, scales) = (weights[0], weights[1]);
+    launch_all(variant, x, weights, spec)?
+        .pop()
+        .ok_or_else(|| anyhow!("the CUDA kernel {} returned nothing", variant.name()))
+}
+
+/// Launches `variant` on `x` and its weights (and residual), one output per
+/// product it computes.
+fn launch_all(
+    variant: Variant,
+    x: &Array,
+    weights: &[&Array],
+    spec: QuantSpec,
+) -> Result<Vec<Array>> {
     let k = x.shape()[x.ndim() - 1];
-    let n = w.shape()[0];
     let rows = (x.size() / k as usize) as i32;
-    let mut out_shape: Vec<i32> = x.shape()[..x.ndim() - 1].to_vec();
-    out_shape.push(n);
+    // The output widths: one product, or q, k and v.
+    let widths: Vec<i32> = match variant {
+        Variant::Qkv => weights.chunks(3).map(|l| l[0].shape()[0]).collect(),
+        _ => vec![weights[0].shape()[0]],
+    };
+    let scales = weights[1];
     let bound = [1, 2, 4]
         .into_iter()
         .find(|&b| b >= rows)
@@ -171,8 +255,8 @@ fn launch(variant: Variant, x: &Array, weights: &[&Array], spec: QuantSpec) -> R
     let tuning = tuning();
     let per_warp = tuning
         .columns
-        .filter(|r| n % r == 0)
-        .unwrap_or_else(|| columns_per_warp(n));
+        .filter(|r| widths.iter().all(|n| n % r == 0))
+        .unwrap_or_else(|| columns_per_warp(&widths));
     let template_ints = [
         bound,
         spec.group_size,
@@ -181,17 +265,27 @@ fn launch(variant: Variant, x: &Array, weights: &[&Array], spec: QuantSpec) -> R
         per_warp,
         shared_x_cap(k, bound, 128 / spec.bits),
     ];
-    let warps = n / per_warp;
-    let grid = (warps + tuning.warps - 1) / tuning.warps * tuning.warps * 32;
+    let blocks: i32 = widths
+        .iter()
+        .map(|n| (n / per_warp + tuning.warps - 1) / tuning.warps)
+        .sum();
+    let outputs: Vec<(Vec<i32>, Dtype)> = widths
+        .iter()
+        .map(|&n| {
+            let mut shape: Vec<i32> = x.shape()[..x.ndim() - 1].to_vec();
+            shape.push(n);
+            (shape, x.dtype())
+        })
+        .collect();
     let mut inputs = vec![x];
     inputs.extend_from_slice(weights);
     run_kernel(
         variant,
         &inputs,
-        (&out_shape, x.dtype()),
+        &outputs,
         &template_ints,
         [x.dtype(), scales.dtype()],
-        (grid, 1, 1),
+        (blocks * tuning.warps * 32, 1, 1),
         (tuning.warps * 32, 1, 1),
     )
 }
@@ -213,18 +307,19 @@ fn tuning() -> Tuning {
 }
 
 /// Warps a layer's grid should have at least: an H200 has 132 SMs, and
-/// fewer warps than this leave most of them idle on a narrow layer (the
-/// 1024 x 4096 key/value projections at 4 columns per warp had 64 blocks).
-const MIN_GRID_WARPS: i32 = 1024;
+/// fewer warps than this leave SMs idle on a narrow layer (4096 x 4096 ran
+/// at 8.0-8.1 us with 2 columns per warp against 8.9-9.3 with 4).
+const MIN_GRID_WARPS: i32 = 2048;
 
 /// Output columns per warp: 4 (the fastest on the wide Llama-8B layers on
 /// an H200, docs/gpu.md) where that leaves the grid [`MIN_GRID_WARPS`]
-/// warps, else fewer; always a divisor of `n`.
-fn columns_per_warp(n: i32) -> i32 {
+/// warps, else fewer; always a divisor of every width in the launch.
+fn columns_per_warp(widths: &[i32]) -> i32 {
+    let total: i32 = widths.iter().sum();
     [4, 2, 1]
         .into_iter()
-        .filter(|&r| n % r == 0)
-        .find(|&r| r == 1 || n / r >= MIN_GRID_WARPS)
+        .filter(|&r| widths.iter().all(|n| n % r == 0))
+        .find(|&r| r == 1 || total / r >= MIN_GRID_WARPS)
         .unwrap_or(1)
 }
 
@@ -248,6 +343,10 @@ fn shared_x_cap(k: i32, rows: i32, per_chunk: i32) -> i32 {
 enum Variant {
     Plain,
     Glu,
+    /// A plain product plus a residual of its shape.
+    Residual,
+    /// The query, key and value projections of one input.
+    Qkv,
 }
 
 impl Variant {
@@ -255,6 +354,8 @@ impl Variant {
         match self {
             Variant::Plain => "mlx_bun_qmv",
             Variant::Glu => "mlx_bun_qmv_glu",
+            Variant::Residual => "mlx_bun_qmv_residual",
+            Variant::Qkv => "mlx_bun_qmv_qkv",
         }
     }
 
@@ -262,25 +363,45 @@ impl Variant {
         match self {
             Variant::Plain => &["x", "w", "scales", "biases"],
             Variant::Glu => &["x", "w", "scales", "biases", "w2", "scales2", "biases2"],
+            Variant::Residual => &["x", "w", "scales", "biases", "residual"],
+            Variant::Qkv => &[
+                "x", "w", "scales", "biases", "wk", "sk", "bk", "wv", "sv", "bv",
+            ],
         }
     }
 
-    /// The kernel body MLX wraps in a signature: one call of `qmv()`.
+    fn outputs(self) -> &'static [&'static str] {
+        match self {
+            Variant::Qkv => &["y", "yk", "yv"],
+            _ => &["y"],
+        }
+    }
+
+    /// The kernel body MLX wraps in a signature: one call of `qmv()` (or of
+    /// `qkv()`, three products).
     fn body(self) -> &'static str {
         match self {
             Variant::Plain => {
                 "mlx_bun_qmv::qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(\n\
-                 x, x_shape, x_ndim, w, w_shape, scales, biases, w, scales, biases, y);\n"
+                 x, x_shape, x_ndim, w, w_shape, scales, biases, w, scales, biases, y, nullptr, 0);\n"
             }
             Variant::Glu => {
                 "mlx_bun_qmv::qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, true>(\n\
-                 x, x_shape, x_ndim, w, w_shape, scales, biases, w2, scales2, biases2, y);\n"
+                 x, x_shape, x_ndim, w, w_shape, scales, biases, w2, scales2, biases2, y, nullptr, 0);\n"
+            }
+            Variant::Residual => {
+                "mlx_bun_qmv::qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(\n\
+                 x, x_shape, x_ndim, w, w_shape, scales, biases, w, scales, biases, y, residual, 0);\n"
+            }
+            Variant::Qkv => {
+                "mlx_bun_qmv::qkv<T, S, MB, GS, BITS, WARPS, R, KCAP>(\n\
+                 x, x_shape, x_ndim, w, w_shape, scales, biases, wk, wk_shape, sk, bk,\n\
+                 wv, wv_shape, sv, bv, y, yk, yv);\n"
             }
         }
     }
 }
 
-const OUTPUT_NAME: &str = "y";
 const INT_PARAMS: [&str; 6] = ["MB", "GS", "BITS", "WARPS", "R", "KCAP"];
 const TYPE_PARAMS: [&str; 2] = ["T", "S"];
 
@@ -318,9 +439,13 @@ fn kernel(variant: Variant) -> Result<&'static Kernel> {
     type Slot = std::sync::OnceLock<Result<Kernel, String>>;
     static PLAIN: Slot = std::sync::OnceLock::new();
     static GLU: Slot = std::sync::OnceLock::new();
+    static RESIDUAL: Slot = std::sync::OnceLock::new();
+    static QKV: Slot = std::sync::OnceLock::new();
     let slot = match variant {
         Variant::Plain => &PLAIN,
         Variant::Glu => &GLU,
+        Variant::Residual => &RESIDUAL,
+        Variant::Qkv => &QKV,
     };
     slot.get_or_init(|| make_kernel(variant).map_err(|e| format!("{e:#}")))
         .as_ref()
@@ -355,7 +480,11 @@ fn make_kernel(variant: Variant) -> Result<Kernel> {
         .iter()
         .map(|n| cstring(n))
         .collect::<Result<_>>()?;
-    let output_name = cstring(OUTPUT_NAME)?;
+    let output_names: Vec<CString> = variant
+        .outputs()
+        .iter()
+        .map(|n| cstring(n))
+        .collect::<Result<_>>()?;
     // SAFETY: the C strings outlive the calls; the vectors are freed after
     // MLX has copied them into the kernel object.
     let handle = unsafe {
@@ -363,8 +492,10 @@ fn make_kernel(variant: Variant) -> Result<Kernel> {
             input_names.iter().map(|s| s.as_ptr()).collect();
         let in_names =
             mlx_sys::mlx_vector_string_new_data(in_ptrs.as_ptr() as *mut _, in_ptrs.len());
-        let out_ptrs = [output_name.as_ptr()];
-        let out_names = mlx_sys::mlx_vector_string_new_data(out_ptrs.as_ptr() as *mut _, 1);
+        let out_ptrs: Vec<*const std::os::raw::c_char> =
+            output_names.iter().map(|s| s.as_ptr()).collect();
+        let out_names =
+            mlx_sys::mlx_vector_string_new_data(out_ptrs.as_ptr() as *mut _, out_ptrs.len());
         let kernel = mlx_sys::mlx_fast_cuda_kernel_new(
             name.as_ptr(),
             in_names,
@@ -400,25 +531,27 @@ fn make_kernel(variant: Variant) -> Result<Kernel> {
 fn run_kernel(
     variant: Variant,
     inputs: &[&Array],
-    output: (&[i32], Dtype),
+    outputs: &[(Vec<i32>, Dtype)],
     ints: &[i32; 6],
     types: [Dtype; 2],
     grid: (i32, i32, i32),
     block: (i32, i32, i32),
-) -> Result<Array> {
+) -> Result<Vec<Array>> {
     let kernel = kernel(variant)?;
     // SAFETY: every handle created here is freed before returning; the
     // C strings live as long as the process; on success the output array is
     // copied out of the vector (a new reference) before the vector is freed.
     unsafe {
         let config = mlx_sys::mlx_fast_cuda_kernel_config_new();
-        let (shape, dtype) = output;
-        let mut rc = mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
-            config,
-            shape.as_ptr(),
-            shape.len(),
-            dtype as mlx_sys::mlx_dtype,
-        );
+        let mut rc = 0;
+        for (shape, dtype) in outputs {
+            rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_output_arg(
+                config,
+                shape.as_ptr(),
+                shape.len(),
+                *dtype as mlx_sys::mlx_dtype,
+            );
+        }
         rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_grid(config, grid.0, grid.1, grid.2);
         rc |= mlx_sys::mlx_fast_cuda_kernel_config_set_thread_group(
             config, block.0, block.1, block.2,
@@ -436,10 +569,10 @@ fn run_kernel(
         let handles: Vec<mlx_sys::mlx_array> = inputs.iter().map(|a| a.as_ptr()).collect();
         let inputs = mlx_sys::mlx_vector_array_new_data(handles.as_ptr(), handles.len());
         let stream = mlx_sys::mlx_default_gpu_stream_new();
-        let mut outputs = mlx_sys::mlx_vector_array_new();
+        let mut made = mlx_sys::mlx_vector_array_new();
         if rc == 0 {
             rc = mlx_sys::mlx_fast_cuda_kernel_apply(
-                &mut outputs,
+                &mut made,
                 kernel.handle,
                 inputs,
                 config,
@@ -450,15 +583,21 @@ fn run_kernel(
             "the CUDA kernel {} failed to build or run",
             variant.name()
         ));
-        if rc == 0 && mlx_sys::mlx_vector_array_size(outputs) == 1 {
-            let mut out = mlx_sys::mlx_array_new();
-            if mlx_sys::mlx_vector_array_get(&mut out, outputs, 0) == 0 {
-                result = Ok(Array::from_ptr(out));
-            } else {
-                mlx_sys::mlx_array_free(out);
+        if rc == 0 && mlx_sys::mlx_vector_array_size(made) == outputs.len() {
+            let mut arrays = Vec::with_capacity(outputs.len());
+            for i in 0..outputs.len() {
+                let mut out = mlx_sys::mlx_array_new();
+                if mlx_sys::mlx_vector_array_get(&mut out, made, i) == 0 {
+                    arrays.push(Array::from_ptr(out));
+                } else {
+                    mlx_sys::mlx_array_free(out);
+                }
+            }
+            if arrays.len() == outputs.len() {
+                result = Ok(arrays);
             }
         }
-        mlx_sys::mlx_vector_array_free(outputs);
+        mlx_sys::mlx_vector_array_free(made);
         mlx_sys::mlx_stream_free(stream);
         mlx_sys::mlx_vector_array_free(inputs);
         mlx_sys::mlx_fast_cuda_kernel_config_free(config);
@@ -483,10 +622,21 @@ mod tests {
 
     #[test]
     fn bodies_call_the_kernel_with_every_input() {
-        for variant in [Variant::Plain, Variant::Glu] {
+        for variant in [
+            Variant::Plain,
+            Variant::Glu,
+            Variant::Residual,
+            Variant::Qkv,
+        ] {
             let body = variant.body();
             for input in variant.inputs() {
                 assert!(body.contains(&format!("{input},")), "{input} in {body}");
+            }
+            for output in variant.outputs() {
+                assert!(
+                    body.contains(&format!("{output},")) || body.contains(&format!("{output})")),
+                    "{output} in {body}"
+                );
             }
             assert!(
                 body.contains("x_shape") && body.contains("w_shape") && body.contains("x_ndim")
@@ -497,14 +647,17 @@ mod tests {
     #[test]
     fn columns_per_warp_divides_the_layer() {
         for n in [1024, 4096, 14336, 128256, 151936, 3, 6] {
-            let r = columns_per_warp(n);
+            let r = columns_per_warp(&[n]);
             assert_eq!(n % r, 0, "{n}");
         }
-        assert_eq!(columns_per_warp(14336), 4);
-        assert_eq!(columns_per_warp(4096), 4);
-        assert_eq!(columns_per_warp(1024), 1);
-        assert_eq!(columns_per_warp(2048), 2);
-        assert_eq!(columns_per_warp(6), 1);
+        assert_eq!(columns_per_warp(&[14336]), 4);
+        assert_eq!(columns_per_warp(&[4096]), 2);
+        assert_eq!(columns_per_warp(&[1024]), 1);
+        assert_eq!(columns_per_warp(&[6]), 1);
+        // q, k and v of Llama-8B in one launch: 6144 columns.
+        assert_eq!(columns_per_warp(&[4096, 1024, 1024]), 2);
+        assert_eq!(columns_per_warp(&[4096, 1024, 1022]), 2);
+        assert_eq!(columns_per_warp(&[4096, 1024, 1021]), 1);
     }
 
     #[test]

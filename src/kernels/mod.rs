@@ -162,9 +162,10 @@ pub fn cpu_quantized_matmul(
     }
 }
 
-/// `x @ dequantize(w).T + residual` in one node by the CPU kernel, where it
+/// `x @ dequantize(w).T + residual` in one node: by the CPU kernel where it
 /// takes `x` (as [`cpu_kernel_takes`]) and `residual` is float32 of the
-/// product's shape; `None` otherwise. Each sum rounds as the separate add.
+/// product's shape, by the CUDA kernel where it takes the product on a GPU;
+/// `None` otherwise. Each sum rounds as the separate add.
 pub fn quantized_matmul_add(
     x: &Array,
     [w, scales, biases]: [&Array; 3],
@@ -177,7 +178,7 @@ pub fn quantized_matmul_add(
         && residual.shape()[..x.ndim() - 1] == x.shape()[..x.ndim() - 1]
         && residual.shape().last() == w.shape().first();
     if !fits {
-        return Ok(None);
+        return cuda::quantized_matvec_plus(x, [w, scales, biases], residual, spec);
     }
     // SAFETY (inside `call`): valid handles owned by the caller.
     call("CPU quantized matmul", |res| unsafe {

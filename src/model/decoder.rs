@@ -219,7 +219,13 @@ impl Attention {
     /// the output gate, layer by layer.
     pub(crate) fn projections(&self, x: &Array) -> Result<AttentionInputs> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (q, gate) = self.queries(x)?;
+        let (q, gate, k, v) = match self.one_launch_qkv(x)? {
+            Some([q, k, v]) => (q, None, k, v),
+            None => {
+                let (q, gate) = self.queries(x)?;
+                (q, gate, self.k_proj.forward(x)?, self.v_proj.forward(x)?)
+            }
+        };
         let heads = |y: Array, n: i32, norm: &Option<RmsNorm>, all: i32| -> Result<Array> {
             let y = match (norm, &self.qk_norm_span) {
                 (Some(norm), QkNormSpan::Head) => norm.forward(&y.reshape(&[b, l, n, -1])?)?,
@@ -239,14 +245,29 @@ impl Attention {
             _ => (self.n_heads, self.n_kv_heads),
         };
         let q = heads(q, self.n_heads, &self.q_norm, all_q)?;
-        let k = heads(
-            self.k_proj.forward(x)?,
-            self.n_kv_heads,
-            &self.k_norm,
-            all_kv,
-        )?;
-        let v = heads(self.v_proj.forward(x)?, self.n_kv_heads, &None, all_kv)?;
+        let k = heads(k, self.n_kv_heads, &self.k_norm, all_kv)?;
+        let v = heads(v, self.n_kv_heads, &None, all_kv)?;
         Ok(AttentionInputs { q, k, v, gate })
+    }
+
+    /// The three projections by one launch of the CUDA kernel, where it
+    /// takes them (plain quantized layers of one quantization, no output
+    /// gate, a decode-sized `x` on a GPU).
+    fn one_launch_qkv(&self, x: &Array) -> Result<Option<[Array; 3]>> {
+        if self.output_gate {
+            return Ok(None);
+        }
+        let (Some((q, spec)), Some((k, k_spec)), Some((v, v_spec))) = (
+            self.q_proj.plain_quantized(),
+            self.k_proj.plain_quantized(),
+            self.v_proj.plain_quantized(),
+        ) else {
+            return Ok(None);
+        };
+        if spec != k_spec || spec != v_spec {
+            return Ok(None);
+        }
+        crate::kernels::cuda::quantized_qkv(x, [q, k, v], spec)
     }
 
     /// `inputs` with RoPE applied to the queries and keys at `positions`.
