@@ -5,7 +5,7 @@
 #
 #   scripts/gpu-decode-step.sh setup   BUNDLE WHEELS TOKENIZER WORK
 #   scripts/gpu-decode-step.sh kernels BUNDLE OUT      (bench qmv: narrow layers, launch shapes)
-#   scripts/gpu-decode-step.sh decode  BUNDLE WORK OUT (ROUNDS rounds, interleaved)
+#   scripts/gpu-decode-step.sh decode  BUNDLE WORK OUT (ROUNDS rounds, interleaved; VARIANTS)
 #   scripts/gpu-decode-step.sh parity  BUNDLE WORK OUT (greedy tokens against mlx-lm)
 #
 # BUNDLE: from scripts/gpu-build.sh. WHEELS: the `mlx==0.32.2` and
@@ -68,8 +68,9 @@ decode)
     python3 -m mlx_lm generate --model "$M" --prompt "$PROMPT" -m 256 --temp 0 \
       >"$OUT/mlx-lm-$round.log" 2>&1
     note "round $round mlx-lm: $(grep -E '^(Prompt|Generation):' "$OUT/mlx-lm-$round.log" | tr '\n' ' ')"
-    for variant in "0 0 1" "1 0 1" "0 all 1" "1 all 1" "1 all 0" "1 0 0"; do
-      set -- $variant
+    # compile:kernel:graphs (MLX_BUN_COMPILE_STEP, MLX_BUN_CUDA_KERNEL, MLX_USE_CUDA_GRAPHS).
+    for variant in ${VARIANTS:-0:0:1 1:0:1 0:all:1 1:all:1 1:all:0 1:0:0}; do
+      set -- ${variant//:/ }
       tag="compile$1-kernel$2-graphs$3"
       MLX_BUN_COMPILE_STEP=$1 MLX_BUN_CUDA_KERNEL=$2 MLX_USE_CUDA_GRAPHS=$3 \
         "$RUN" bench forward -m "$M" --lengths 1 --context 40 --runs 3 --decode 256 --no-db \
