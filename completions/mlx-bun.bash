@@ -305,7 +305,7 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__forward)
-            opts="-m -h --model --compute-dtype --synthetic --q-bits --q-group-size --dtype --compare-kernel --lengths --context --runs --json --no-db --help"
+            opts="-m -h --model --compute-dtype --synthetic --q-bits --q-group-size --dtype --compare-kernel --lengths --context --runs --decode --json --no-db --help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -348,6 +348,10 @@ _mlx__bun() {
                     return 0
                     ;;
                 --runs)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --decode)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;

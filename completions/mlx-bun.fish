@@ -313,6 +313,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l lengths -d 'Comma-separated numbers of new tokens per forward pass' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l context -d 'Context already in the cache' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l runs -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l decode -d 'Also decode this many tokens greedily, one step queued ahead as `generate` does, and report tokens per second and the host time per step (building the graph, handing it to MLX)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l compare-kernel -d 'Time every length with mlx-bun\'s CUDA kernel on and off (GPU)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l json -d 'Print JSON lines instead of a table'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l no-db -d 'Do not record the run in the eval database'
