@@ -32,7 +32,7 @@ PROMPT="Explain in detail how a bicycle works, from the pedals and the chain to 
 case "$phase" in
 setup)
   BUNDLE="$1"; WHEELS="$2"; TOKENIZER="$3"; WORK="$4"
-  "$here/gpu-real-models.sh" oracle "$BUNDLE" "$WHEELS" "$WORK"
+  bash "$here/gpu-real-models.sh" oracle "$BUNDLE" "$WHEELS" "$WORK"
   oracle_env
   python3 "$here/oracle/make_random_llama.py" "$WORK/models/$MODEL_NAME" "$TOKENIZER" \
     --dtype bfloat16 --bits 4 --group-size 64
