@@ -109,27 +109,18 @@ fn compiled_steps_give_mlx_lm_logits() {
 /// compiled steps (each run in its own process: the setting is per process).
 #[test]
 fn default_model_tokens_do_not_change() {
+    // Installed before the default model is prepared (which reads the
+    // settings), so the other test finds them installed whichever runs first.
+    compiled_steps_on();
     let model = common::model_dir();
     let run = |compile: &str| -> serde_json::Value {
-        let out = common::bin()
-            .env("MLX_BUN_COMPILE_STEP", compile)
-            .args(["generate", "-m"])
-            .arg(&model)
-            .args([
-                "--prompt",
-                "Write a haiku about the sea.",
-                "-n",
-                "48",
-                "--temp",
-                "0",
-                "--json",
-            ])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let out = common::output_ok(
+            common::bin()
+                .env("MLX_BUN_COMPILE_STEP", compile)
+                .args(["generate", "-m"])
+                .arg(&model)
+                .args(["--prompt", "Write a haiku about the sea.", "-n", "48"])
+                .args(["--temp", "0", "--json"]),
         );
         let text = String::from_utf8_lossy(&out.stdout);
         serde_json::from_str(text.trim().lines().last().unwrap()).unwrap()
