@@ -209,11 +209,7 @@ fn forward(source: Source, plan: &Plan<'_>) -> Result<()> {
                 mlx_bun::kernels::cuda::set_enabled(on);
             }
             let times = time_forward(&model, &ctx, len, plan.runs)?;
-            let tag = match kernel {
-                Some(true) => "mlx-bun",
-                Some(false) => "mlx",
-                None => "default",
-            };
+            let tag = kernel_tag(kernel);
             if let Some((db, id)) = &db {
                 let name = match kernel {
                     Some(_) => format!("ms_per_forward.{len}.{tag}"),
@@ -252,11 +248,7 @@ fn forward(source: Source, plan: &Plan<'_>) -> Result<()> {
             if let Some(on) = kernel {
                 mlx_bun::kernels::cuda::set_enabled(on);
             }
-            let tag = match kernel {
-                Some(true) => "mlx-bun",
-                Some(false) => "mlx",
-                None => "default",
-            };
+            let tag = kernel_tag(kernel);
             for _ in 0..plan.runs.min(3) {
                 let d = time_decode(&model, &ctx, plan.decode)?;
                 if let Some((db, id)) = &db {
@@ -328,6 +320,15 @@ fn time_forward(model: &Model, ctx: &[u32], len: usize, runs: usize) -> Result<V
         );
     }
     Ok(times)
+}
+
+/// How a row names the kernel it ran with: ours, MLX's, or the settings'.
+fn kernel_tag(kernel: Option<bool>) -> &'static str {
+    match kernel {
+        Some(true) => "mlx-bun",
+        Some(false) => "mlx",
+        None => "default",
+    }
 }
 
 struct DecodeTiming {

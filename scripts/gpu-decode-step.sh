@@ -15,17 +15,7 @@ set -uo pipefail
 phase="$1"; shift
 here="$(cd "$(dirname "$0")" && pwd)"
 
-cuda_libs() {
-  local site
-  site="$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)"
-  ls -d "$site"/nvidia/*/lib 2>/dev/null | tr '\n' :
-}
-oracle_env() {
-  export PYTHONPATH="$WORK/site"
-  export LD_LIBRARY_PATH="$WORK/site/mlx/lib:$(cuda_libs)${LD_LIBRARY_PATH:-}"
-  export HF_HUB_OFFLINE=1
-}
-note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+. "$here/gpu-oracle-env.sh"
 MODEL_NAME=llama8b-q4-bf16
 PROMPT="Explain in detail how a bicycle works, from the pedals and the chain to the gears, the brakes and the frame, and why it stays upright while moving."
 

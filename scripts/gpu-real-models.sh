@@ -22,19 +22,7 @@ set -uo pipefail
 phase="$1"; shift
 here="$(cd "$(dirname "$0")" && pwd)"
 
-cuda_libs() {
-  local site
-  site="$(python3 -c 'import nvidia, os; print(os.path.dirname(list(nvidia.__path__)[0]))' 2>/dev/null)"
-  ls -d "$site"/nvidia/*/lib 2>/dev/null | tr '\n' :
-}
-
-oracle_env() {
-  export PYTHONPATH="$WORK/site"
-  export LD_LIBRARY_PATH="$WORK/site/mlx/lib:$(cuda_libs)${LD_LIBRARY_PATH:-}"
-  export HF_HUB_OFFLINE=1
-}
-
-note() { echo "$*" | tee -a "$OUT/summary.txt"; }
+. "$here/gpu-oracle-env.sh"
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
 MODELS=(llama8b-bf16 llama8b-q4-bf16)
 

@@ -151,7 +151,7 @@ pub(crate) fn forward(
     let AttentionInputs { q, k, v, gate } = block
         .self_attn
         .rotated(AttentionInputs { q, k, v, gate }, &positions)?;
-    let out = block.self_attn.attend(q, k, v, cache)?;
+    let out = block.self_attn.attend(q, k, v, &positions, cache)?;
     let mut inputs = vec![&out, x];
     inputs.extend(gate.as_ref());
     let mut result = pieces.after.apply(&inputs)?;

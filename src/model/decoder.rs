@@ -250,6 +250,15 @@ impl Attention {
         Ok(AttentionInputs { q, k, v, gate })
     }
 
+    /// The query, key and value projections' quantized arrays, when all
+    /// three are plain quantized layers of one quantization.
+    fn plain_qkv(&self) -> Option<([[&Array; 3]; 3], crate::quant::QuantSpec)> {
+        let (q, spec) = self.q_proj.plain_quantized()?;
+        let (k, k_spec) = self.k_proj.plain_quantized()?;
+        let (v, v_spec) = self.v_proj.plain_quantized()?;
+        (spec == k_spec && spec == v_spec).then_some(([q, k, v], spec))
+    }
+
     /// The three projections by one launch of the CUDA kernel, where it
     /// takes them (plain quantized layers of one quantization, no output
     /// gate, a decode-sized `x` on a GPU).
@@ -257,16 +266,9 @@ impl Attention {
         if self.output_gate {
             return Ok(None);
         }
-        let (Some((q, spec)), Some((k, k_spec)), Some((v, v_spec))) = (
-            self.q_proj.plain_quantized(),
-            self.k_proj.plain_quantized(),
-            self.v_proj.plain_quantized(),
-        ) else {
+        let Some(([q, k, v], spec)) = self.plain_qkv() else {
             return Ok(None);
         };
-        if spec != k_spec || spec != v_spec {
-            return Ok(None);
-        }
         crate::kernels::cuda::quantized_qkv(x, [q, k, v], spec)
     }
 
@@ -296,16 +298,9 @@ impl Attention {
         let Some(rope) = self.rope.as_ref().filter(|r| r.mscale == 1.0) else {
             return Ok(None);
         };
-        let (Some((q, spec)), Some((k, k_spec)), Some((v, v_spec))) = (
-            self.q_proj.plain_quantized(),
-            self.k_proj.plain_quantized(),
-            self.v_proj.plain_quantized(),
-        ) else {
+        let Some(([q, k, v], spec)) = self.plain_qkv() else {
             return Ok(None);
         };
-        if spec != k_spec || spec != v_spec {
-            return Ok(None);
-        }
         let start = match positions {
             Positions::Shared(offset) => RopeStart::Shared(*offset),
             Positions::PerRow(offsets) => RopeStart::PerRow(offsets),
@@ -415,23 +410,25 @@ impl Attention {
             },
             None => self.rotated(self.projections(x)?, &positions)?,
         };
-        let out = self.attend(q, k, v, cache)?;
+        let out = self.attend(q, k, v, &positions, cache)?;
         self.output(&out, gate.as_ref(), residual)
     }
 
     /// The heads' outputs `[B, L, heads × head_dim]` for queries, keys and
-    /// values `[B, heads, L, head_dim]` (RoPE applied), appending this step's
-    /// keys and values to `cache`: what `o_proj` takes.
+    /// values `[B, heads, L, head_dim]` (RoPE applied at `positions`, the
+    /// cache's before this step), appending this step's keys and values to
+    /// `cache`: what `o_proj` takes.
     pub(crate) fn attend(
         &self,
         q: Array,
         k: Array,
         v: Array,
+        positions: &Positions,
         cache: &mut dyn KvCache,
     ) -> Result<Array> {
         let (b, l) = (q.shape()[0], q.shape()[2]);
         let q = match &self.query_scaling {
-            Some(scaling) => scaling.apply(&q, &cache.positions())?,
+            Some(scaling) => scaling.apply(&q, positions)?,
             None => q,
         };
         let heads_last = |out: Array| -> Result<Array> {

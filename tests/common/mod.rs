@@ -19,11 +19,15 @@ pub fn bin() -> Command {
 
 /// Runs the binary with `args`; panics with its stderr if it fails.
 pub fn run_ok(args: &[&str]) -> Output {
-    let out = bin().args(args).output().expect("running mlx-bun");
+    output_ok(bin().args(args))
+}
+
+/// Runs `command`; panics with its stderr if it fails.
+pub fn output_ok(command: &mut Command) -> Output {
+    let out = command.output().expect("running mlx-bun");
     assert!(
         out.status.success(),
-        "mlx-bun {:?} failed: {}",
-        args,
+        "{command:?} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     out
