@@ -4,7 +4,7 @@
 //! `tests/convert_hf.rs`): a tiny random llama made by
 //! `scripts/oracle/make_tiny_hf.py`, and the default model's float32
 //! weights. mlx-lm generates from the same folders
-//! (`scripts/oracle/greedy_tokens.py`), while mlx-bun does.
+//! (`scripts/oracle/greedy_tokens.py`) after mlx-bun has.
 
 mod common;
 
@@ -102,24 +102,15 @@ fn float_quantization_modes_generate_mlx_lm_tokens() {
         .collect();
     let file = w.join("greedy.json");
     std::fs::write(&file, Value::Array(list).to_string()).unwrap();
-    // The oracle runs while mlx-bun generates.
-    let greedy = Command::new(oracle_python().expect("the oracle is required"))
-        .arg(repo_root().join("scripts/oracle/greedy_tokens.py"))
-        .arg(&file)
-        .env("HF_HUB_OFFLINE", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
     let ours: Vec<(Vec<u64>, u64)> = cases
         .iter()
         .map(|(dir, prompt, n)| generate(dir, prompt, *n))
         .collect();
-    let out = greedy.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "greedy_tokens.py: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let out = common::oracle_output(
+        Command::new(oracle_python().expect("the oracle is required"))
+            .arg(repo_root().join("scripts/oracle/greedy_tokens.py"))
+            .arg(&file)
+            .env("HF_HUB_OFFLINE", "1"),
     );
     let expected: Vec<Value> = String::from_utf8(out.stdout)
         .unwrap()

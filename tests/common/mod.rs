@@ -50,6 +50,32 @@ pub fn oracle_python() -> Option<PathBuf> {
     None
 }
 
+/// Runs an oracle script's `command` to completion. The oracle's own MLX
+/// has crashed on the CPU with heap corruption (glibc's abort, once in many
+/// runs of the float quantization modes): a run killed by a signal is run
+/// once more, and its first crash is printed. Any other failure panics.
+pub fn oracle_output(command: &mut Command) -> Output {
+    use std::os::unix::process::ExitStatusExt;
+    for attempt in 1..=2 {
+        let out = command.output().expect("running the oracle");
+        if out.status.success() {
+            return out;
+        }
+        let crashed = out.status.signal().is_some();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            crashed && attempt == 1,
+            "{command:?} failed ({}): {stderr}",
+            out.status
+        );
+        eprintln!(
+            "{command:?} crashed ({}), running it again: {stderr}",
+            out.status
+        );
+    }
+    unreachable!()
+}
+
 /// Whether `program --version` runs; a test that needs it fails without it
 /// (`false` only when skipping is allowed).
 pub fn require_tool(program: &str) -> bool {
