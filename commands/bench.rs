@@ -1,6 +1,7 @@
 //! `mlx-bun bench`: micro-benchmarks of the engine on a real model, and the
 //! serving feature matrix (`feature_matrix`).
 
+mod attention;
 mod feature_matrix;
 mod generate;
 mod plot;
@@ -32,6 +33,9 @@ enum What {
     /// mlx-bun's CUDA quantized matrix-vector kernel against MLX's, on random
     /// weights (GPU).
     Qmv(qmv::Args),
+    /// mlx-bun's CUDA decode attention kernel (RoPE, cache write and
+    /// attention in one launch) against MLX's nodes for the step (GPU).
+    Attention(attention::Args),
     /// Time one forward pass over L new tokens after a fixed context.
     Forward {
         #[arg(long, short)]
@@ -80,6 +84,7 @@ pub fn run(args: Args) -> Result<()> {
         What::FeatureMatrix(args) => feature_matrix::run(args),
         What::Generate(args) => generate::run(args),
         What::Qmv(args) => qmv::run(args),
+        What::Attention(args) => attention::run(args),
         What::Forward {
             model,
             synthetic,

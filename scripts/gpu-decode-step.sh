@@ -5,6 +5,7 @@
 #
 #   scripts/gpu-decode-step.sh setup   BUNDLE WHEELS TOKENIZER WORK
 #   scripts/gpu-decode-step.sh kernels BUNDLE OUT      (bench qmv: narrow layers, launch shapes)
+#   scripts/gpu-decode-step.sh attention BUNDLE OUT    (bench attention --check)
 #   scripts/gpu-decode-step.sh decode  BUNDLE WORK OUT (ROUNDS rounds, interleaved; VARIANTS)
 #   scripts/gpu-decode-step.sh parity  BUNDLE WORK OUT (greedy tokens against mlx-lm)
 #
@@ -49,6 +50,14 @@ kernels)
     >"$OUT/qmv-word.log" 2>&1
   note "qmv, partial sums per word: rc=$?"; cat "$OUT/qmv-word.log" >>"$OUT/summary.txt"
   ;;
+attention)
+  BUNDLE="$1"; OUT="$2"; mkdir -p "$OUT"
+  # The decode attention kernel against MLX's nodes: Llama-8B's heads, one
+  # key head per query head at 64 features, one key head for 8 at 256.
+  "$BUNDLE/run.sh" bench attention --check --heads 32x8:128,16x16:64,8x1:256 \
+    --context 0,17,255,1000,4000 >"$OUT/attention.log" 2>&1
+  note "bench attention --check: rc=$?"; cat "$OUT/attention.log" >>"$OUT/summary.txt"
+  ;;
 decode)
   BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
   RUN="$BUNDLE/run.sh"; M="$WORK/models/$MODEL_NAME"
@@ -58,11 +67,14 @@ decode)
     python3 -m mlx_lm generate --model "$M" --prompt "$PROMPT" -m 256 --temp 0 \
       >"$OUT/mlx-lm-$round.log" 2>&1
     note "round $round mlx-lm: $(grep -E '^(Prompt|Generation):' "$OUT/mlx-lm-$round.log" | tr '\n' ' ')"
-    # compile:kernel:graphs (MLX_BUN_COMPILE_STEP, MLX_BUN_CUDA_KERNEL, MLX_USE_CUDA_GRAPHS).
-    for variant in ${VARIANTS:-0:0:1 1:0:1 0:all:1 1:all:1 1:all:0 1:0:0}; do
+    # compile:kernel:graphs[:attention] (MLX_BUN_COMPILE_STEP, MLX_BUN_CUDA_KERNEL,
+    # MLX_USE_CUDA_GRAPHS, MLX_BUN_CUDA_ATTENTION; unset without the fourth).
+    for variant in ${VARIANTS:-1:0:1 1:all:1:0 1:all:1}; do
       set -- ${variant//:/ }
-      tag="compile$1-kernel$2-graphs$3"
+      attention="${4:-}"
+      tag="compile$1-kernel$2-graphs$3${attention:+-attention$attention}"
       MLX_BUN_COMPILE_STEP=$1 MLX_BUN_CUDA_KERNEL=$2 MLX_USE_CUDA_GRAPHS=$3 \
+        MLX_BUN_CUDA_ATTENTION=$attention \
         "$RUN" bench forward -m "$M" --lengths 1 --context 40 --runs 3 --decode 256 --no-db \
         >"$OUT/ours-$tag-$round.log" 2>&1
       note "round $round mlx-bun $tag: rc=$? $(grep -E '^decode' "$OUT/ours-$tag-$round.log" | sed 's/decode 256 tokens, //' | tr '\n' ' ')"
@@ -72,13 +84,12 @@ decode)
 parity)
   BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
   M="$WORK/models/$MODEL_NAME"
-  sed 's/^#define MLX_BUN_QMV_HALF_WORDS 4$/#define MLX_BUN_QMV_HALF_WORDS 1/' \
-    "$here/../kernels/cuda/qmv.cu" >"$OUT/qmv-word.cu"
-  for variant in "1 0 -" "0 0 -" "1 all -" "1 all word"; do
+  # compile kernel attention (MLX_BUN_CUDA_ATTENTION, "-": unset).
+  for variant in ${PARITY_VARIANTS:-"1 0 -" "1 0 1" "1 all 0" "1 all -"}; do
     set -- $variant
-    tag="compile$1-kernel$2-$3"
-    source=""; [ "$3" = word ] && source="$OUT/qmv-word.cu"
-    MLX_BUN_COMPILE_STEP=$1 MLX_BUN_CUDA_KERNEL=$2 MLX_BUN_QMV_SOURCE=$source \
+    attention="${3#-}"
+    tag="compile$1-kernel$2-attention${3}"
+    MLX_BUN_COMPILE_STEP=$1 MLX_BUN_CUDA_KERNEL=$2 MLX_BUN_CUDA_ATTENTION=$attention \
       python3 "$here/oracle/gpu_parity.py" --bin "$BUNDLE/run.sh" --model "$M" \
       --max-tokens "${TOKENS:-256}" --out "$OUT/parity-$tag.json" >"$OUT/parity-$tag.log" 2>&1
     note "greedy parity $tag: rc=$? $(tail -1 "$OUT/parity-$tag.log")"

@@ -61,7 +61,7 @@ pub(crate) fn stored_float_dtype(dtypes: impl IntoIterator<Item = Dtype>) -> Dty
 /// `src` with `update` written over the block of `src` that starts at
 /// `start` (one index per axis) and has `update`'s shape: a single
 /// `SliceUpdate` node, where indexed assignment adds two reshapes around it.
-pub(crate) fn slice_update(src: &Array, update: &Array, start: &[i32]) -> Result<Array> {
+pub fn slice_update(src: &Array, update: &Array, start: &[i32]) -> Result<Array> {
     let stop: Vec<i32> = start
         .iter()
         .zip(update.shape())

@@ -300,13 +300,19 @@ fn weight_copies(
 /// Median times of a batch of products: `run_us` per product when `batch`
 /// of them are built into one graph and evaluated together, `build_us` per
 /// product spent building that graph on the host.
-struct Timing {
-    run_us: f64,
-    build_us: f64,
+pub(super) struct Timing {
+    /// Device time per product, median of the runs.
+    pub(super) run_us: f64,
+    /// Host time building one product's node, median of the runs.
+    pub(super) build_us: f64,
 }
 
 /// `runs` timed batches after a warm-up; product `i` of a batch is `f(i)`.
-fn time_products(batch: usize, runs: usize, f: impl Fn(usize) -> Result<Array>) -> Result<Timing> {
+pub(super) fn time_products(
+    batch: usize,
+    runs: usize,
+    f: impl Fn(usize) -> Result<Array>,
+) -> Result<Timing> {
     let mut times = Vec::new();
     let mut builds = Vec::new();
     for run in 0..=runs {

@@ -18,6 +18,8 @@ pub(crate) use quantized::cast_state;
 pub use quantized::{KvQuantization, QuantizedCache, QuantizedState};
 pub use state::StateCache;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::{bail, Result};
 use mlx_rs::ops::indexing::IndexOp;
 use mlx_rs::ops::{arange, concatenate, expand_dims, ge, gt, logical_and, subtract, zeros_dtype};
@@ -146,6 +148,19 @@ pub trait KvCache: Send {
     ) -> Result<Option<(Array, Array, i32)>> {
         Ok(None)
     }
+    /// Room for `n` more positions in buffers this cache alone holds, for a
+    /// kernel that writes them in place (`kernels::cuda_attention`): the key
+    /// and value buffers and the position the new ones start at, counted as
+    /// written. `None`, with nothing changed, where the cache keeps no such
+    /// buffers.
+    fn reserve_in_place(
+        &mut self,
+        _keys: &Array,
+        _values: &Array,
+        _n: i32,
+    ) -> Result<Option<(Array, Array, i32)>> {
+        Ok(None)
+    }
     /// Whether `trim` can drop recent positions.
     fn is_trimmable(&self) -> bool;
     /// Drops the last `n` positions; returns how many were dropped.
@@ -259,11 +274,27 @@ pub fn can_batch_speculate(caches: &[Box<dyn KvCache>]) -> bool {
 }
 
 /// The standard cache: grows in steps of 256 positions, trimmable.
-#[derive(Clone, Default)]
+#[derive(Default)]
 pub struct StandardCache {
     keys: Option<Array>,
     values: Option<Array>,
     offset: usize,
+    /// Whether no other array shares the buffers: set when this cache makes
+    /// them, cleared when a copy of the cache or a slice of its state may
+    /// share them. Kernels write only into buffers held alone.
+    alone: AtomicBool,
+}
+
+impl Clone for StandardCache {
+    fn clone(&self) -> Self {
+        self.alone.store(false, Ordering::Relaxed);
+        Self {
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            offset: self.offset,
+            alone: AtomicBool::new(false),
+        }
+    }
 }
 
 impl StandardCache {
@@ -279,13 +310,24 @@ impl StandardCache {
         let n = keys.shape()[2];
         let capacity = self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
         if self.keys.is_none() || prev + n > capacity {
-            self.keys = Some(grow(self.keys.take(), keys, prev, n)?);
-            self.values = Some(grow(self.values.take(), values, prev, n)?);
+            self.grow(keys, values, n)?;
         }
         let (k, v) = (self.keys.as_mut().unwrap(), self.values.as_mut().unwrap());
         write_at(vec![&mut *k, &mut *v], vec![keys, values], prev)?;
         self.offset += n as usize;
         Ok((k.clone(), v.clone(), self.offset as i32))
+    }
+}
+
+impl StandardCache {
+    /// New buffers with room for `n` positions after the live ones (a copy of
+    /// those), held by this cache alone.
+    fn grow(&mut self, keys: &Array, values: &Array, n: i32) -> Result<()> {
+        let live = self.offset as i32;
+        self.keys = Some(grow(self.keys.take(), keys, live, n)?);
+        self.values = Some(grow(self.values.take(), values, live, n)?);
+        self.alone.store(true, Ordering::Relaxed);
+        Ok(())
     }
 }
 
@@ -334,6 +376,26 @@ impl KvCache for StandardCache {
         self.append(keys, values).map(Some)
     }
 
+    fn reserve_in_place(
+        &mut self,
+        keys: &Array,
+        values: &Array,
+        n: i32,
+    ) -> Result<Option<(Array, Array, i32)>> {
+        let start = self.offset as i32;
+        let capacity = self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
+        if start + n > capacity || !self.alone.load(Ordering::Relaxed) {
+            self.grow(keys, values, n)?;
+        }
+        self.offset += n as usize;
+        let (k, v) = (self.keys.clone(), self.values.clone());
+        Ok(Some((
+            k.expect("grown above"),
+            v.expect("grown above"),
+            start,
+        )))
+    }
+
     fn is_trimmable(&self) -> bool {
         true
     }
@@ -344,7 +406,13 @@ impl KvCache for StandardCache {
         n
     }
 
+    fn arrays(&self) -> Vec<Array> {
+        self.keys.iter().chain(&self.values).cloned().collect()
+    }
+
     fn state(&self) -> Option<(Array, Array)> {
+        // The slices share the buffers.
+        self.alone.store(false, Ordering::Relaxed);
         let end = self.offset as i32;
         match (&self.keys, &self.values) {
             (Some(k), Some(v)) if end > 0 => {
@@ -364,6 +432,7 @@ impl KvCache for StandardCache {
         self.keys = Some(keys);
         self.values = Some(values);
         self.offset = offset;
+        self.alone.store(false, Ordering::Relaxed);
         Ok(())
     }
 
@@ -539,4 +608,60 @@ pub fn total_bytes(caches: &[Box<dyn KvCache>]) -> usize {
 /// Independent copies of `caches` (sharing storage until written).
 pub fn clone_all(caches: &[Box<dyn KvCache>]) -> Vec<Box<dyn KvCache>> {
     caches.iter().map(|c| c.boxed_clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_rs::transforms::eval;
+
+    /// The address of an array's data once evaluated.
+    fn data(a: &Array) -> *const f32 {
+        eval([a]).unwrap();
+        a.as_slice::<f32>().as_ptr()
+    }
+
+    fn reserve(cache: &mut dyn KvCache, like: &Array) -> (Array, i32) {
+        let (keys, _, start) = cache.reserve_in_place(like, like, 1).unwrap().unwrap();
+        (keys, start)
+    }
+
+    #[test]
+    fn in_place_room_is_in_buffers_held_alone() {
+        let like = Array::from_iter((0..8).map(|i| i as f32), &[1, 2, 1, 4]);
+        let mut cache = StandardCache::new();
+        let (first, start) = reserve(&mut cache, &like);
+        assert_eq!((start, first.shape()[2]), (0, STEP));
+        let (second, start) = reserve(&mut cache, &like);
+        assert_eq!(start, 1);
+        assert_eq!(data(&first), data(&second), "one buffer while held alone");
+
+        // A copy of the cache shares the buffers: the next room is a copy.
+        let snapshot = cache.clone();
+        let (third, start) = reserve(&mut cache, &like);
+        assert_eq!((start, cache.offset(), snapshot.offset()), (2, 3, 2));
+        assert_ne!(data(&third), data(&second));
+        let (fourth, _) = reserve(&mut cache, &like);
+        assert_eq!(data(&fourth), data(&third));
+
+        // So does a slice of its state.
+        let (keys, _) = cache.state().unwrap();
+        assert_eq!(keys.shape()[2], 4);
+        let (fifth, start) = reserve(&mut cache, &like);
+        assert_eq!(start, 4);
+        assert_ne!(data(&fifth), data(&fourth));
+
+        // Appending by `update_and_fetch` continues after the room.
+        let (k, _) = cache.update_and_fetch(&like, &like).unwrap();
+        assert_eq!((k.shape()[2], cache.offset()), (6, 6));
+
+        // Past the capacity the buffers grow.
+        cache.trim(6);
+        for _ in 0..STEP {
+            reserve(&mut cache, &like);
+        }
+        let (grown, start) = reserve(&mut cache, &like);
+        assert_eq!(start, STEP);
+        assert!(grown.shape()[2] > STEP);
+    }
 }

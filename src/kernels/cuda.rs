@@ -75,6 +75,13 @@ pub(crate) fn routing() -> u8 {
     state()
 }
 
+/// Whether the routing takes single rows (`MLX_BUN_CUDA_KERNEL=all`), where
+/// decode attention runs as one launch of mlx-bun's too
+/// (`cuda_attention`).
+pub(crate) fn takes_single_rows() -> bool {
+    matches!(state(), ALL | EVERYWHERE)
+}
+
 /// Turns the kernel on or off for this process (benchmarks compare both);
 /// on keeps the settings' `all` policy.
 pub fn set_enabled(on: bool) {
@@ -280,11 +287,11 @@ fn launch_all(
     let mut inputs = vec![x];
     inputs.extend_from_slice(weights);
     run_kernel(
-        variant,
+        kernel(variant)?,
         &inputs,
         &outputs,
         &template_ints,
-        [x.dtype(), scales.dtype()],
+        &[x.dtype(), scales.dtype()],
         (blocks * tuning.warps * 32, 1, 1),
         (tuning.warps * 32, 1, 1),
     )
@@ -405,12 +412,12 @@ impl Variant {
 const INT_PARAMS: [&str; 6] = ["MB", "GS", "BITS", "WARPS", "R", "KCAP"];
 const TYPE_PARAMS: [&str; 2] = ["T", "S"];
 
-fn cstring(s: &str) -> Result<CString> {
+pub(crate) fn cstring(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| anyhow!("kernel text contains a NUL byte"))
 }
 
 /// The kernel source without comments.
-fn compact(source: &str) -> String {
+pub(crate) fn compact(source: &str) -> String {
     source
         .lines()
         .map(|line| match line.find("//") {
@@ -425,7 +432,8 @@ fn compact(source: &str) -> String {
 
 /// The MLX custom-kernel object and the C strings each application passes,
 /// made once per process and variant.
-struct Kernel {
+pub(crate) struct Kernel {
+    name: &'static str,
     handle: mlx_sys::mlx_fast_cuda_kernel,
     int_params: Vec<CString>,
     type_params: Vec<CString>,
@@ -471,17 +479,46 @@ fn header() -> Result<&'static str> {
         .map_err(|e| anyhow!("{e}"))
 }
 
+/// What MLX needs to make one custom kernel.
+pub(crate) struct KernelText<'a> {
+    pub(crate) name: &'static str,
+    /// Device code the body calls, without comments (MLX copies the whole
+    /// text into each kernel node).
+    pub(crate) header: &'a str,
+    /// The statements MLX wraps in a kernel signature.
+    pub(crate) body: &'a str,
+    pub(crate) inputs: &'a [&'a str],
+    pub(crate) outputs: &'a [&'a str],
+    /// Names of the compile-time integers, in the order applications give them.
+    pub(crate) int_params: &'a [&'a str],
+    /// Names of the compile-time types, in the order applications give them.
+    pub(crate) type_params: &'a [&'a str],
+}
+
 fn make_kernel(variant: Variant) -> Result<Kernel> {
-    let name = cstring(variant.name())?;
-    let header = cstring(header()?)?;
-    let body = cstring(variant.body())?;
-    let input_names: Vec<CString> = variant
-        .inputs()
+    make_custom_kernel(&KernelText {
+        name: variant.name(),
+        header: header()?,
+        body: variant.body(),
+        inputs: variant.inputs(),
+        outputs: variant.outputs(),
+        int_params: &INT_PARAMS,
+        type_params: &TYPE_PARAMS,
+    })
+}
+
+/// An MLX custom kernel for `text` (compiled by NVRTC on its first launch).
+pub(crate) fn make_custom_kernel(text: &KernelText) -> Result<Kernel> {
+    let name = cstring(text.name)?;
+    let header = cstring(text.header)?;
+    let body = cstring(text.body)?;
+    let input_names: Vec<CString> = text
+        .inputs
         .iter()
         .map(|n| cstring(n))
         .collect::<Result<_>>()?;
-    let output_names: Vec<CString> = variant
-        .outputs()
+    let output_names: Vec<CString> = text
+        .outputs
         .iter()
         .map(|n| cstring(n))
         .collect::<Result<_>>()?;
@@ -510,15 +547,18 @@ fn make_kernel(variant: Variant) -> Result<Kernel> {
         kernel
     };
     if handle.ctx.is_null() {
-        bail!("MLX could not create the CUDA kernel {}", variant.name());
+        bail!("MLX could not create the CUDA kernel {}", text.name);
     }
     Ok(Kernel {
+        name: text.name,
         handle,
-        int_params: INT_PARAMS
+        int_params: text
+            .int_params
             .iter()
             .map(|n| cstring(n))
             .collect::<Result<_>>()?,
-        type_params: TYPE_PARAMS
+        type_params: text
+            .type_params
             .iter()
             .map(|n| cstring(n))
             .collect::<Result<_>>()?,
@@ -528,16 +568,18 @@ fn make_kernel(variant: Variant) -> Result<Kernel> {
 /// Applies the kernel (compiled by MLX on first use) to `inputs` in the order
 /// of the variant's input names; `grid` counts threads in total per
 /// dimension (MLX divides by the block).
-fn run_kernel(
-    variant: Variant,
+pub(crate) fn run_kernel(
+    kernel: &Kernel,
     inputs: &[&Array],
     outputs: &[(Vec<i32>, Dtype)],
-    ints: &[i32; 6],
-    types: [Dtype; 2],
+    ints: &[i32],
+    types: &[Dtype],
     grid: (i32, i32, i32),
     block: (i32, i32, i32),
 ) -> Result<Vec<Array>> {
-    let kernel = kernel(variant)?;
+    if ints.len() != kernel.int_params.len() || types.len() != kernel.type_params.len() {
+        bail!("the CUDA kernel {} takes other parameters", kernel.name);
+    }
     // SAFETY: every handle created here is freed before returning; the
     // C strings live as long as the process; on success the output array is
     // copied out of the vector (a new reference) before the vector is freed.
@@ -560,7 +602,7 @@ fn run_kernel(
             rc |= mlx_sys::mlx_fast_cuda_kernel_config_add_template_arg_dtype(
                 config,
                 n.as_ptr(),
-                d as mlx_sys::mlx_dtype,
+                *d as mlx_sys::mlx_dtype,
             );
         }
         for (n, v) in kernel.int_params.iter().zip(ints) {
@@ -581,7 +623,7 @@ fn run_kernel(
         }
         let mut result = Err(anyhow!(
             "the CUDA kernel {} failed to build or run",
-            variant.name()
+            kernel.name
         ));
         if rc == 0 && mlx_sys::mlx_vector_array_size(made) == outputs.len() {
             let mut arrays = Vec::with_capacity(outputs.len());

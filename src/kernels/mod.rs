@@ -19,6 +19,7 @@ use mlx_rs::{Array, Dtype};
 use crate::quant::QuantSpec;
 
 pub mod cuda;
+pub mod cuda_attention;
 
 extern "C" {
     fn mlx_bun_cpu_qmm(

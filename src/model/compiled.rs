@@ -9,7 +9,9 @@
 //! (the RoPE offset, the cache's length): before attention, the input norm
 //! and the query/key/value projections; after it, the output projection, the
 //! residual, the MLP's norm, the MLP and its residual. RoPE, the cache update
-//! and the attention itself are built per step as before.
+//! and the attention itself are built per step as before, or as one launch
+//! of mlx-bun's decode attention kernel where it runs
+//! (`kernels::cuda_attention`).
 
 use std::sync::Mutex;
 
@@ -146,12 +148,21 @@ pub(crate) fn forward(
     let (Some(q), Some(k), Some(v)) = (projected.next(), projected.next(), projected.next()) else {
         anyhow::bail!("the compiled projections returned too few arrays");
     };
-    let gate = projected.next();
+    let inputs = AttentionInputs {
+        q,
+        k,
+        v,
+        gate: projected.next(),
+    };
     let positions = cache.positions();
-    let AttentionInputs { q, k, v, gate } = block
-        .self_attn
-        .rotated(AttentionInputs { q, k, v, gate }, &positions)?;
-    let out = block.self_attn.attend(q, k, v, &positions, cache)?;
+    let attn = &block.self_attn;
+    let (out, gate) = match attn.attend_in_place(&inputs, &positions, cache)? {
+        Some(out) => (out, inputs.gate),
+        None => {
+            let AttentionInputs { q, k, v, gate } = attn.rotated(inputs, &positions)?;
+            (attn.attend(q, k, v, &positions, cache)?, gate)
+        }
+    };
     let mut inputs = vec![&out, x];
     inputs.extend(gate.as_ref());
     let mut result = pieces.after.apply(&inputs)?;

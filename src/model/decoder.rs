@@ -408,10 +408,59 @@ impl Attention {
                 v,
                 gate: None,
             },
-            None => self.rotated(self.projections(x)?, &positions)?,
+            None => {
+                let inputs = self.projections(x)?;
+                if let Some(out) = self.attend_in_place(&inputs, &positions, cache)? {
+                    return self.output(&out, inputs.gate.as_ref(), residual);
+                }
+                self.rotated(inputs, &positions)?
+            }
         };
         let out = self.attend(q, k, v, &positions, cache)?;
         self.output(&out, gate.as_ref(), residual)
+    }
+
+    /// The heads' outputs `[B, 1, heads × head_dim]` for one new token's
+    /// queries, keys and values before RoPE, by one launch of the CUDA decode
+    /// attention kernel (RoPE, the cache write in place, the attention) where
+    /// it takes this block, step and cache; `None`, with nothing appended,
+    /// elsewhere.
+    pub(crate) fn attend_in_place(
+        &self,
+        inputs: &AttentionInputs,
+        positions: &Positions,
+        cache: &mut dyn KvCache,
+    ) -> Result<Option<Array>> {
+        let plain = self.query_scaling.is_none()
+            && self.sinks.is_none()
+            && self.logit_softcap.is_none()
+            && self.latent.is_none();
+        let (Some(rope), Positions::Shared(offset)) = (&self.rope, positions) else {
+            return Ok(None);
+        };
+        if !plain || rope.mscale != 1.0 || *offset != cache.offset() as i32 {
+            return Ok(None);
+        }
+        let layout = crate::kernels::cuda_attention::DecodeAttention {
+            heads: self.n_heads,
+            kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+            scale: self.scale,
+            rope: rope.params(),
+        };
+        if !crate::kernels::cuda_attention::applies(&inputs.q, &layout) {
+            return Ok(None);
+        }
+        let Some((keys, values, start)) = cache.reserve_in_place(&inputs.k, &inputs.v, 1)? else {
+            return Ok(None);
+        };
+        crate::kernels::cuda_attention::decode_attention(
+            [&inputs.q, &inputs.k, &inputs.v],
+            [&keys, &values],
+            start,
+            &layout,
+        )
+        .map(Some)
     }
 
     /// The heads' outputs `[B, L, heads × head_dim]` for queries, keys and
