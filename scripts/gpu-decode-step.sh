@@ -69,7 +69,7 @@ decode)
     note "round $round mlx-lm: $(grep -E '^(Prompt|Generation):' "$OUT/mlx-lm-$round.log" | tr '\n' ' ')"
     # compile:kernel:graphs[:attention] (MLX_BUN_COMPILE_STEP, MLX_BUN_CUDA_KERNEL,
     # MLX_USE_CUDA_GRAPHS, MLX_BUN_CUDA_ATTENTION; unset without the fourth).
-    for variant in ${VARIANTS:-1:0:1 1:all:1:0 1:all:1}; do
+    for variant in ${VARIANTS:-1:0:1 1:all:1 1:all:1:1}; do
       set -- ${variant//:/ }
       attention="${4:-}"
       tag="compile$1-kernel$2-graphs$3${attention:+-attention$attention}"
@@ -85,7 +85,7 @@ parity)
   BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
   M="$WORK/models/$MODEL_NAME"
   # compile kernel attention (MLX_BUN_CUDA_ATTENTION, "-": unset).
-  for variant in ${PARITY_VARIANTS:-"1 0 -" "1 0 1" "1 all 0" "1 all -"}; do
+  for variant in ${PARITY_VARIANTS:-"1 0 -" "1 0 1" "1 all -" "1 all 1"}; do
     set -- $variant
     attention="${3#-}"
     tag="compile$1-kernel$2-attention${3}"

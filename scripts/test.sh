@@ -14,6 +14,8 @@ fi
 if [[ -x scripts/oracle/setup.sh ]]; then
   bash scripts/oracle/setup.sh >/dev/null
 fi
+# NVRTC and the CUDA headers: the CUDA kernels must compile without a GPU.
+bash scripts/cuda/nvrtc-setup.sh >/dev/null
 # The pinned openai/anthropic clients the agent tests drive the server with.
 bash scripts/clients-setup.sh >/dev/null
 cargo fmt --check

@@ -27,8 +27,8 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MLX_BUN_CPU_ISA", "`scalar`, `neon`, `avx2` or `avx512`: the widest instruction set the CPU kernel may use"),
     ("MLX_BUN_CPU_INT8_DOT", "`1`: products of decode-sized inputs (at most 16 rows) on the CPU quantize their activations to int8 per 16 elements and use integer dot products (AVX-512; llama.cpp's kind of arithmetic: faster decoding, not mlx-lm's, so tokens may differ); `all`: prompts too (slower than the float kernel today); default `0`, off"),
     ("MLX_BUN_DENSE_ROWS", "rows from which a quantized layer on the CPU is dequantized and run as one dense matmul (default 16; 0: never)"),
-    ("MLX_BUN_CUDA_KERNEL", "`1` (or `on`) uses mlx-bun's CUDA quantized matrix-vector kernel where it wins, `all` wherever it can run (single rows included, and one new token's RoPE, cache write and attention as one launch of mlx-bun's decode attention kernel), `0` nowhere; default: on for `serve`, off elsewhere"),
-    ("MLX_BUN_CUDA_ATTENTION", "`1` runs one new token's RoPE, cache write and attention as one launch of mlx-bun's CUDA decode attention kernel, `0` keeps MLX's nodes; default: as `MLX_BUN_CUDA_KERNEL=all`"),
+    ("MLX_BUN_CUDA_KERNEL", "`1` (or `on`) uses mlx-bun's CUDA quantized matrix-vector kernel where it wins, `all` wherever it can run, `0` nowhere; default: on for `serve`, off elsewhere"),
+    ("MLX_BUN_CUDA_ATTENTION", "`1` runs one new token's RoPE, cache write and attention as one launch of mlx-bun's CUDA decode attention kernel (not yet timed on a GPU, see docs/gpu.md), `0` or unset keeps MLX's nodes"),
     ("MLX_BUN_COMPILE_STEP", "`1` compiles each layer's decode step with MLX's compile (the projections before attention, the output projection and MLP after it), on any device; `0` builds every node of every step; default: compiled on a GPU, not on the CPU"),
     ("MLX_BUN_QMV_R", "CUDA kernel tuning: output columns per warp (1, 2, 4 or 8)"),
     ("MLX_BUN_QMV_WARPS", "CUDA kernel tuning: warps per block (1 to 16; default 4)"),
@@ -60,9 +60,8 @@ pub struct Settings {
     pub cuda_kernel: CudaKernel,
     /// Launch-shape overrides for the CUDA kernel.
     pub qmv: QmvTuning,
-    /// mlx-bun's CUDA decode attention kernel: `Some` forces it on or off;
-    /// `None` follows the CUDA kernel's `all`.
-    pub cuda_attention: Option<bool>,
+    /// mlx-bun's CUDA decode attention kernel (off by default).
+    pub cuda_attention: bool,
     /// Compile each layer's decode step: `Some` forces it on or off on any
     /// device; `None` leaves it to the device (see `model::compiled`).
     pub compile_step: Option<bool>,
@@ -293,9 +292,8 @@ impl Settings {
                 source: text("MLX_BUN_QMV_SOURCE")?.map(PathBuf::from),
             },
             cuda_attention: match text("MLX_BUN_CUDA_ATTENTION")?.as_deref() {
-                None => None,
-                Some("1") => Some(true),
-                Some("0") => Some(false),
+                None | Some("0") => false,
+                Some("1") => true,
                 Some(other) => bail!("MLX_BUN_CUDA_ATTENTION={other:?}: expected 0 or 1"),
             },
             compile_step: match text("MLX_BUN_COMPILE_STEP")?.as_deref() {

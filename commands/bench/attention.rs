@@ -226,8 +226,7 @@ fn run_case(case: &Case, dtype: Dtype, args: &Args) -> Result<CaseResult> {
         let keys = mlx_bun::mlx_ext::slice_update(keys, &kr, &[0, 0, pos, 0])?;
         let values = mlx_bun::mlx_ext::slice_update(values, &v, &[0, 0, pos, 0])?;
         let live = |a: &Array| a.index((.., .., ..pos + 1, ..));
-        let out =
-            scaled_dot_product_attention(&qr, live(&keys), live(&values), scale, None, None)?;
+        let out = scaled_dot_product_attention(&qr, live(&keys), live(&values), scale, None, None)?;
         let out = out.transpose_axes(&[0, 2, 1, 3])?.reshape(&[1, 1, h * d])?;
         Ok((out, keys, values))
     };

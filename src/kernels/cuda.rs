@@ -75,11 +75,10 @@ pub(crate) fn routing() -> u8 {
     state()
 }
 
-/// Whether the routing takes single rows (`MLX_BUN_CUDA_KERNEL=all`), where
-/// decode attention runs as one launch of mlx-bun's too
-/// (`cuda_attention`).
-pub(crate) fn takes_single_rows() -> bool {
-    matches!(state(), ALL | EVERYWHERE)
+/// Whether a benchmark forced mlx-bun's kernels everywhere they can run
+/// ([`set_everywhere`]).
+pub(crate) fn forced_everywhere() -> bool {
+    state() == EVERYWHERE
 }
 
 /// Turns the kernel on or off for this process (benchmarks compare both);

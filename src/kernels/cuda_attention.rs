@@ -4,10 +4,12 @@
 //! query heads' attention over every cached position. MLX builds the same
 //! from five or six nodes per layer (two RoPEs, two cache writes, the
 //! attention), and a single sequence's decode step on a GPU is bound by the
-//! host time each node costs (docs/gpu.md). It runs where the CUDA kernel
-//! takes single rows (`MLX_BUN_CUDA_KERNEL=all`), or as
-//! `MLX_BUN_CUDA_ATTENTION` says: its sums are ordered differently from
-//! MLX's attention, so it changes the last bits.
+//! host time each node costs (docs/gpu.md). It runs where
+//! `MLX_BUN_CUDA_ATTENTION=1` asks for it (and in `bench attention`): it
+//! has not been timed on a GPU yet, and its sums are ordered differently
+//! from MLX's attention, so it changes the last bits. Its logic is checked
+//! on the CPU (`tests/cuda_attention_emulated.rs`) and its source under
+//! NVRTC (`tests/cuda_nvrtc.rs`).
 
 use anyhow::{anyhow, bail, Result};
 use mlx_rs::{Array, Dtype};
@@ -34,7 +36,7 @@ pub struct DecodeAttention<'a> {
 }
 
 /// Whether the kernel computes this block's step for queries `q` `[B,
-/// heads, 1, head_dim]`: on a GPU whose routing takes single rows, a half
+/// heads, 1, head_dim]`: on a GPU where it is asked for, a half
 /// dtype, head dim 64, 128 or 256 (adjacent-pair RoPE from 128), RoPE over
 /// the whole head.
 pub fn applies(q: &Array, layout: &DecodeAttention) -> bool {
@@ -46,9 +48,7 @@ pub fn applies(q: &Array, layout: &DecodeAttention) -> bool {
                 .freqs
                 .is_some_and(|f| f.dtype() == Dtype::Float32 && f.size() as i32 == d / 2));
     crate::mlx_ext::on_gpu()
-        && crate::settings::get()
-            .cuda_attention
-            .unwrap_or_else(cuda::takes_single_rows)
+        && (crate::settings::get().cuda_attention || cuda::forced_everywhere())
         && q.ndim() == 4
         && q.shape()[1] == layout.heads
         && q.shape()[2] == 1
