@@ -64,6 +64,9 @@ _mlx__bun() {
             mlx__bun,upload)
                 cmd="mlx__bun__subcmd__upload"
                 ;;
+            mlx__bun__subcmd__bench,attention)
+                cmd="mlx__bun__subcmd__bench__subcmd__attention"
+                ;;
             mlx__bun__subcmd__bench,feature-matrix)
                 cmd="mlx__bun__subcmd__bench__subcmd__feature__subcmd__matrix"
                 ;;
@@ -78,6 +81,9 @@ _mlx__bun() {
                 ;;
             mlx__bun__subcmd__bench,qmv)
                 cmd="mlx__bun__subcmd__bench__subcmd__qmv"
+                ;;
+            mlx__bun__subcmd__bench__subcmd__help,attention)
+                cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__attention"
                 ;;
             mlx__bun__subcmd__bench__subcmd__help,feature-matrix)
                 cmd="mlx__bun__subcmd__bench__subcmd__help__subcmd__feature__subcmd__matrix"
@@ -178,6 +184,9 @@ _mlx__bun() {
             mlx__bun__subcmd__help,upload)
                 cmd="mlx__bun__subcmd__help__subcmd__upload"
                 ;;
+            mlx__bun__subcmd__help__subcmd__bench,attention)
+                cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__attention"
+                ;;
             mlx__bun__subcmd__help__subcmd__bench,feature-matrix)
                 cmd="mlx__bun__subcmd__help__subcmd__bench__subcmd__feature__subcmd__matrix"
                 ;;
@@ -241,12 +250,46 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench)
-            opts="-h --help feature-matrix generate qmv forward help"
+            opts="-h --help feature-matrix generate qmv attention forward help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
             case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__bench__subcmd__attention)
+            opts="-h --heads --context --dtype --batch --runs --json --check --help"
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                --heads)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --context)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --dtype)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --batch)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --runs)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 *)
                     COMPREPLY=()
                     ;;
@@ -417,8 +460,22 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__bench__subcmd__help)
-            opts="feature-matrix generate qmv forward help"
+            opts="feature-matrix generate qmv attention forward help"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__bench__subcmd__help__subcmd__attention)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi
@@ -1381,8 +1438,22 @@ _mlx__bun() {
             return 0
             ;;
         mlx__subcmd__bun__subcmd__help__subcmd__bench)
-            opts="feature-matrix generate qmv forward"
+            opts="feature-matrix generate qmv attention forward"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
+                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+                return 0
+            fi
+            case "${prev}" in
+                *)
+                    COMPREPLY=()
+                    ;;
+            esac
+            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
+            return 0
+            ;;
+        mlx__subcmd__bun__subcmd__help__subcmd__bench__subcmd__attention)
+            opts=""
+            if [[ ${cur} == -* || ${COMP_CWORD} -eq 4 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
             fi

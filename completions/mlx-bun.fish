@@ -266,12 +266,13 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from fuse" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "fuse" -d 'Merge an adapter into the base weights and write a new model directory'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand train; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -s h -l help -d 'Print help'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "generate" -d 'Prompt and generation speed on a random prompt, as `mlx_lm.benchmark`'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
-complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv attention forward help" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv attention forward help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv attention forward help" -f -a "generate" -d 'Prompt and generation speed on a random prompt, as `mlx_lm.benchmark`'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv attention forward help" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv attention forward help" -f -a "attention" -d 'mlx-bun\'s CUDA decode attention kernel (RoPE, cache write and attention in one launch) against MLX\'s nodes for the step (GPU)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv attention forward help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and not __fish_seen_subcommand_from feature-matrix generate qmv attention forward help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -s m -l model -d 'Model directory or Hugging Face repo id (default: the embedded SmolLM2-135M-Instruct)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l draft-model -d 'Draft model of the spec cells (default: the model itself)' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from feature-matrix" -l cells -d 'Only these cells (comma-separated names; default: all)' -r
@@ -304,6 +305,14 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l glu -d 'Time the gated MLP\'s first half, `silu(x @ gate.T) * (x @ up.T)` with gate and up of each shape: one fused kernel against MLX\'s two products and three elementwise ops'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -l check -d 'Exit with an error when the kernel\'s output differs from MLX\'s by more than float tolerance (relative to the largest output)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from qmv" -s h -l help -d 'Print help'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from attention" -l heads -d 'Heads as QUERYxKEY/VALUE:HEAD_DIM (Llama 3 8B\'s by default)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from attention" -l context -d 'Positions already in the cache' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from attention" -l dtype -d 'Activation dtype: bfloat16 or float16' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from attention" -l batch -d 'Layers per timed graph (one evaluation launches them all)' -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from attention" -l runs -r
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from attention" -l json
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from attention" -l check -d 'Also check adjacent-pair RoPE and per-pair frequencies, and exit with an error where the kernel\'s output or cache write differs from MLX\'s beyond the tolerance'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from attention" -s h -l help -d 'Print help'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -s m -l model -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l compute-dtype -d 'The dtype the model computes in: auto (float32 on the CPU, where MLX is fast only in float32; the model\'s own dtype on a GPU), model (the dtype its weights are stored in, on every device, as mlx-lm computes) or float32' -r
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from forward" -l synthetic -d 'Random weights of a known shape instead of a model folder: llama-8b, llama-1b or smollm2-135m' -r
@@ -321,6 +330,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_s
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "generate" -d 'Prompt and generation speed on a random prompt, as `mlx_lm.benchmark`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "attention" -d 'mlx-bun\'s CUDA decode attention kernel (RoPE, cache write and attention in one launch) against MLX\'s nodes for the step (GPU)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand bench; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand evals; and not __fish_seen_subcommand_from list show compare import report help" -l db -d 'Eval database (default: $MLX_BUN_EVAL_DB, else <XDG data dir>/mlx-bun/evals.db)' -r -F
@@ -431,6 +441,7 @@ complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_su
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "feature-matrix" -d 'Every serving feature combination against the real `mlx-bun serve`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "generate" -d 'Prompt and generation speed on a random prompt, as `mlx_lm.benchmark`'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "qmv" -d 'mlx-bun\'s CUDA quantized matrix-vector kernel against MLX\'s, on random weights (GPU)'
+complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "attention" -d 'mlx-bun\'s CUDA decode attention kernel (RoPE, cache write and attention in one launch) against MLX\'s nodes for the step (GPU)'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from bench" -f -a "forward" -d 'Time one forward pass over L new tokens after a fixed context'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "list" -d 'The newest runs, one line each'
 complete -c mlx-bun -n "__fish_mlx_bun_using_subcommand help; and __fish_seen_subcommand_from evals" -f -a "show" -d 'One run: provenance, flags and every metric'
