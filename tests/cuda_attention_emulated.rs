@@ -7,12 +7,11 @@
 //! outputs, the rotated key and the value written at the new position, and
 //! every other cached position left as it was.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
+use common::cuda_emulation::{build, floats, random, read, relative, run, write};
 use mlx_rs::fast::{rope, scaled_dot_product_attention};
 use mlx_rs::ops::indexing::IndexOp;
-use mlx_rs::transforms::eval;
 use mlx_rs::{Array, Dtype};
 
 mod common;
@@ -29,97 +28,15 @@ struct Case {
 
 const BASE: f32 = 10000.0;
 
-/// The emulated kernel, built once into `dir`.
-fn build(dir: &Path) -> PathBuf {
-    let root = common::repo_root();
-    let include = dir.join("include");
-    std::fs::create_dir_all(&include).unwrap();
-    // The CUDA headers the kernel includes; the shim defines what it uses.
-    for header in ["cuda_bf16.h", "cuda_fp16.h"] {
-        std::fs::write(include.join(header), "").unwrap();
-    }
-    let exe = dir.join("decode_attention");
-    let compiler = std::env::var("CXX").unwrap_or_else(|_| "c++".into());
-    let out = Command::new(&compiler)
-        .args([
-            "-std=c++20",
-            "-O2",
-            "-pthread",
-            "-Wall",
-            "-Wno-unknown-pragmas",
-        ])
-        .arg("-I")
-        .arg(&include)
-        .arg("-I")
-        .arg(root.join("kernels/cuda"))
-        .arg("-I")
-        .arg(root.join("tests/cuda_emulation"))
-        .arg("-o")
-        .arg(&exe)
-        .arg(root.join("tests/cuda_emulation/decode_attention.cpp"))
-        .output()
-        .unwrap_or_else(|e| panic!("running the C++ compiler {compiler}: {e}"));
-    assert!(
-        out.status.success(),
-        "compiling the emulated kernel: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    exe
-}
-
-fn random_bf16(shape: &[i32]) -> Array {
-    let a = mlx_rs::random::normal::<f32>(shape, None, None, None)
-        .unwrap()
-        .as_dtype(Dtype::Bfloat16)
-        .unwrap();
-    eval([&a]).unwrap();
-    a
-}
-
-fn floats(a: &Array) -> Vec<f32> {
-    let a = a.as_dtype(Dtype::Float32).unwrap();
-    eval([&a]).unwrap();
-    a.as_slice::<f32>().to_vec()
-}
-
-fn write(path: PathBuf, a: &Array) {
-    let bytes: Vec<u8> = floats(a).iter().flat_map(|f| f.to_le_bytes()).collect();
-    std::fs::write(path, bytes).unwrap();
-}
-
-fn read(path: PathBuf) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn max_abs(v: &[f32]) -> f32 {
-    v.iter().fold(0.0, |m, x| m.max(x.abs()))
-}
-
-/// The largest difference relative to the largest reference value.
-fn relative(ours: &[f32], reference: &[f32]) -> f32 {
-    assert_eq!(ours.len(), reference.len());
-    let diff = ours
-        .iter()
-        .zip(reference)
-        .fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
-    if ours.iter().any(|x| x.is_nan()) {
-        return f32::NAN;
-    }
-    diff / max_abs(reference).max(f32::MIN_POSITIVE)
-}
-
 fn check(exe: &Path, dir: &Path, case: &Case) {
     let (h, kvh, d, pos) = (case.heads, case.kv_heads, case.head_dim, case.position);
     let capacity = (pos + 256) / 256 * 256;
-    let q = random_bf16(&[1, h, 1, d]);
-    let k = random_bf16(&[1, kvh, 1, d]);
-    let v = random_bf16(&[1, kvh, 1, d]);
-    let keys = random_bf16(&[1, kvh, capacity, d]);
-    let values = random_bf16(&[1, kvh, capacity, d]);
+    let bf16 = Dtype::Bfloat16;
+    let q = random(&[1, h, 1, d], bf16);
+    let k = random(&[1, kvh, 1, d], bf16);
+    let v = random(&[1, kvh, 1, d], bf16);
+    let keys = random(&[1, kvh, capacity, d], bf16);
+    let values = random(&[1, kvh, capacity, d], bf16);
     let freqs = Array::from_iter(
         (0..d / 2).map(|i| BASE.powf(2.0 * i as f32 / d as f32) * (1.0 + (i % 3) as f32 * 0.5)),
         &[d / 2],
@@ -135,29 +52,22 @@ fn check(exe: &Path, dir: &Path, case: &Case) {
         write(dir.join(name), a);
     }
     let scale = (d as f32).powf(-0.5);
-    let out = Command::new(exe)
-        .arg(dir)
-        .args(
-            [
-                1,
-                h,
-                kvh,
-                d,
-                capacity,
-                pos,
-                case.traditional as i32,
-                case.freqs as i32,
-            ]
-            .map(|n| n.to_string()),
-        )
-        .args([scale, 1.0, BASE.log2()].map(|f| f.to_string()))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the emulated kernel: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let mut args = vec![dir.display().to_string()];
+    args.extend(
+        [
+            1,
+            h,
+            kvh,
+            d,
+            capacity,
+            pos,
+            case.traditional as i32,
+            case.freqs as i32,
+        ]
+        .map(|n| n.to_string()),
     );
+    args.extend([scale, 1.0, BASE.log2()].map(|f| f.to_string()));
+    run(exe, &args);
 
     // MLX's RoPE on the bfloat16 heads, then attention in float32 over the
     // cache with the rotated key and the value written at `pos`.
@@ -221,7 +131,7 @@ fn check(exe: &Path, dir: &Path, case: &Case) {
 #[test]
 fn decode_attention_kernel_matches_mlx_rope_and_attention() {
     let work = tempfile::tempdir().unwrap();
-    let exe = build(work.path());
+    let exe = build(work.path(), "decode_attention");
     let cases = [
         // Llama 3 8B's heads: four query heads per key head.
         (32, 8, 128, false, false, 0),

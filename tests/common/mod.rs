@@ -1,6 +1,7 @@
 //! Shared helpers for the integration tests.
 #![allow(dead_code)]
 
+pub mod cuda_emulation;
 pub mod hub;
 pub mod server;
 
