@@ -33,7 +33,7 @@ fn product(x: &Array, [w, s, b]: &[Array; 3], bits: i32) -> Array {
     let dense = dequantize(
         w,
         s.as_dtype(f32).unwrap(),
-        b.as_dtype(f32).unwrap(),
+        &b.as_dtype(f32).unwrap(),
         GS,
         bits,
     )
