@@ -26,8 +26,8 @@ fn layer(n: i32, k: i32, bits: i32) -> [Array; 3] {
 
 /// `x @ dequantize(w).T` in float32: MLX's dequantization with float32
 /// scales and biases, then a float32 matmul. (MLX's CPU `quantized_matmul`
-/// sums bfloat16 in bfloat16: 3e-2 from this at K = 512, where the kernel,
-/// like MLX's CUDA one, sums in float.)
+/// on bfloat16 inputs came out 3e-2 from this at K = 512; the kernel sums
+/// in float.)
 fn product(x: &Array, [w, s, b]: &[Array; 3], bits: i32) -> Array {
     let f32 = Dtype::Float32;
     let dense = dequantize(
