@@ -1,4 +1,5 @@
-//! mlx-bun's CUDA quantized matrix-vector kernel (`kernels/cuda/qmv.cu`).
+//! mlx-bun's CUDA quantized matrix-vector kernel (`kernels/cuda/qmv.cu`)
+//! and decode attention kernel (`kernels/cuda/decode_attention.cu`).
 //! On a machine with an NVIDIA GPU, its output must equal MLX's
 //! `quantized_matmul` within float tolerance for 4- and 8-bit weights and
 //! 1-4 rows (bfloat16 and float16 activations). CI has no GPU: there the kernel check is skipped, saying so, and
@@ -63,5 +64,48 @@ fn kernel_matches_mlx_quantized_matmul_or_refuses_without_a_gpu() {
     }
     if !has_gpu() {
         eprintln!("skipped: no GPU here, so the CUDA kernel's output was not compared (the refusal was checked)");
+    }
+}
+
+/// The decode attention kernel against MLX's nodes (`bench attention
+/// --check`) on a GPU; the same clear refusal without one.
+#[test]
+fn decode_attention_matches_mlx_or_refuses_without_a_gpu() {
+    let out = common::bin()
+        .args([
+            "bench",
+            "attention",
+            "--check",
+            "--json",
+            "--runs",
+            "1",
+            "--batch",
+            "4",
+        ])
+        .args([
+            "--heads",
+            "32x8:128,16x16:64,8x1:256",
+            "--context",
+            "0,17,300",
+        ])
+        .output()
+        .expect("running mlx-bun");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !has_gpu() {
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("needs a GPU"), "{stderr}");
+        eprintln!("skipped: no GPU here, so the decode attention kernel ran only emulated (tests/cuda_attention_emulated.rs); the refusal was checked");
+        return;
+    }
+    assert!(out.status.success(), "bench attention failed: {stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    assert_eq!(rows.len(), 3 * 3 * 3 - 3, "{stdout}");
+    for row in rows {
+        assert!(row["max_rel_diff"].as_f64().unwrap() <= 2e-2, "{row}");
+        assert!(row["cache_rel_diff"].as_f64().unwrap() <= 1e-2, "{row}");
     }
 }
