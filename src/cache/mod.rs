@@ -152,7 +152,7 @@ pub trait KvCache: Send {
     /// kernel that writes them in place (`kernels::cuda_attention`): the key
     /// and value buffers and the position the new ones start at, counted as
     /// written. `None`, with nothing changed, where the cache keeps no such
-    /// buffers.
+    /// buffers or keeps them in another dtype than `keys`.
     fn reserve_in_place(
         &mut self,
         _keys: &Array,
@@ -382,6 +382,9 @@ impl KvCache for StandardCache {
         values: &Array,
         n: i32,
     ) -> Result<Option<(Array, Array, i32)>> {
+        if self.keys.as_ref().is_some_and(|k| k.dtype() != keys.dtype()) {
+            return Ok(None);
+        }
         let start = self.offset as i32;
         let capacity = self.keys.as_ref().map(|k| k.shape()[2]).unwrap_or(0);
         if start + n > capacity || !self.alone.load(Ordering::Relaxed) {
@@ -663,5 +666,10 @@ mod tests {
         let (grown, start) = reserve(&mut cache, &like);
         assert_eq!(start, STEP);
         assert!(grown.shape()[2] > STEP);
+
+        // Buffers of another dtype are left to the node-by-node path.
+        let half = like.as_dtype(mlx_rs::Dtype::Float16).unwrap();
+        assert!(cache.reserve_in_place(&half, &half, 1).unwrap().is_none());
+        assert_eq!(cache.offset(), STEP as usize + 1);
     }
 }
