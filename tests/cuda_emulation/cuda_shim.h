@@ -9,6 +9,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
 
 #define __device__
 #define __global__
@@ -165,3 +168,31 @@ struct __nv_bfloat16 {
     return f;
   }
 };
+
+// Runs `grid` blocks of `threads` threads (a multiple of 32), one block
+// after another, every thread calling `body`.
+inline void emulate_grid(dim3 grid, unsigned threads, const std::function<void()>& body) {
+  gridDim = grid;
+  blockDim = {threads, 1, 1};
+  for (unsigned z = 0; z < grid.z; ++z) {
+    for (unsigned y = 0; y < grid.y; ++y) {
+      for (unsigned x = 0; x < grid.x; ++x) {
+        blockIdx = {x, y, z};
+        std::barrier<> block(threads);
+        emulated_block = &block;
+        std::vector<EmulatedWarp> warps(threads / 32);
+        std::vector<std::thread> running;
+        for (unsigned t = 0; t < threads; ++t) {
+          running.emplace_back([&, t] {
+            threadIdx = {t, 0, 0};
+            emulated_warp = &warps[t / 32];
+            body();
+          });
+        }
+        for (auto& thread : running) {
+          thread.join();
+        }
+      }
+    }
+  }
+}

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "decode_attention.cu"
@@ -50,28 +49,11 @@ template <int D, int TRAD, int FREQS>
 static void launch(int b_rows, int heads, const T* q, const T* k, const T* v, const T* keys,
                    const std::array<int, 4>& keys_shape, const T* values, const int* offset,
                    const float* params, const float* freqs, T* out) {
-  gridDim = {1, static_cast<unsigned>(heads), static_cast<unsigned>(b_rows)};
-  blockDim = {WARPS * 32, 1, 1};
-  for (int b = 0; b < b_rows; ++b) {
-    for (int h = 0; h < heads; ++h) {
-      blockIdx = {0, static_cast<unsigned>(h), static_cast<unsigned>(b)};
-      std::barrier<> block(WARPS * 32);
-      emulated_block = &block;
-      std::vector<EmulatedWarp> warps(WARPS);
-      std::vector<std::thread> threads;
-      for (int t = 0; t < WARPS * 32; ++t) {
-        threads.emplace_back([&, t] {
-          threadIdx = {static_cast<unsigned>(t), 0, 0};
-          emulated_warp = &warps[t / 32];
-          mlx_bun_attention::decode_attention<T, D, WARPS, TRAD, FREQS>(
-              q, k, v, keys, keys_shape, values, offset, params, freqs, out);
-        });
-      }
-      for (auto& thread : threads) {
-        thread.join();
-      }
-    }
-  }
+  const dim3 grid = {1, static_cast<unsigned>(heads), static_cast<unsigned>(b_rows)};
+  emulate_grid(grid, WARPS * 32, [&] {
+    mlx_bun_attention::decode_attention<T, D, WARPS, TRAD, FREQS>(
+        q, k, v, keys, keys_shape, values, offset, params, freqs, out);
+  });
 }
 
 template <int D>

@@ -14,7 +14,6 @@
 #include <cstdlib>
 #include <functional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "qmv.cu"
@@ -60,27 +59,8 @@ static void write(const std::string& name, const std::vector<T>& values) {
   std::fclose(file);
 }
 
-// Runs `blocks` blocks of WARPS warps, one after another.
 static void launch(int blocks, const std::function<void()>& thread_body) {
-  gridDim = {static_cast<unsigned>(blocks), 1, 1};
-  blockDim = {WARPS * 32, 1, 1};
-  for (int b = 0; b < blocks; ++b) {
-    blockIdx = {static_cast<unsigned>(b), 0, 0};
-    std::barrier<> block(WARPS * 32);
-    emulated_block = &block;
-    std::vector<EmulatedWarp> warps(WARPS);
-    std::vector<std::thread> threads;
-    for (int t = 0; t < WARPS * 32; ++t) {
-      threads.emplace_back([&, t] {
-        threadIdx = {static_cast<unsigned>(t), 0, 0};
-        emulated_warp = &warps[t / 32];
-        thread_body();
-      });
-    }
-    for (auto& thread : threads) {
-      thread.join();
-    }
-  }
+  emulate_grid({static_cast<unsigned>(blocks), 1, 1}, WARPS * 32, thread_body);
 }
 
 struct Layer {
