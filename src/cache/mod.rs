@@ -382,7 +382,11 @@ impl KvCache for StandardCache {
         values: &Array,
         n: i32,
     ) -> Result<Option<(Array, Array, i32)>> {
-        if self.keys.as_ref().is_some_and(|k| k.dtype() != keys.dtype()) {
+        if self
+            .keys
+            .as_ref()
+            .is_some_and(|k| k.dtype() != keys.dtype())
+        {
             return Ok(None);
         }
         let start = self.offset as i32;
