@@ -67,14 +67,14 @@ decode)
     python3 -m mlx_lm generate --model "$M" --prompt "$PROMPT" -m 256 --temp 0 \
       >"$OUT/mlx-lm-$round.log" 2>&1
     note "round $round mlx-lm: $(grep -E '^(Prompt|Generation):' "$OUT/mlx-lm-$round.log" | tr '\n' ' ')"
-    # compile:kernel:graphs[:attention] (MLX_BUN_COMPILE_STEP, MLX_BUN_CUDA_KERNEL,
-    # MLX_USE_CUDA_GRAPHS, MLX_BUN_CUDA_ATTENTION; unset without the fourth).
-    for variant in ${VARIANTS:-1:0:1 1:all:1 1:all:1:1}; do
-      set -- ${variant//:/ }
-      attention="${4:-}"
-      tag="compile$1-kernel$2-graphs$3${attention:+-attention$attention}"
-      MLX_BUN_COMPILE_STEP=$1 MLX_BUN_CUDA_KERNEL=$2 MLX_USE_CUDA_GRAPHS=$3 \
-        MLX_BUN_CUDA_ATTENTION=$attention \
+    # compile:kernel:graphs[:attention[:norm]] (MLX_BUN_COMPILE_STEP,
+    # MLX_BUN_CUDA_KERNEL, MLX_USE_CUDA_GRAPHS, MLX_BUN_CUDA_ATTENTION,
+    # MLX_BUN_QMV_NORM; the last two unset when empty or left out).
+    for variant in ${VARIANTS:-1:0:1 1:0:1:1 1:all:1::0 1:all:1 1:all:1:1}; do
+      IFS=: read -r compile kernel graphs attention norm <<<"$variant"
+      tag="compile$compile-kernel$kernel-graphs$graphs${attention:+-attention$attention}${norm:+-norm$norm}"
+      MLX_BUN_COMPILE_STEP=$compile MLX_BUN_CUDA_KERNEL=$kernel MLX_USE_CUDA_GRAPHS=$graphs \
+        MLX_BUN_CUDA_ATTENTION=$attention MLX_BUN_QMV_NORM=$norm \
         "$RUN" bench forward -m "$M" --lengths 1 --context 40 --runs 3 --decode 256 --no-db \
         >"$OUT/ours-$tag-$round.log" 2>&1
       note "round $round mlx-bun $tag: rc=$? $(grep -E '^decode' "$OUT/ours-$tag-$round.log" | sed 's/decode 256 tokens, //' | tr '\n' ' ')"

@@ -33,6 +33,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MLX_BUN_QMV_R", "CUDA kernel tuning: output columns per warp (1, 2, 4 or 8)"),
     ("MLX_BUN_QMV_WARPS", "CUDA kernel tuning: warps per block (1 to 16; default 4)"),
     ("MLX_BUN_QMV_SOURCE", "a CUDA kernel source file to compile instead of the built-in one"),
+    ("MLX_BUN_QMV_NORM", "CUDA kernel tuning: `0` leaves the RMS norm before the q/k/v and MLP products to MLX's own node; default `1`, the norm inside the product's launch where the kernel takes it"),
     ("MLX_BUN_PIPELINE_ALL_SUM", "`1`: pipeline stages hand activations over by all-sum even where send/recv exist"),
     ("MLX_BUN_BACKEND", "the distributed backend (`ring`, `nccl`, `mpi`, `any`) a rank started by a launcher uses"),
     ("MLX_BUN_SKIP_FIT_CHECK", "`1`: load models without checking that they fit in memory"),
@@ -155,6 +156,9 @@ pub struct QmvTuning {
     pub warps: Option<i32>,
     /// A kernel source to compile instead of the built-in one.
     pub source: Option<PathBuf>,
+    /// Normalize the input of the q/k/v and MLP products inside their
+    /// launch (the layer's RMS norm fused into the kernel).
+    pub norm: bool,
 }
 
 /// The CPU kernel's instruction sets, narrowest first.
@@ -290,6 +294,11 @@ impl Settings {
                 columns,
                 warps,
                 source: text("MLX_BUN_QMV_SOURCE")?.map(PathBuf::from),
+                norm: match text("MLX_BUN_QMV_NORM")?.as_deref() {
+                    None | Some("1") => true,
+                    Some("0") => false,
+                    Some(other) => bail!("MLX_BUN_QMV_NORM={other:?}: expected 0 or 1"),
+                },
             },
             cuda_attention: match text("MLX_BUN_CUDA_ATTENTION")?.as_deref() {
                 None | Some("0") => false,
@@ -403,6 +412,7 @@ mod tests {
             ("MLX_BUN_CUDA_ATTENTION", "yes"),
             ("MLX_BUN_QMV_R", "3"),
             ("MLX_BUN_QMV_WARPS", "32"),
+            ("MLX_BUN_QMV_NORM", "off"),
             ("MLX_BUN_CPU_ISA", "sse"),
             ("MLX_BUN_CPU_INT8_DOT", "yes"),
             ("MLX_BUN_DEVICE", "tpu"),

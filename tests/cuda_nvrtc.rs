@@ -33,7 +33,12 @@ fn cuda_kernels_compile_with_nvrtc() {
         "NVRTC failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for kernel in ["mlx_bun_decode_attention", "mlx_bun_qmv"] {
+    for kernel in [
+        "mlx_bun_decode_attention",
+        "mlx_bun_qmv",
+        "mlx_bun_qmv_qkv_norm",
+        "mlx_bun_qmv_glu_norm",
+    ] {
         assert!(
             stdout
                 .lines()

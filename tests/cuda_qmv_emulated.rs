@@ -4,13 +4,14 @@
 //! precision with CUDA's rounding), against the float32 product of the same
 //! bfloat16 activations and MLX's affine-quantized weights. Every entry point
 //! (a plain product with x in shared memory or per warp, 4 and 8 bits, the
-//! fused MLP, a product plus its residual, q/k/v in one launch) is checked
-//! where no GPU is; on a GPU `bench qmv --check` checks the same.
+//! fused MLP, a product plus its residual, q/k/v in one launch, the last two
+//! after an RMS norm in the same launch) is checked where no GPU is; on a
+//! GPU `bench qmv --check` checks the same.
 
 use std::path::Path;
 
 use common::cuda_emulation::{build, floats, random, read, relative, run, write};
-use mlx_rs::ops::{dequantize, matmul, quantize, sigmoid};
+use mlx_rs::ops::{dequantize, matmul, mean_axis, quantize, rsqrt, sigmoid};
 use mlx_rs::{Array, Dtype};
 
 mod common;
@@ -39,6 +40,15 @@ fn product(x: &Array, [w, s, b]: &[Array; 3], bits: i32) -> Array {
     )
     .unwrap();
     matmul(x.as_dtype(f32).unwrap(), dense.t()).unwrap()
+}
+
+/// `x` `[rows, k]` after an RMS norm with `weight` and epsilon 1e-5 (the
+/// kernel's test driver uses the same), in float32.
+fn rms_normed(x: &Array, weight: &Array) -> Array {
+    let x = x.as_dtype(Dtype::Float32).unwrap();
+    let mean_square = mean_axis(&(&x * &x), -1, true).unwrap();
+    let scale = rsqrt(&(&mean_square + 1e-5f32)).unwrap();
+    &(&x * &scale) * &weight.as_dtype(Dtype::Float32).unwrap()
 }
 
 fn save(dir: &Path, names: [&str; 3], layer: &[Array; 3]) {
@@ -116,4 +126,37 @@ fn qmv_kernel_matches_mlx_quantized_matmul() {
     assert_close(dir, "y", &product(&x, &q, 4), 1e-2, "qkv: q");
     assert_close(dir, "yk", &product(&x, &kl, 4), 1e-2, "qkv: k");
     assert_close(dir, "yv", &product(&x, &v, 4), 1e-2, "qkv: v");
+
+    // The same two launches normalizing x themselves: three rows of q, k
+    // and v; one row of the MLP. x far from unit scale, the weight of
+    // either sign.
+    let norm = random(&[k], bf16);
+    write(dir.join("norm"), &norm);
+    let x = &random(&[3, k], bf16) * &Array::from_f32(7.0).as_dtype(bf16).unwrap();
+    write(dir.join("x"), &x);
+    run(&exe, &args(dir, "qkv-norm", &[3, k, n, nk, nv]));
+    let normed = rms_normed(&x, &norm);
+    assert_close(dir, "y", &product(&normed, &q, 4), 1e-2, "qkv-norm: q");
+    assert_close(dir, "yk", &product(&normed, &kl, 4), 1e-2, "qkv-norm: k");
+    assert_close(dir, "yv", &product(&normed, &v, 4), 1e-2, "qkv-norm: v");
+
+    let (k, n) = (512, 128);
+    let norm = random(&[k], bf16);
+    let x = &random(&[1, k], bf16) * &Array::from_f32(0.1).as_dtype(bf16).unwrap();
+    let (gate, up) = (layer(n, k, 4), layer(n, k, 4));
+    write(dir.join("norm"), &norm);
+    write(dir.join("x"), &x);
+    save(dir, ["w", "scales", "biases"], &gate);
+    save(dir, ["w2", "scales2", "biases2"], &up);
+    run(&exe, &args(dir, "glu-norm", &[1, k, n]));
+    let normed = rms_normed(&x, &norm);
+    let g = product(&normed, &gate, 4);
+    let silu = &g * &sigmoid(&g).unwrap();
+    assert_close(
+        dir,
+        "y",
+        &(&silu * &product(&normed, &up, 4)),
+        2e-2,
+        "glu-norm",
+    );
 }

@@ -122,7 +122,7 @@ pub fn run(args: Args) -> Result<()> {
                     return cuda::quantized_matvec(&x, wq, scales, biases, spec);
                 }
                 let (wu, su, bu) = &copies[up_copy(i)];
-                cuda::quantized_silu_glu(&x, [wq, scales, biases], [wu, su, bu], spec)?
+                cuda::quantized_silu_glu(&x, [wq, scales, biases], [wu, su, bu], spec, None)?
                     .context("the fused kernel does not apply")
             };
             let reference = mlx_product(0)?;
@@ -231,6 +231,7 @@ fn check_one_launch_variants(
                 [&v.0, &v.1, &v.2],
             ],
             spec,
+            None,
         )?
         .context("the one-launch q, k, v kernel does not apply")?;
         let mut worst: f32 = 0.0;
@@ -258,8 +259,57 @@ fn check_one_launch_variants(
                 "product plus residual with {r} rows: {exact:.1e} from product + add, {vs_mlx:.2e} from MLX"
             ));
         }
+        let (qkv_norm, glu_norm) = check_norm_in_launch(&x, [&q, &kk, &v], spec, &relative)?;
+        writeln!(
+            out,
+            "norm in the launch, {r} rows: q/k/v {qkv_norm:.1e}, MLP {glu_norm:.1e} \
+             from MLX's rms_norm before the kernel"
+        )?;
+        for (what, diff) in [("q/k/v", qkv_norm), ("MLP", glu_norm)] {
+            if diff.is_nan() || diff > tolerance {
+                failures.push(format!(
+                    "{what} with the norm in the launch, {r} rows: {diff:.2e}"
+                ));
+            }
+        }
     }
     Ok(failures)
+}
+
+type Quantized = (Array, Array, Array);
+
+/// The q/k/v and MLP launches that normalize `x` themselves against the
+/// same launches on MLX's `rms_norm(x)`: the largest relative differences.
+fn check_norm_in_launch(
+    x: &Array,
+    [q, k, v]: [&Quantized; 3],
+    spec: QuantSpec,
+    relative: impl Fn(&Array, &Array) -> Result<f32>,
+) -> Result<(f32, f32)> {
+    let eps = 1e-5;
+    let dims = x.shape()[x.ndim() - 1];
+    let weight = mlx_rs::random::normal::<f32>(&[dims][..], 1.0, 0.1, None)?.as_dtype(x.dtype())?;
+    let scaled = &(x * &Array::from_f32(3.0).as_dtype(x.dtype())?);
+    let normed = mlx_rs::fast::rms_norm(scaled, Some(&weight), eps)?;
+    let norm = Some(cuda::RmsNormWeight {
+        weight: &weight,
+        eps,
+    });
+    let layers = [[&q.0, &q.1, &q.2], [&k.0, &k.1, &k.2], [&v.0, &v.1, &v.2]];
+    let fused = cuda::quantized_qkv(scaled, layers, spec, norm)?
+        .context("the q/k/v kernel does not take the norm")?;
+    let separate = cuda::quantized_qkv(&normed, layers, spec, None)?
+        .context("the q/k/v kernel does not apply")?;
+    let mut qkv: f32 = 0.0;
+    for (a, b) in fused.iter().zip(&separate) {
+        qkv = qkv.max(relative(a, b)?);
+    }
+    let gate = [&q.0, &q.1, &q.2];
+    let fused = cuda::quantized_silu_glu(scaled, gate, gate, spec, norm)?
+        .context("the MLP kernel does not take the norm")?;
+    let separate = cuda::quantized_silu_glu(&normed, gate, gate, spec, None)?
+        .context("the MLP kernel does not apply")?;
+    Ok((qkv, relative(&fused, &separate)?))
 }
 
 fn parse_shape(s: &str) -> Result<(i32, i32)> {

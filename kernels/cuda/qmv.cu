@@ -81,8 +81,12 @@ __device__ __forceinline__ void unpack(uint32_t word, __half2 (&q)[16 / BITS]) {
 
 // One chunk of x (the values matching 16 bytes of weights, 16-byte aligned)
 // as the half2 pairs unpack() produces, four to a uint4; returns their sum.
+// With a norm weight (the chunk's part of it), each value is first
+// normalized as MLX's rms_norm does: x * scale rounded to T, times the
+// weight, rounded to T.
 template <typename T, int BITS>
-__device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BITS]) {
+__device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BITS],
+                                               const T* norm = nullptr, float scale = 0.0f) {
   constexpr int PER_WORD = 32 / BITS;
   constexpr int PAIRS = PER_WORD / 2;
   constexpr int PER_CHUNK = 4 * PER_WORD;
@@ -95,6 +99,11 @@ __device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BI
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       xs[v + i] = static_cast<float>(h[i]);
+      if (norm != nullptr) {
+        const T t = static_cast<T>(xs[v + i] * scale);
+        xs[v + i] = static_cast<float>(
+            static_cast<T>(static_cast<float>(norm[v + i]) * static_cast<float>(t)));
+      }
       sum += xs[v + i];
     }
   }
@@ -114,6 +123,39 @@ __device__ __forceinline__ float convert_chunk(const T* xc, uint4 (&out)[16 / BI
   return sum;
 }
 
+// Each row's RMS norm scale, 1 / sqrt(mean(x^2) + eps), summed in float
+// over the whole block and written to scale[m] for every row m < M.
+template <typename T, int MB, int WARPS>
+__device__ __forceinline__ void rms_scales(const T* x, int M, int K, float eps, float* scale) {
+  __shared__ float partial[MB][WARPS];
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  for (int m = 0; m < M; ++m) {
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < K; i += WARPS * 32) {
+      const float v = static_cast<float>(x[static_cast<size_t>(m) * K + i]);
+      s += v * v;
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      s += __shfl_xor_sync(0xffffffffu, s, off);
+    }
+    if (lane == 0) {
+      partial[m][warp] = s;
+    }
+  }
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) < M) {
+    float s = 0.0f;
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+      s += partial[threadIdx.x][w];
+    }
+    scale[threadIdx.x] = rsqrtf(s / static_cast<float>(K) + eps);
+  }
+  __syncthreads();
+}
+
 // silu(g) * u as MLX computes it on T: sigmoid by 1 / (1 + exp(|g|)), then
 // two products, each step rounded to T.
 template <typename T>
@@ -130,12 +172,14 @@ __device__ __forceinline__ T silu_times(T g, T u) {
 // residual: added to each output (rounded to T first, then the sum rounded,
 // as MLX's separate add), or nullptr. block0: the first block of this
 // product's grid (a launch may compute several products, one after another).
+// norm: the weight of an RMS norm (eps) applied to x first, or nullptr; only
+// with x in shared memory (KCAP > 0).
 template <typename T, typename S, int MB, int GS, int BITS, int WARPS, int R, int KCAP,
           bool GLU, typename XShape, typename WShape>
 __device__ __forceinline__ void qmv(
     const T* x, const XShape& x_shape, int x_ndim, const uint32_t* w, const WShape& w_shape,
     const S* scales, const S* biases, const uint32_t* w2, const S* scales2, const S* biases2,
-    T* y, const T* residual, int block0) {
+    T* y, const T* residual, int block0, const T* norm = nullptr, float eps = 0.0f) {
   constexpr int PER_WORD = 32 / BITS;
   constexpr int PAIRS = PER_WORD / 2;
   constexpr int PER_CHUNK = 4 * PER_WORD;  // values in 16 bytes of weights
@@ -154,11 +198,17 @@ __device__ __forceinline__ void qmv(
   __shared__ uint4 x_pairs[KCAP > 0 ? MB * PAIRS * KCH : 1];
   __shared__ float x_sums[KCAP > 0 ? MB * KCH : 1];
   if constexpr (KCAP > 0) {
+    __shared__ float x_scales[MB];
+    if (norm != nullptr) {
+      rms_scales<T, MB, WARPS>(x, M, K, eps, x_scales);
+    }
     for (int i = threadIdx.x; i < M * CHUNKS; i += blockDim.x) {
       const int m = i / CHUNKS;
       const int c = i - m * CHUNKS;
       uint4 t[PAIRS];
-      x_sums[m * KCH + c] = convert_chunk<T, BITS>(x + static_cast<size_t>(m) * K + c * PER_CHUNK, t);
+      x_sums[m * KCH + c] = convert_chunk<T, BITS>(
+          x + static_cast<size_t>(m) * K + c * PER_CHUNK, t,
+          norm == nullptr ? nullptr : norm + c * PER_CHUNK, norm == nullptr ? 0.0f : x_scales[m]);
 #pragma unroll
       for (int j = 0; j < PAIRS; ++j) {
         x_pairs[(m * PAIRS + j) * KCH + c] = t[j];
@@ -292,7 +342,8 @@ __device__ __forceinline__ void qmv(
 }
 
 // The query, key and value projections of one x in one launch: the grid's
-// first blocks compute y = x @ w.T, the next yk, the last yv.
+// first blocks compute y = x @ w.T, the next yk, the last yv (of x after an
+// RMS norm with weight norm, when given).
 template <typename T, typename S, int MB, int GS, int BITS, int WARPS, int R, int KCAP,
           typename XShape, typename WShape>
 __device__ __forceinline__ void qkv(
@@ -300,19 +351,19 @@ __device__ __forceinline__ void qkv(
     const uint32_t* w, const WShape& w_shape, const S* scales, const S* biases,
     const uint32_t* wk, const WShape& wk_shape, const S* sk, const S* bk,
     const uint32_t* wv, const WShape& wv_shape, const S* sv, const S* bv,
-    T* y, T* yk, T* yv) {
+    T* y, T* yk, T* yv, const T* norm = nullptr, float eps = 0.0f) {
   const int q_blocks = (w_shape[0] / R + WARPS - 1) / WARPS;
   const int k_blocks = (wk_shape[0] / R + WARPS - 1) / WARPS;
   const int b = static_cast<int>(blockIdx.x);
   if (b < q_blocks) {
     qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(
-        x, x_shape, x_ndim, w, w_shape, scales, biases, w, scales, biases, y, nullptr, 0);
+        x, x_shape, x_ndim, w, w_shape, scales, biases, w, scales, biases, y, nullptr, 0, norm, eps);
   } else if (b < q_blocks + k_blocks) {
     qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(
-        x, x_shape, x_ndim, wk, wk_shape, sk, bk, wk, sk, bk, yk, nullptr, q_blocks);
+        x, x_shape, x_ndim, wk, wk_shape, sk, bk, wk, sk, bk, yk, nullptr, q_blocks, norm, eps);
   } else {
     qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, false>(
-        x, x_shape, x_ndim, wv, wv_shape, sv, bv, wv, sv, bv, yv, nullptr, q_blocks + k_blocks);
+        x, x_shape, x_ndim, wv, wv_shape, sv, bv, wv, sv, bv, yv, nullptr, q_blocks + k_blocks, norm, eps);
   }
 }
 

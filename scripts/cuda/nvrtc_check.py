@@ -60,6 +60,38 @@ KERNELS = {
             for kcap in (0, 4096)
         ],
     ),
+    "mlx_bun_qmv_qkv_norm": (
+        "qmv.cu",
+        "mlx_bun_qmv::qkv<T, S, MB, GS, BITS, WARPS, R, KCAP>(\n"
+        " x, x_shape, x_ndim, w, w_shape, scales, biases, wk, wk_shape, sk, bk,\n"
+        " wv, wv_shape, sv, bv, y, yk, yv, norm, __int_as_float(EPS));",
+        [("x", "T"), ("x_shape", "Shape"), ("x_ndim", "int"), ("norm", "T"), ("w", "uint32_t"),
+         ("w_shape", "Shape"), ("scales", "S"), ("biases", "S"), ("wk", "uint32_t"),
+         ("wk_shape", "Shape"), ("sk", "S"), ("bk", "S"), ("wv", "uint32_t"),
+         ("wv_shape", "Shape"), ("sv", "S"), ("bv", "S")],
+        [("y", "T"), ("yk", "T"), ("yv", "T")],
+        [
+            {"T": t, "S": t, "MB": mb, "GS": 64, "BITS": 4, "WARPS": 4, "R": 2, "KCAP": 4096,
+             "EPS": 925353388}
+            for t in ("__nv_bfloat16", "__half")
+            for mb in (1, 4)
+        ],
+    ),
+    "mlx_bun_qmv_glu_norm": (
+        "qmv.cu",
+        "mlx_bun_qmv::qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, true>(\n"
+        " x, x_shape, x_ndim, w, w_shape, scales, biases, w2, scales2, biases2, y, nullptr, 0,\n"
+        " norm, __int_as_float(EPS));",
+        [("x", "T"), ("x_shape", "Shape"), ("x_ndim", "int"), ("norm", "T"), ("w", "uint32_t"),
+         ("w_shape", "Shape"), ("scales", "S"), ("biases", "S"), ("w2", "uint32_t"),
+         ("scales2", "S"), ("biases2", "S")],
+        [("y", "T")],
+        [
+            {"T": "__nv_bfloat16", "S": "__nv_bfloat16", "MB": 1, "GS": 64, "BITS": bits,
+             "WARPS": 4, "R": 4, "KCAP": 4096, "EPS": 925353388}
+            for bits in (4, 8)
+        ],
+    ),
 }
 
 

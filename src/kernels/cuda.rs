@@ -165,14 +165,40 @@ pub fn quantized_matvec_plus(
     launch(Variant::Residual, x, &[w, scales, biases, residual], spec).map(Some)
 }
 
+/// An RMS norm applied to a product's input inside the product's launch:
+/// its weight `[K]` and epsilon, rounded step by step as MLX's `rms_norm`.
+#[derive(Clone, Copy)]
+pub struct RmsNormWeight<'a> {
+    /// The per-feature scale.
+    pub weight: &'a Array,
+    /// Added to the mean square before its root.
+    pub eps: f32,
+}
+
+impl RmsNormWeight<'_> {
+    /// Whether the kernel can normalize `x` `[.., K]` itself: the weight of
+    /// `x`'s dtype and length, `x` staged in shared memory.
+    fn fits(&self, x: &Array, spec: QuantSpec) -> bool {
+        let k = x.shape()[x.ndim() - 1];
+        let rows = (x.size() / k.max(1) as usize) as i32;
+        self.weight.dtype() == x.dtype()
+            && self.weight.shape() == [k]
+            && self.eps.is_finite()
+            && self.eps >= 0.0
+            && shared_x_cap(k, row_bound(rows), 128 / spec.bits) > 0
+    }
+}
+
 /// The query, key and value projections of `x` (each a quantized `(w,
-/// scales, biases)` of one quantization) by one launch; `None` where the
-/// kernel does not take them. The three count as one layer for the routing,
-/// so the narrow key and value projections ride along with the queries'.
+/// scales, biases)` of one quantization) by one launch, of `x` after `norm`
+/// when given; `None` where the kernel does not take them. The three count
+/// as one layer for the routing, so the narrow key and value projections
+/// ride along with the queries'.
 pub fn quantized_qkv(
     x: &Array,
     layers: [[&Array; 3]; 3],
     spec: QuantSpec,
+    norm: Option<RmsNormWeight>,
 ) -> Result<Option<[Array; 3]>> {
     let k = x.shape().last().copied().unwrap_or(0);
     let weights: i64 = layers
@@ -182,11 +208,16 @@ pub fn quantized_qkv(
     let same_types = layers
         .iter()
         .all(|[_, s, b]| s.dtype() == layers[0][1].dtype() && b.dtype() == layers[0][2].dtype());
-    if !same_types || !wins(x, weights) || !layers.iter().all(|[w, s, b]| fits(x, w, s, b, spec)) {
+    if !same_types
+        || !wins(x, weights)
+        || !layers.iter().all(|[w, s, b]| fits(x, w, s, b, spec))
+        || norm.is_some_and(|n| !n.fits(x, spec))
+    {
         return Ok(None);
     }
     let [[qw, qs, qb], [kw, ks, kb], [vw, vs, vb]] = layers;
-    let mut out = launch_all(Variant::Qkv, x, &[qw, qs, qb, kw, ks, kb, vw, vs, vb], spec)?;
+    let weights = [qw, qs, qb, kw, ks, kb, vw, vs, vb];
+    let mut out = launch_all(Variant::Qkv, x, &weights, spec, norm)?;
     if out.len() != 3 {
         bail!("the CUDA kernel returned {} arrays for q, k, v", out.len());
     }
@@ -212,13 +243,14 @@ pub fn quantized_matvec(
 }
 
 /// `silu(x @ gate.T) * (x @ up.T)` (each a quantized `(w, scales, biases)`)
-/// by one CUDA kernel, rounded step by step as MLX computes it; `None` where
-/// the kernel does not apply to both.
+/// by one CUDA kernel, of `x` after `norm` when given, rounded step by step
+/// as MLX computes it; `None` where the kernel does not apply to both.
 pub fn quantized_silu_glu(
     x: &Array,
     gate: [&Array; 3],
     up: [&Array; 3],
     spec: QuantSpec,
+    norm: Option<RmsNormWeight>,
 ) -> Result<Option<Array>> {
     let [gw, gs, gb] = gate;
     let [uw, us, ub] = up;
@@ -226,38 +258,50 @@ pub fn quantized_silu_glu(
         && gs.shape() == us.shape()
         && gs.dtype() == us.dtype()
         && ub.dtype() == gb.dtype();
-    if !same || !applies(x, gw, gs, gb, spec) || !applies(x, uw, us, ub, spec) {
+    if !same
+        || !applies(x, gw, gs, gb, spec)
+        || !applies(x, uw, us, ub, spec)
+        || norm.is_some_and(|n| !n.fits(x, spec))
+    {
         return Ok(None);
     }
-    launch(Variant::Glu, x, &[gw, gs, gb, uw, us, ub], spec).map(Some)
+    launch_all(Variant::Glu, x, &[gw, gs, gb, uw, us, ub], spec, norm)?
+        .pop()
+        .ok_or_else(|| anyhow!("the CUDA kernel {} returned nothing", Variant::Glu.name()))
+        .map(Some)
 }
 
 fn launch(variant: Variant, x: &Array, weights: &[&Array], spec: QuantSpec) -> Result<Array> {
-    launch_all(variant, x, weights, spec)?
+    launch_all(variant, x, weights, spec, None)?
         .pop()
         .ok_or_else(|| anyhow!("the CUDA kernel {} returned nothing", variant.name()))
 }
 
 /// Launches `variant` on `x` and its weights (and residual), one output per
-/// product it computes.
+/// product it computes; with `norm`, of `x` normalized in the launch (the
+/// caller checks [`RmsNormWeight::fits`]).
 fn launch_all(
     variant: Variant,
     x: &Array,
     weights: &[&Array],
     spec: QuantSpec,
+    norm: Option<RmsNormWeight>,
 ) -> Result<Vec<Array>> {
+    let variant = match (variant, norm.is_some()) {
+        (Variant::Qkv, true) => Variant::QkvNorm,
+        (Variant::Glu, true) => Variant::GluNorm,
+        (variant, false) => variant,
+        (variant, true) => bail!("the CUDA kernel {} takes no norm", variant.name()),
+    };
     let k = x.shape()[x.ndim() - 1];
     let rows = (x.size() / k as usize) as i32;
     // The output widths: one product, or q, k and v.
     let widths: Vec<i32> = match variant {
-        Variant::Qkv => weights.chunks(3).map(|l| l[0].shape()[0]).collect(),
+        Variant::Qkv | Variant::QkvNorm => weights.chunks(3).map(|l| l[0].shape()[0]).collect(),
         _ => vec![weights[0].shape()[0]],
     };
     let scales = weights[1];
-    let bound = [1, 2, 4]
-        .into_iter()
-        .find(|&b| b >= rows)
-        .unwrap_or(MAX_ROWS as i32);
+    let bound = row_bound(rows);
     let tuning = tuning();
     let per_warp = tuning
         .columns
@@ -270,6 +314,7 @@ fn launch_all(
         tuning.warps,
         per_warp,
         shared_x_cap(k, bound, 128 / spec.bits),
+        norm.map_or(0, |n| n.eps.to_bits() as i32),
     ];
     let blocks: i32 = widths
         .iter()
@@ -284,6 +329,7 @@ fn launch_all(
         })
         .collect();
     let mut inputs = vec![x];
+    inputs.extend(norm.map(|n| n.weight));
     inputs.extend_from_slice(weights);
     run_kernel(
         kernel(variant)?,
@@ -294,6 +340,14 @@ fn launch_all(
         (blocks * tuning.warps * 32, 1, 1),
         (tuning.warps * 32, 1, 1),
     )
+}
+
+/// The kernel's `MB`: a bound on the rows of x.
+fn row_bound(rows: i32) -> i32 {
+    [1, 2, 4]
+        .into_iter()
+        .find(|&b| b >= rows)
+        .unwrap_or(MAX_ROWS as i32)
 }
 
 /// Launch shape overrides from the settings, for tuning on a new GPU:
@@ -353,6 +407,10 @@ enum Variant {
     Residual,
     /// The query, key and value projections of one input.
     Qkv,
+    /// `Qkv` of the input after an RMS norm.
+    QkvNorm,
+    /// `Glu` of the input after an RMS norm.
+    GluNorm,
 }
 
 impl Variant {
@@ -362,6 +420,8 @@ impl Variant {
             Variant::Glu => "mlx_bun_qmv_glu",
             Variant::Residual => "mlx_bun_qmv_residual",
             Variant::Qkv => "mlx_bun_qmv_qkv",
+            Variant::QkvNorm => "mlx_bun_qmv_qkv_norm",
+            Variant::GluNorm => "mlx_bun_qmv_glu_norm",
         }
     }
 
@@ -373,12 +433,18 @@ impl Variant {
             Variant::Qkv => &[
                 "x", "w", "scales", "biases", "wk", "sk", "bk", "wv", "sv", "bv",
             ],
+            Variant::QkvNorm => &[
+                "x", "norm", "w", "scales", "biases", "wk", "sk", "bk", "wv", "sv", "bv",
+            ],
+            Variant::GluNorm => &[
+                "x", "norm", "w", "scales", "biases", "w2", "scales2", "biases2",
+            ],
         }
     }
 
     fn outputs(self) -> &'static [&'static str] {
         match self {
-            Variant::Qkv => &["y", "yk", "yv"],
+            Variant::Qkv | Variant::QkvNorm => &["y", "yk", "yv"],
             _ => &["y"],
         }
     }
@@ -404,11 +470,22 @@ impl Variant {
                  x, x_shape, x_ndim, w, w_shape, scales, biases, wk, wk_shape, sk, bk,\n\
                  wv, wv_shape, sv, bv, y, yk, yv);\n"
             }
+            Variant::QkvNorm => {
+                "mlx_bun_qmv::qkv<T, S, MB, GS, BITS, WARPS, R, KCAP>(\n\
+                 x, x_shape, x_ndim, w, w_shape, scales, biases, wk, wk_shape, sk, bk,\n\
+                 wv, wv_shape, sv, bv, y, yk, yv, norm, __int_as_float(EPS));\n"
+            }
+            Variant::GluNorm => {
+                "mlx_bun_qmv::qmv<T, S, MB, GS, BITS, WARPS, R, KCAP, true>(\n\
+                 x, x_shape, x_ndim, w, w_shape, scales, biases, w2, scales2, biases2, y, nullptr, 0,\n\
+                 norm, __int_as_float(EPS));\n"
+            }
         }
     }
 }
 
-const INT_PARAMS: [&str; 6] = ["MB", "GS", "BITS", "WARPS", "R", "KCAP"];
+/// `EPS`: the bits of a fused norm's epsilon as an `int` (0 without one).
+const INT_PARAMS: [&str; 7] = ["MB", "GS", "BITS", "WARPS", "R", "KCAP", "EPS"];
 const TYPE_PARAMS: [&str; 2] = ["T", "S"];
 
 pub(crate) fn cstring(s: &str) -> Result<CString> {
@@ -448,11 +525,15 @@ fn kernel(variant: Variant) -> Result<&'static Kernel> {
     static GLU: Slot = std::sync::OnceLock::new();
     static RESIDUAL: Slot = std::sync::OnceLock::new();
     static QKV: Slot = std::sync::OnceLock::new();
+    static QKV_NORM: Slot = std::sync::OnceLock::new();
+    static GLU_NORM: Slot = std::sync::OnceLock::new();
     let slot = match variant {
         Variant::Plain => &PLAIN,
         Variant::Glu => &GLU,
         Variant::Residual => &RESIDUAL,
         Variant::Qkv => &QKV,
+        Variant::QkvNorm => &QKV_NORM,
+        Variant::GluNorm => &GLU_NORM,
     };
     slot.get_or_init(|| make_kernel(variant).map_err(|e| format!("{e:#}")))
         .as_ref()
@@ -668,6 +749,8 @@ mod tests {
             Variant::Glu,
             Variant::Residual,
             Variant::Qkv,
+            Variant::QkvNorm,
+            Variant::GluNorm,
         ] {
             let body = variant.body();
             for input in variant.inputs() {

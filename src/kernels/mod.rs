@@ -215,7 +215,7 @@ pub fn quantized_silu_glu(
         && kernel_applies(x, gw, gs, gb, spec)
         && kernel_applies(x, uw, us, ub, spec);
     if !cpu {
-        return cuda::quantized_silu_glu(x, gate, up, spec);
+        return cuda::quantized_silu_glu(x, gate, up, spec, None);
     }
     // SAFETY (inside `call`): valid handles owned by the caller.
     call("CPU quantized SwiGLU", |res| unsafe {

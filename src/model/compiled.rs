@@ -103,15 +103,17 @@ impl StepPieces {
         let norm = block.input_layernorm.clone();
         let attn = block.self_attn.clone();
         let before = Closure::new(move |inputs: &[Array]| {
-            let AttentionInputs { q, k, v, gate } = attn.projections(&norm.forward(&inputs[0])?)?;
+            let AttentionInputs { q, k, v, gate } = attn.projections(&inputs[0], Some(&norm))?;
             Ok([q, k, v].into_iter().chain(gate).collect())
         });
         let attn = block.self_attn.clone();
         let norm = block.post_attention_layernorm.clone();
-        let mlp = block.mlp.clone();
+        let Some(mlp) = block.mlp.dense().cloned() else {
+            anyhow::bail!("only layers with a dense MLP are compiled");
+        };
         let after = Closure::new(move |inputs: &[Array]| {
             let h = attn.output(&inputs[0], inputs.get(2), Some(&inputs[1]))?;
-            Ok(vec![mlp.forward_plus(&norm.forward(&h)?, &h)?])
+            Ok(vec![mlp.forward_after_norm_plus(&norm, &h, &h)?])
         });
         Ok(Self {
             before: compiled(before)?,

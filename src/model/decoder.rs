@@ -216,10 +216,25 @@ impl Attention {
     }
 
     /// Queries, keys and values `[B, heads, L, head_dim]` before RoPE, and
-    /// the output gate, layer by layer.
-    pub(crate) fn projections(&self, x: &Array) -> Result<AttentionInputs> {
+    /// the output gate, layer by layer, of `x` after `norm` when given.
+    pub(crate) fn projections(&self, x: &Array, norm: Option<&RmsNorm>) -> Result<AttentionInputs> {
         let (b, l) = (x.shape()[0], x.shape()[1]);
-        let (q, gate, k, v) = match self.one_launch_qkv(x)? {
+        let mut one_launch = None;
+        if let Some(weight) = norm.and_then(RmsNorm::in_kernel) {
+            one_launch = self.one_launch_qkv(x, Some(weight))?;
+        }
+        let normed;
+        let x = match norm {
+            Some(norm) if one_launch.is_none() => {
+                normed = norm.forward(x)?;
+                &normed
+            }
+            _ => x,
+        };
+        if one_launch.is_none() {
+            one_launch = self.one_launch_qkv(x, None)?;
+        }
+        let (q, gate, k, v) = match one_launch {
             Some([q, k, v]) => (q, None, k, v),
             None => {
                 let (q, gate) = self.queries(x)?;
@@ -259,17 +274,21 @@ impl Attention {
         (spec == k_spec && spec == v_spec).then_some(([q, k, v], spec))
     }
 
-    /// The three projections by one launch of the CUDA kernel, where it
-    /// takes them (plain quantized layers of one quantization, no output
-    /// gate, a decode-sized `x` on a GPU).
-    fn one_launch_qkv(&self, x: &Array) -> Result<Option<[Array; 3]>> {
+    /// The three projections of `x` (after `norm`) by one launch of the
+    /// CUDA kernel, where it takes them (plain quantized layers of one
+    /// quantization, no output gate, a decode-sized `x` on a GPU).
+    fn one_launch_qkv(
+        &self,
+        x: &Array,
+        norm: Option<crate::kernels::cuda::RmsNormWeight>,
+    ) -> Result<Option<[Array; 3]>> {
         if self.output_gate {
             return Ok(None);
         }
         let Some(([q, k, v], spec)) = self.plain_qkv() else {
             return Ok(None);
         };
-        crate::kernels::cuda::quantized_qkv(x, [q, k, v], spec)
+        crate::kernels::cuda::quantized_qkv(x, [q, k, v], spec, norm)
     }
 
     /// `inputs` with RoPE applied to the queries and keys at `positions`.
@@ -409,7 +428,7 @@ impl Attention {
                 gate: None,
             },
             None => {
-                let inputs = self.projections(x)?;
+                let inputs = self.projections(x, None)?;
                 if let Some(out) = self.attend_in_place(&inputs, &positions, cache)? {
                     return self.output(&out, inputs.gate.as_ref(), residual);
                 }
@@ -631,6 +650,40 @@ impl Mlp {
     /// projection's node where the CPU kernel runs it.
     pub fn forward_plus(&self, x: &Array, residual: &Array) -> Result<Array> {
         self.down_proj.forward_plus(&self.hidden(x)?, residual)
+    }
+
+    /// `residual + self.forward(norm(x))`, the norm inside the first
+    /// products' launch where the CUDA kernel takes them.
+    pub(crate) fn forward_after_norm_plus(
+        &self,
+        norm: &RmsNorm,
+        x: &Array,
+        residual: &Array,
+    ) -> Result<Array> {
+        let hidden = match self.fused_silu_glu_after_norm(norm, x)? {
+            Some(h) => h,
+            None => self.hidden(&norm.forward(x)?)?,
+        };
+        self.down_proj.forward_plus(&hidden, residual)
+    }
+
+    /// `silu(gate(norm(x))) * up(norm(x))` by one CUDA launch, or `None`.
+    fn fused_silu_glu_after_norm(&self, norm: &RmsNorm, x: &Array) -> Result<Option<Array>> {
+        if self.activation != Activation::Silu {
+            return Ok(None);
+        }
+        let (Some((gate, spec)), Some((up, up_spec))) = (
+            self.gate_proj.plain_quantized(),
+            self.up_proj.plain_quantized(),
+        ) else {
+            return Ok(None);
+        };
+        match norm.in_kernel() {
+            Some(weight) if spec == up_spec => {
+                crate::kernels::cuda::quantized_silu_glu(x, gate, up, spec, Some(weight))
+            }
+            _ => Ok(None),
+        }
     }
 
     /// `act(gate_proj(x)) * up_proj(x)`, the down projection's input.

@@ -388,6 +388,18 @@ impl RmsNorm {
     pub fn forward(&self, x: &Array) -> Result<Array> {
         crate::kernels::rms_norm(x, &self.weight, self.eps)
     }
+
+    /// The norm for the CUDA kernel to apply inside a product's launch,
+    /// unless the settings keep it MLX's own node.
+    pub(crate) fn in_kernel(&self) -> Option<crate::kernels::cuda::RmsNormWeight<'_>> {
+        crate::settings::get()
+            .qmv
+            .norm
+            .then_some(crate::kernels::cuda::RmsNormWeight {
+                weight: &self.weight,
+                eps: self.eps,
+            })
+    }
 }
 
 /// Rotary position embedding, with optional precomputed frequencies

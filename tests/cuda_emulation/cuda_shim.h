@@ -46,6 +46,8 @@ inline float __shfl_xor_sync(unsigned, float v, int offset) {
 
 inline void __syncthreads() { emulated_block->arrive_and_wait(); }
 
+inline float rsqrtf(float v) { return 1.0f / std::sqrt(v); }
+
 inline float __int_as_float(int bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
