@@ -128,8 +128,8 @@ fn qmv_kernel_matches_mlx_quantized_matmul() {
     assert_close(dir, "yv", &product(&x, &v, 4), 1e-2, "qkv: v");
 
     // The same two launches normalizing x themselves: three rows of q, k
-    // and v; one row of the MLP. x far from unit scale (the MLP's as small as epsilon), the weight of
-    // either sign.
+    // and v; one row of the MLP. x far from unit scale (the MLP's mean
+    // square near epsilon), the weight of either sign.
     let norm = random(&[k], bf16);
     write(dir.join("norm"), &norm);
     let x = &random(&[3, k], bf16) * &Array::from_f32(7.0).as_dtype(bf16).unwrap();
