@@ -259,7 +259,7 @@ fn check_one_launch_variants(
                 "product plus residual with {r} rows: {exact:.1e} from product + add, {vs_mlx:.2e} from MLX"
             ));
         }
-        let (qkv_norm, glu_norm) = check_norm_in_launch(&x, [&q, &kk, &v], spec, &relative)?;
+        let (qkv_norm, glu_norm) = check_norm_in_launch(&x, [&q, &kk, &v], spec, relative)?;
         writeln!(
             out,
             "norm in the launch, {r} rows: q/k/v {qkv_norm:.1e}, MLP {glu_norm:.1e} \
