@@ -70,7 +70,7 @@ decode)
     # compile:kernel:graphs[:attention[:norm]] (MLX_BUN_COMPILE_STEP,
     # MLX_BUN_CUDA_KERNEL, MLX_USE_CUDA_GRAPHS, MLX_BUN_CUDA_ATTENTION,
     # MLX_BUN_QMV_NORM; the last two unset when empty or left out).
-    for variant in ${VARIANTS:-1:0:1 1:0:1:1 1:all:1::0 1:all:1 1:all:1:1}; do
+    for variant in ${VARIANTS:-1:0:1 1:all:1 1:all:1:1 1:all:1::1}; do
       IFS=: read -r compile kernel graphs attention norm <<<"$variant"
       tag="compile$compile-kernel$kernel-graphs$graphs${attention:+-attention$attention}${norm:+-norm$norm}"
       MLX_BUN_COMPILE_STEP=$compile MLX_BUN_CUDA_KERNEL=$kernel MLX_USE_CUDA_GRAPHS=$graphs \
@@ -84,12 +84,12 @@ decode)
 parity)
   BUNDLE="$1"; WORK="$2"; OUT="$3"; mkdir -p "$OUT"; oracle_env
   M="$WORK/models/$MODEL_NAME"
-  # compile kernel attention (MLX_BUN_CUDA_ATTENTION, "-": unset).
-  for variant in ${PARITY_VARIANTS:-"1 0 -" "1 0 1" "1 all -" "1 all 1"}; do
-    set -- $variant
-    attention="${3#-}"
-    tag="compile$1-kernel$2-attention${3}"
-    MLX_BUN_COMPILE_STEP=$1 MLX_BUN_CUDA_KERNEL=$2 MLX_BUN_CUDA_ATTENTION=$attention \
+  # compile:kernel[:attention[:norm]] as for decode.
+  for variant in ${PARITY_VARIANTS:-1:0 1:0:1 1:all 1:all:1}; do
+    IFS=: read -r compile kernel attention norm <<<"$variant"
+    tag="compile$compile-kernel$kernel${attention:+-attention$attention}${norm:+-norm$norm}"
+    MLX_BUN_COMPILE_STEP=$compile MLX_BUN_CUDA_KERNEL=$kernel MLX_BUN_CUDA_ATTENTION=$attention \
+      MLX_BUN_QMV_NORM=$norm \
       python3 "$here/oracle/gpu_parity.py" --bin "$BUNDLE/run.sh" --model "$M" \
       --max-tokens "${TOKENS:-256}" --out "$OUT/parity-$tag.json" >"$OUT/parity-$tag.log" 2>&1
     note "greedy parity $tag: rc=$? $(tail -1 "$OUT/parity-$tag.log")"

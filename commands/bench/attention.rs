@@ -231,11 +231,10 @@ fn run_case(case: &Case, dtype: Dtype, args: &Args) -> Result<CaseResult> {
         Ok((out, keys, values))
     };
     let (reference, ref_keys, ref_values) = mlx_step(&keys, &values)?;
-    // The kernel writes into its own copy of the buffers.
-    let (our_keys, our_values) = (
-        keys.multiply(Array::from_f32(1.0))?,
-        values.multiply(Array::from_f32(1.0))?,
-    );
+    // The kernel writes into its own copy of the buffers (of their dtype: a
+    // float32 one would promote them).
+    let one = Array::from_f32(1.0).as_dtype(dtype)?;
+    let (our_keys, our_values) = (keys.multiply(&one)?, values.multiply(&one)?);
     eval([&reference, &ref_keys, &ref_values, &our_keys, &our_values])?;
     let ours =
         cuda_attention::decode_attention([&q, &k, &v], [&our_keys, &our_values], pos, &layout)?;
