@@ -28,7 +28,7 @@ pub const VARIABLES: &[(&str, &str)] = &[
     ("MLX_BUN_CPU_INT8_DOT", "`1`: products of decode-sized inputs (at most 16 rows) on the CPU quantize their activations to int8 per 16 elements and use integer dot products (AVX-512; llama.cpp's kind of arithmetic: faster decoding, not mlx-lm's, so tokens may differ); `all`: prompts too (slower than the float kernel today); default `0`, off"),
     ("MLX_BUN_DENSE_ROWS", "rows from which a quantized layer on the CPU is dequantized and run as one dense matmul (default 16; 0: never)"),
     ("MLX_BUN_CUDA_KERNEL", "`1` (or `on`) uses mlx-bun's CUDA quantized matrix-vector kernel where it wins, `all` wherever it can run, `0` nowhere; default: on for `serve`, off elsewhere"),
-    ("MLX_BUN_CUDA_ATTENTION", "`1` runs one new token's RoPE, cache write and attention as one launch of mlx-bun's CUDA decode attention kernel (not yet timed on a GPU, see docs/gpu.md), `0` or unset keeps MLX's nodes"),
+    ("MLX_BUN_CUDA_ATTENTION", "`1` runs one new token's RoPE, cache write and attention as one launch of mlx-bun's CUDA decode attention kernel (on an H200 faster with `MLX_BUN_CUDA_KERNEL=all`, slower with MLX's kernels: docs/gpu.md), `0` or unset keeps MLX's nodes"),
     ("MLX_BUN_COMPILE_STEP", "`1` compiles each layer's decode step with MLX's compile (the projections before attention, the output projection and MLP after it), on any device; `0` builds every node of every step; default: compiled on a GPU, not on the CPU"),
     ("MLX_BUN_QMV_R", "CUDA kernel tuning: output columns per warp (1, 2, 4 or 8)"),
     ("MLX_BUN_QMV_WARPS", "CUDA kernel tuning: warps per block (1 to 16; default 4)"),
