@@ -669,21 +669,23 @@ impl Mlp {
 
     /// `silu(gate(norm(x))) * up(norm(x))` by one CUDA launch, or `None`.
     fn fused_silu_glu_after_norm(&self, norm: &RmsNorm, x: &Array) -> Result<Option<Array>> {
-        if self.activation != Activation::Silu {
-            return Ok(None);
-        }
-        let (Some((gate, spec)), Some((up, up_spec))) = (
-            self.gate_proj.plain_quantized(),
-            self.up_proj.plain_quantized(),
-        ) else {
-            return Ok(None);
-        };
-        match norm.in_kernel() {
-            Some(weight) if spec == up_spec => {
+        match (self.quantized_silu_glu(), norm.in_kernel()) {
+            (Some((gate, up, spec)), Some(weight)) => {
                 crate::kernels::cuda::quantized_silu_glu(x, gate, up, spec, Some(weight))
             }
             _ => Ok(None),
         }
+    }
+
+    /// The gate's and up projection's quantized arrays, when the MLP is a
+    /// SwiGLU of two plain quantized layers of one quantization.
+    fn quantized_silu_glu(&self) -> Option<([&Array; 3], [&Array; 3], crate::quant::QuantSpec)> {
+        if self.activation != Activation::Silu {
+            return None;
+        }
+        let (gate, spec) = self.gate_proj.plain_quantized()?;
+        let (up, up_spec) = self.up_proj.plain_quantized()?;
+        (spec == up_spec).then_some((gate, up, spec))
     }
 
     /// `act(gate_proj(x)) * up_proj(x)`, the down projection's input.
@@ -703,19 +705,10 @@ impl Mlp {
     /// `silu(gate(x)) * up(x)` in one kernel node (decode on the CPU or a
     /// GPU), or `None` where it does not apply.
     fn fused_silu_glu(&self, x: &Array) -> Result<Option<Array>> {
-        if self.activation != Activation::Silu {
-            return Ok(None);
+        match self.quantized_silu_glu() {
+            Some((gate, up, spec)) => crate::kernels::quantized_silu_glu(x, gate, up, spec),
+            None => Ok(None),
         }
-        let (Some((gate, spec)), Some((up, up_spec))) = (
-            self.gate_proj.plain_quantized(),
-            self.up_proj.plain_quantized(),
-        ) else {
-            return Ok(None);
-        };
-        if spec != up_spec {
-            return Ok(None);
-        }
-        crate::kernels::quantized_silu_glu(x, gate, up, spec)
     }
 }
 
